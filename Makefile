@@ -1,0 +1,36 @@
+# Slipstream: the two commands of the quick start are `make demo` and `make test`.
+# Every target sets up what it needs; caches live outside the repo (~/.cache).
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: venv demo test test-unit lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) and installing slipstream (pip cache: ~/.cache/pip)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q --progress-bar on -e '.[dev]'
+	@touch $(STAMP)
+
+# The main job on an embedded default: every scheduler policy on the built-in
+# multi-tenant workload, side by side (later: the full local closed-loop demo).
+demo: venv
+	$(VENV)/bin/slipstream bench --workload builtin:multi-tenant --plot out/bench-cdf.png
+
+# Everything CI runs: set-up of every tier, then all tests.
+test: venv
+	$(PY) -m pytest tests
+
+test-unit: venv
+	$(PY) -m pytest tests/unit
+
+lint: venv
+	$(VENV)/bin/ruff check operator tests
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

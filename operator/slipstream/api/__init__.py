@@ -1,0 +1,1 @@
+"""api stage of Slipstream (see docs/DESIGN.md)."""

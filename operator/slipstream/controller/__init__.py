@@ -1,0 +1,1 @@
+"""controller stage of Slipstream (see docs/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""engine stage of Slipstream (see docs/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""enginesim stage of Slipstream (see docs/DESIGN.md)."""

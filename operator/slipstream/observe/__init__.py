@@ -1,0 +1,1 @@
+"""observe stage of Slipstream (see docs/DESIGN.md)."""

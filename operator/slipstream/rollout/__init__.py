@@ -1,0 +1,1 @@
+"""rollout stage of Slipstream (see docs/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""sim stage of Slipstream (see docs/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""tune stage of Slipstream (see docs/DESIGN.md)."""

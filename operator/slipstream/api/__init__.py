@@ -1,1 +1,2 @@
-"""api stage of Slipstream (see docs/DESIGN.md)."""
+"""The ServingDeployment API: pydantic models (the one source of field names) and the CRD
+generated from them (`python -m slipstream.api.crdgen`)."""

@@ -1,1 +1,2 @@
-"""controller stage of Slipstream (see docs/DESIGN.md)."""
+"""Thin kopf glue: handlers (`handlers`), the owned objects (`objects`), status (`status`),
+the Kubernetes client (`kube`) and the entry point (`main.run`)."""

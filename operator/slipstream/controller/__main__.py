@@ -1,0 +1,3 @@
+from slipstream.controller.main import main
+
+main()

@@ -1,0 +1,195 @@
+"""kopf handlers: a ServingDeployment in, its owned objects, status and Events out.
+
+One reconcile function serves create, update and resume: it computes every owned object
+from the spec (`objects`), applies them server-side in a worker thread (`kube`), records an
+Event per object it created or changed, and writes status (`status`). A timer refreshes
+readiness from the engine Deployment. Deletion needs no handler work: owner references
+let the garbage collector remove the owned objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from slipstream.api import models
+from slipstream.controller import kube as kube_
+from slipstream.controller import objects, status
+from slipstream.controller import settings as settings_
+
+RECONCILES = prometheus_client.Counter(
+    "slipstream_reconciles", "ServingDeployment reconciliations, by result.", ["result"]
+)
+OBJECT_CHANGES = prometheus_client.Counter(
+    "slipstream_object_changes", "Owned objects created or updated, by kind.", ["kind", "change"]
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one pass of applying the owned objects did."""
+
+    setting: models.EngineSetting
+    changes: list[tuple[str, str, str]] = field(default_factory=list)
+    """(kind, name, "created" | "updated") for every object that changed."""
+    rolled: bool = False
+    """The Deployment's pod template changed: its pods are being replaced."""
+    deployment: dict[str, Any] | None = None
+    problem: tuple[str, str] | None = None
+    """(reason, message) when the spec cannot be served as it is."""
+
+
+def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str, str] | None:
+    ref = sd.spec.engine.admin_api_key_secret_ref
+    if ref is None:
+        return None
+    state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    if state == "missing-secret":
+        return (
+            "AdminKeySecretMissing",
+            f"Secret {ref.name!r} (spec.engine.adminApiKeySecretRef) does not exist in namespace "
+            f"{sd.metadata.namespace!r}: create it with `kubectl create secret generic {ref.name} "
+            f"--from-literal={ref.key}=<key>`; the engines are not started until it exists",
+        )
+    if state == "missing-key":
+        return (
+            "AdminKeySecretMissing",
+            f"Secret {ref.name!r} has no key {ref.key!r} (spec.engine.adminApiKeySecretRef.key): "
+            "add the key or point adminApiKeySecretRef.key at the right one",
+        )
+    return None
+
+
+def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | None:
+    if not sd.spec.prometheus.create_pod_monitor:
+        return None
+    for kind in objects.MONITOR_KINDS:
+        if kube.serves("monitoring.coreos.com/v1", kind.lower() + "s"):
+            return objects.monitor(sd, kind)
+    return None
+
+
+def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
+    """Blocking: run it in a thread. Applies every owned object that should exist."""
+    setting = objects.current_setting(sd)
+    problem = secret_problem(kube, sd)
+    desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
+    if problem is None:
+        desired.append(objects.deployment(sd))
+    changes, rolled, deployment = [], False, None
+    for obj in filter(None, desired):
+        after, before, change = kube.apply(obj)
+        if obj["kind"] == "Deployment":
+            deployment = after
+            rolled = before is not None and before["spec"]["template"] != after["spec"]["template"]
+        if change is not None:
+            changes.append((obj["kind"], obj["metadata"]["name"], change))
+    if problem is not None:
+        deployment = kube.get("apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name)
+    return Outcome(setting, changes, rolled, deployment, problem)
+
+
+def change_message(kind: str, name: str, change: str, sd: models.ServingDeployment, outcome: Outcome) -> str:
+    message = f"{change.capitalize()} {kind} {name}"
+    if kind == "Deployment" and outcome.rolled:
+        message += ": pod template changed, rolling the engine pods"
+    if kind == "ConfigMap":
+        new = outcome.setting
+        message += (
+            f": new pods start with threshold={new.threshold} mode={new.mode} "
+            f"schedulePolicy={new.schedule_policy}"
+        )
+        if sd.status.threshold is not None and sd.status.threshold != new.threshold:
+            message += f" (threshold was {sd.status.threshold}; the pod template is unchanged)"
+    return message
+
+
+def utcnow() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def register(
+    registry: kopf.OperatorRegistry, config: settings_.ControllerSettings, kube: kube_.Kube
+) -> None:
+    """Attach the handlers to a registry (a fresh one per operator or per test)."""
+    resource = (models.GROUP, models.VERSION, models.PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # The CRD's structural schema prunes unknown status fields: keep kopf's own state
+        # in annotations, under our group.
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=models.GROUP, key="last-handled-configuration"
+        )
+        settings.persistence.finalizer = f"{models.GROUP}/finalizer"
+        # Events are for what the operator changes, not for every handler log line.
+        settings.posting.level = logging.WARNING
+
+    @kopf.on.resume(*resource, registry=registry)
+    @kopf.on.create(*resource, registry=registry)
+    @kopf.on.update(*resource, registry=registry)
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+        sd = models.ServingDeployment.model_validate(dict(body))
+        outcome = await asyncio.to_thread(apply_objects, kube, sd)
+        for kind, name, change in outcome.changes:
+            OBJECT_CHANGES.labels(kind, change).inc()
+            kopf.event(body, type="Normal", reason=change.capitalize(),
+                       message=change_message(kind, name, change, sd, outcome))  # fmt: skip
+        generation, stamp = sd.metadata.generation, utcnow()
+        if outcome.problem is None:
+            conditions = status.set_condition(
+                sd.status.conditions, status.RECONCILED, True, "Applied",
+                "Deployment, Service and ConfigMap match the spec", generation, stamp,
+            )  # fmt: skip
+        else:
+            reason, message = outcome.problem
+            conditions = status.set_condition(
+                sd.status.conditions, status.RECONCILED, False, reason, message, generation, stamp
+            )
+        ready, reason, message = status.deployment_ready(sd.spec.replicas, outcome.deployment)
+        conditions = status.set_condition(conditions, status.READY, ready, reason, message, generation, stamp)
+        ready_replicas = ((outcome.deployment or {}).get("status") or {}).get("readyReplicas")
+        patch.status.update(status.patch(sd, outcome.setting, conditions, ready_replicas))
+        if outcome.problem is not None:
+            RECONCILES.labels("deferred").inc()
+            kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
+            raise kopf.TemporaryError(outcome.problem[1], delay=config.retry_delay_seconds)
+        RECONCILES.labels("ok").inc()
+        logger.info("reconciled: %d object(s) changed", len(outcome.changes))
+
+    @kopf.timer(
+        *resource, interval=config.status_interval_seconds, initial_delay=config.status_interval_seconds,
+        registry=registry,
+    )  # fmt: skip
+    async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        sd = models.ServingDeployment.model_validate(dict(body))
+        deployment = await asyncio.to_thread(
+            kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
+        )
+        ready, reason, message = status.deployment_ready(sd.spec.replicas, deployment)
+        conditions = status.set_condition(
+            sd.status.conditions, status.READY, ready, reason, message, sd.metadata.generation, utcnow()
+        )
+        if conditions == sd.status.conditions or sd.status.observed_generation is None:
+            return
+        was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
+        if was != ("True" if ready else "False"):
+            kopf.event(body, type="Normal", reason="EnginesReady" if ready else "EnginesNotReady", message=message)
+        patch.status.update(
+            {
+                "phase": status.phase(conditions),
+                "readyReplicas": ((deployment or {}).get("status") or {}).get("readyReplicas"),
+                "conditions": [c.to_k8s() for c in conditions],
+            }
+        )
+
+    @kopf.on.delete(*resource, optional=True, registry=registry)
+    async def deleted(name: str, namespace: str, logger: logging.Logger, **_: Any) -> None:
+        logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)

@@ -1,0 +1,49 @@
+"""Entry point of the operator: `python -m slipstream.controller` or `slipstream run`."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import kopf
+import prometheus_client
+
+from slipstream.controller import handlers, kube, settings
+
+
+def run(namespace: str | None, peering: str | None, liveness: str | None) -> None:
+    """Run the operator until it is stopped.
+
+    namespace: watch only this namespace (None: the whole cluster).
+    peering: name of the kopf peering object shared by the replicas (a ClusterKopfPeering,
+      or a KopfPeering in `namespace`); of the replicas sharing it, one is active and the
+      others stand by. None: run alone, without peering.
+    liveness: kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz.
+    """
+    config = settings.ControllerSettings.from_env()
+    kube.load_config()
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, config, kube.Kube.default())
+    if config.metrics_port:
+        prometheus_client.start_http_server(config.metrics_port)
+    kopf.configure(verbose=False)
+    kopf.run(
+        registry=registry,
+        clusterwide=namespace is None,
+        namespaces=[namespace] if namespace else (),
+        standalone=peering is None,
+        peering_name=peering,
+        # Replicas share one peering object; kopf pauses every replica but the one of
+        # highest priority, so each process draws its own.
+        priority=random.SystemRandom().randrange(1, 2**31),
+        liveness_endpoint=liveness,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m slipstream.controller", description=run.__doc__)
+    parser.add_argument("--namespace", help="watch only this namespace (default: all)")
+    parser.add_argument("--peering", help="kopf peering object name (default: standalone)")
+    parser.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
+    args = parser.parse_args(argv)
+    run(args.namespace, args.peering, args.liveness)

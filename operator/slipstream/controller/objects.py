@@ -1,0 +1,208 @@
+"""The objects a ServingDeployment owns, as pure functions of it.
+
+Deployment (the engines), Service, ConfigMap (the current tuned setting: what a newly
+started pod uses) and, when Prometheus Operator is installed, a PodMonitor. Every object
+carries an owner reference to the ServingDeployment, so deleting it garbage-collects them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slipstream.api import models
+from slipstream.engine import args as engine_args
+
+NAME_LABEL = f"{models.GROUP}/name"
+CONTAINER = "engine"
+
+
+def labels(sd: models.ServingDeployment) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "sglang",
+        "app.kubernetes.io/instance": sd.metadata.name,
+        "app.kubernetes.io/managed-by": "slipstream",
+        NAME_LABEL: sd.metadata.name,
+    }
+
+
+def selector(sd: models.ServingDeployment) -> dict[str, str]:
+    return {NAME_LABEL: sd.metadata.name}
+
+
+def setting_configmap_name(name: str) -> str:
+    return f"{name}-engine-setting"
+
+
+def metadata(sd: models.ServingDeployment, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": sd.metadata.namespace,
+        "labels": labels(sd),
+        "ownerReferences": [
+            {
+                "apiVersion": models.API_VERSION,
+                "kind": models.KIND,
+                "name": sd.metadata.name,
+                "uid": sd.metadata.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+
+
+def current_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """The tuned triple new pods start with.
+
+    Off runs the stock engine (T = 0). Fixed and Recommend run `tuning.threshold`. Auto runs
+    what the tuner last applied (status), starting from `tuning.threshold`.
+    """
+    tuning, status = sd.spec.tuning, sd.status
+    if tuning.mode == "Off":
+        return models.EngineSetting(threshold=0, mode=tuning.engine_mode, schedule_policy="fcfs")
+    if tuning.mode == "Auto" and status.threshold is not None:
+        return models.EngineSetting(
+            threshold=status.threshold,
+            mode=status.mode or tuning.engine_mode,
+            schedule_policy=status.schedule_policy or tuning.schedule_policy,
+        )
+    return models.EngineSetting(
+        threshold=tuning.threshold or 0, mode=tuning.engine_mode, schedule_policy=tuning.schedule_policy
+    )
+
+
+def configmap(sd: models.ServingDeployment, setting: models.EngineSetting) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(sd, setting_configmap_name(sd.metadata.name)),
+        "data": {
+            engine_args.THRESHOLD_KEY: str(setting.threshold),
+            engine_args.MODE_KEY: setting.mode,
+            engine_args.SCHEDULE_POLICY_KEY: setting.schedule_policy,
+        },
+    }
+
+
+def _quantities(values: dict[str, int | str]) -> dict[str, str]:
+    return {name: str(value) for name, value in values.items()}
+
+
+def _env(sd: models.ServingDeployment) -> list[dict[str, Any]]:
+    engine = sd.spec.engine
+    cm = setting_configmap_name(sd.metadata.name)
+    env: list[dict[str, Any]] = [
+        {"name": var, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
+        for var, key in engine_args.SETTING_ENV
+    ]
+    if engine.admin_api_key_secret_ref is not None:
+        ref = engine.admin_api_key_secret_ref
+        env.append(
+            {
+                "name": engine_args.ADMIN_API_KEY_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    for var in engine.env:
+        if var.secret_key_ref is not None:
+            ref = var.secret_key_ref
+            env.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            env.append({"name": var.name, "value": var.value or ""})
+    return env
+
+
+def _resources(engine: models.Engine) -> dict[str, dict[str, str]]:
+    requests = _quantities(engine.resources.requests)
+    limits = _quantities(engine.resources.limits)
+    gpus = engine.tensor_parallel_size if engine.gpus is None else engine.gpus
+    if gpus:
+        requests[engine.gpu_resource_name] = limits[engine.gpu_resource_name] = str(gpus)
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def _probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 10,
+        "failureThreshold": failures,
+    }
+
+
+def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
+    engine = sd.spec.engine
+    container = {
+        "name": CONTAINER,
+        "image": engine.image,
+        "command": list(engine_args.COMMAND),
+        "args": engine_args.launch_args(
+            engine, sd.spec.tuning.objective.tenant_label, engine_args.SettingArgs.from_env()
+        ),
+        "ports": [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}],
+        "env": _env(sd),
+        "resources": _resources(engine),
+        # Loading weights takes minutes: up to 30 min to start, then /health every 10 s.
+        "startupProbe": _probe(period=10, failures=180),
+        "readinessProbe": _probe(period=10, failures=3),
+        "livenessProbe": _probe(period=30, failures=4),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "terminationGracePeriodSeconds": 60,
+        "enableServiceLinks": False,
+    }
+    if engine.node_selector:
+        pod_spec["nodeSelector"] = dict(engine.node_selector)
+    if engine.tolerations:
+        pod_spec["tolerations"] = [t.to_k8s() for t in engine.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(sd, sd.metadata.name),
+        "spec": {
+            "replicas": sd.spec.replicas,
+            "selector": {"matchLabels": selector(sd)},
+            # GPUs are scarce: replace pods one at a time instead of surging extra ones.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {
+                    "labels": labels(sd),
+                    "annotations": {"kubectl.kubernetes.io/default-container": CONTAINER},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def service(sd: models.ServingDeployment) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(sd, sd.metadata.name),
+        "spec": {
+            "selector": selector(sd),
+            "ports": [{"name": "http", "port": sd.spec.engine.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+MONITOR_KINDS = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoints"}
+"""Prometheus Operator kinds that can scrape the engines, preferred first, with the name
+of their list of endpoints."""
+
+
+def monitor(sd: models.ServingDeployment, kind: str) -> dict[str, Any]:
+    """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": kind,
+        "metadata": metadata(sd, sd.metadata.name),
+        "spec": {
+            "selector": {"matchLabels": selector(sd)},
+            MONITOR_KINDS[kind]: [{"port": "http", "path": "/metrics", "interval": "15s"}],
+        },
+    }

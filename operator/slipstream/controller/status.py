@@ -1,0 +1,76 @@
+"""Status of a ServingDeployment as pure functions: conditions, phase, the status patch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slipstream.api import models
+from slipstream.engine import args as engine_args
+
+RECONCILED = "Reconciled"
+READY = "Ready"
+
+
+def set_condition(
+    conditions: list[models.Condition],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: str,
+) -> list[models.Condition]:
+    """Replace one condition; its lastTransitionTime moves only when its status does."""
+    value = "True" if status else "False"
+    old = next((c for c in conditions if c.type == type_), None)
+    since = old.last_transition_time if old is not None and old.status == value else now
+    new = models.Condition(
+        type=type_, status=value, reason=reason, message=message,
+        last_transition_time=since, observed_generation=generation,
+    )  # fmt: skip
+    return [c for c in conditions if c.type != type_] + [new]
+
+
+def deployment_ready(replicas: int, deployment: dict[str, Any] | None) -> tuple[bool, str, str]:
+    """(ready, reason, message) of the engine Deployment."""
+    if deployment is None:
+        return False, "NoDeployment", "the engine Deployment does not exist yet"
+    status = deployment.get("status") or {}
+    if status.get("observedGeneration", 0) < deployment["metadata"].get("generation", 0):
+        return False, "Rolling", "the Deployment controller has not seen the latest spec yet"
+    available = status.get("availableReplicas") or 0
+    updated = status.get("updatedReplicas") or 0
+    if available >= replicas and updated >= replicas:
+        return True, "Available", f"{available}/{replicas} engine pods available"
+    return False, "Rolling", f"{available}/{replicas} engine pods available, {updated} updated"
+
+
+def phase(conditions: list[models.Condition]) -> models.Phase:
+    by_type = {c.type: c for c in conditions}
+    reconciled, ready = by_type.get(RECONCILED), by_type.get(READY)
+    if reconciled is not None and reconciled.status == "False":
+        return "Degraded"
+    if ready is not None and ready.status == "True":
+        return "Ready"
+    if reconciled is None:
+        return "Pending"
+    return "Progressing"
+
+
+def patch(
+    sd: models.ServingDeployment,
+    setting: models.EngineSetting,
+    conditions: list[models.Condition],
+    ready_replicas: int | None,
+) -> dict[str, Any]:
+    """The status fields the controller owns (tuner-owned fields are left alone)."""
+    return {
+        "phase": phase(conditions),
+        "threshold": setting.threshold,
+        "concurrency": engine_args.concurrency(sd.spec.engine.chunked_prefill_size, setting.threshold),
+        "mode": setting.mode,
+        "schedulePolicy": setting.schedule_policy,
+        "readyReplicas": ready_replicas,
+        "observedGeneration": sd.metadata.generation,
+        "conditions": [c.to_k8s() for c in conditions],
+    }

@@ -1,0 +1,27 @@
+"""Names of the engine's Prometheus metrics and of the tenant label header.
+
+Stock SGLang 0.5.18 names, plus the gauges the Slipstream patch adds. `observe/` builds
+its queries from these; the operator renders the engine flags that make them appear.
+"""
+
+from __future__ import annotations
+
+TTFT_SECONDS = "sglang:time_to_first_token_seconds"
+"""Histogram: time to first token, per request (tenant label from the custom-labels header)."""
+UNCACHED_PROMPT_TOKENS = "sglang:uncached_prompt_tokens_histogram"
+"""Histogram: prompt tokens not served from the prefix cache, per request; buckets reach 1M."""
+E2E_REQUEST_LATENCY_SECONDS = "sglang:e2e_request_latency_seconds"
+PROMPT_TOKENS_TOTAL = "sglang:prompt_tokens_total"
+CACHED_TOKENS_TOTAL = "sglang:cached_tokens_total"
+NUM_QUEUE_REQS = "sglang:num_queue_reqs"
+NUM_RUNNING_REQS = "sglang:num_running_reqs"
+
+LONG_PREFILL_TOKEN_THRESHOLD = "sglang:long_prefill_token_threshold"
+"""Gauge (patch): T in effect; 0 is off."""
+LONG_PREFILL_MODE = "sglang:long_prefill_mode"
+"""Gauge (patch): 1 for the mode in effect, by label `mode` (ceiling | floor)."""
+NUM_PARTIAL_PREFILLS = "sglang:num_partial_prefills"
+"""Gauge (patch): chunked (partial) prefills running this round."""
+
+CUSTOM_LABELS_HEADER = "x-custom-labels"
+"""HTTP header clients send the tenant in: `x-custom-labels: {"tenant": "acme"}`."""

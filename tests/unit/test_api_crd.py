@@ -1,0 +1,146 @@
+"""The CRD is generated from the pydantic models, and the chart ships the same files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slipstream.api import crdgen, models
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def schema_nodes(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    found = [(path, node)]
+    for name, sub in node.get("properties", {}).items():
+        found += schema_nodes(sub, f"{path}.{name}")
+    if "items" in node:
+        found += schema_nodes(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        found += schema_nodes(node["additionalProperties"], f"{path}{{}}")
+    return found
+
+
+def version_schema() -> dict[str, Any]:
+    return crdgen.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def test_committed_crd_is_what_the_models_generate() -> None:
+    for path in crdgen.targets(ROOT):
+        assert path.read_text() == crdgen.render(), f"{path} is stale: run python -m slipstream.api.crdgen"
+    assert crdgen.main(["--root", str(ROOT), "--check"]) == 0
+
+
+def test_chart_crds_are_identical_to_top_level_crds() -> None:
+    top = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (ROOT / "charts/slipstream/crds").glob("*.yaml")}
+    assert top and top == chart
+
+
+def test_every_model_field_is_in_the_schema_under_its_alias() -> None:
+    def check(model: type[models.Model], schema: dict[str, Any], where: str) -> None:
+        props = schema["properties"]
+        for name, field in model.model_fields.items():
+            alias = field.alias or name
+            assert alias in props, f"{where}.{alias} missing from the CRD"
+            assert not any(c.isupper() for c in name), name
+        assert set(props) == {f.alias or n for n, f in model.model_fields.items()}
+
+    root = version_schema()["properties"]
+    check(models.ServingDeploymentSpec, root["spec"], "spec")
+    check(models.Engine, root["spec"]["properties"]["engine"], "spec.engine")
+    check(models.Tuning, root["spec"]["properties"]["tuning"], "spec.tuning")
+    check(models.HiCache, root["spec"]["properties"]["engine"]["properties"]["hicache"], "hicache")
+    check(models.ServingDeploymentStatus, root["status"], "status")
+
+
+def test_schema_is_structural() -> None:
+    for path, node in schema_nodes(version_schema()):
+        if node.get("x-kubernetes-int-or-string"):
+            continue
+        assert "type" in node, f"{path or '<root>'} has no type"
+        assert "$ref" not in node and "title" not in node, path
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+
+
+def test_defaults_in_the_crd_are_the_model_defaults() -> None:
+    spec = version_schema()["properties"]["spec"]["properties"]
+    tuning = models.Tuning()
+    assert spec["tuning"]["default"] == {}
+    assert spec["tuning"]["properties"]["mode"]["default"] == tuning.mode == "Fixed"
+    assert spec["tuning"]["properties"]["maxConcurrency"]["default"] == tuning.max_concurrency
+    engine = spec["engine"]["properties"]
+    assert engine["chunkedPrefillSize"]["default"] == 8192
+    assert engine["pageSize"]["default"] == 1
+    assert "default" not in spec["engine"], "engine is required: image and model have no default"
+
+
+def test_every_cel_rule_has_a_message_naming_a_field_and_a_fix() -> None:
+    rules = [
+        rule
+        for _, node in schema_nodes(version_schema())
+        for rule in node.get("x-kubernetes-validations", [])
+    ]
+    assert len(rules) >= 8
+    for rule in rules:
+        assert rule["message"].startswith("spec."), rule
+        assert ":" in rule["message"], f"no fix in {rule['message']!r}"
+
+
+def test_printer_columns() -> None:
+    version = crdgen.crd()["spec"]["versions"][0]
+    names = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert names == ["Threshold", "Concurrency", "Mode", "Heterogeneity", "Phase", "Age"]
+    assert version["subresources"] == {"status": {}}
+    assert crdgen.crd()["spec"]["names"]["shortNames"] == ["sd"]
+    for column in version["additionalPrinterColumns"]:
+        head, *rest = column["jsonPath"].lstrip(".").split(".")
+        if head == "status":
+            assert rest[0] in version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid_serving_deployments(path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == models.KIND]
+    assert len(docs) == 1
+    sd = models.ServingDeployment.model_validate(docs[0])
+    assert sd.spec.tuning.threshold is not None
+    assert sd.spec.tuning.threshold <= sd.spec.engine.chunked_prefill_size
+    assert sd.spec.tuning.threshold % sd.spec.engine.page_size == 0
+    # what the apiserver would refuse or prune: examples use only schema fields
+    assert sd.spec.to_k8s().keys() <= docs[0]["spec"].keys() | {"tuning", "prometheus"}
+
+
+def test_seed_deployments_have_their_published_settings() -> None:
+    by_name = {}
+    for path in EXAMPLES:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc["kind"] == models.KIND:
+                sd = models.ServingDeployment.model_validate(doc)
+                by_name[sd.metadata.name] = sd
+    kimi, deepseek = by_name["kimi-k3"].spec, by_name["deepseek-v4-flash"].spec
+    assert (kimi.engine.chunked_prefill_size, kimi.tuning.threshold) == (8192, 4096)
+    assert kimi.engine.tensor_parallel_size == 8
+    assert (deepseek.engine.chunked_prefill_size, deepseek.tuning.threshold) == (16384, 4096)
+    assert by_name["llama3-70b"].spec.engine.tensor_parallel_size == 4
+
+
+def test_models_round_trip_camel_case() -> None:
+    spec = models.ServingDeploymentSpec.model_validate(
+        {"engine": {"image": "i", "model": "m", "chunkedPrefillSize": 16384}, "tuning": {"threshold": 4096}}
+    )
+    assert spec.engine.chunked_prefill_size == 16384
+    out = spec.to_k8s()
+    assert out["engine"]["chunkedPrefillSize"] == 16384 and out["tuning"]["threshold"] == 4096
+    with pytest.raises(ValueError):
+        models.ServingDeploymentSpec.model_validate({"engine": {"image": "i", "model": "m", "typo": 1}})
+    decision = models.Decision.model_validate(
+        {"time": "2026-01-01T00:00:00Z", "from": {"threshold": 0}, "to": {"threshold": 4096}, "reason": "mix"}
+    )
+    assert decision.to_k8s()["from"] == {"threshold": 0, "mode": "ceiling", "schedulePolicy": "fcfs"}

@@ -1,0 +1,182 @@
+"""Rendering of the engine's launch arguments and of the objects a ServingDeployment owns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slipstream.api import models
+from slipstream.controller import objects, status
+from slipstream.engine import args as engine_args
+
+
+def make(spec: dict[str, Any] | None = None, status_: dict[str, Any] | None = None) -> models.ServingDeployment:
+    base: dict[str, Any] = {
+        "engine": {"image": "img:1", "model": "org/model", "tensorParallelSize": 8, "chunkedPrefillSize": 8192,
+                   "pageSize": 64},
+        "tuning": {"mode": "Fixed", "threshold": 4096},
+    }  # fmt: skip
+    for key, value in (spec or {}).items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return models.ServingDeployment.model_validate(
+        {"metadata": {"name": "kimi", "namespace": "prod", "uid": "u-1", "generation": 3},
+         "spec": base, "status": status_ or {}}
+    )  # fmt: skip
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+def container(sd: models.ServingDeployment) -> dict[str, Any]:
+    return objects.deployment(sd)["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_launch_args_with_literal_setting() -> None:
+    sd = make()
+    setting = models.EngineSetting(threshold=2048, mode="floor", schedule_policy="srpt")
+    args = engine_args.launch_args(sd.spec.engine, "tenant", engine_args.SettingArgs.of(setting))
+    assert flag(args, "--model-path") == "org/model"
+    assert flag(args, "--tp-size") == "8"
+    assert flag(args, "--chunked-prefill-size") == "8192"
+    assert flag(args, "--page-size") == "64"
+    assert flag(args, "--long-prefill-token-threshold") == "2048"
+    assert flag(args, "--long-prefill-mode") == "floor"
+    assert flag(args, "--schedule-policy") == "srpt"
+    assert "--enable-metrics" in args
+    assert flag(args, "--tokenizer-metrics-custom-labels-header") == "x-custom-labels"
+    assert flag(args, "--tokenizer-metrics-allowed-custom-labels") == "tenant"
+    assert "--enable-hierarchical-cache" not in args and "--admin-api-key" not in args
+
+
+def test_hicache_admin_key_and_extra_args() -> None:
+    sd = make({"engine": {"hicache": {"enabled": True, "sizeGB": 512, "storageBackend": "file"},
+                          "adminApiKeySecretRef": {"name": "admin"}, "extraArgs": ["--disable-cuda-graph"],
+                          "trustRemoteCode": True, "contextLength": 131072}})  # fmt: skip
+    args = container(sd)["args"]
+    assert "--enable-hierarchical-cache" in args
+    assert flag(args, "--hicache-size") == "512" and "--hicache-ratio" not in args
+    assert flag(args, "--hicache-write-policy") == "write_through"
+    assert flag(args, "--hicache-storage-backend") == "file"
+    assert flag(args, "--admin-api-key") == "$(SLIPSTREAM_ADMIN_API_KEY)"
+    assert "--trust-remote-code" in args and flag(args, "--context-length") == "131072"
+    assert args[-1] == "--disable-cuda-graph"
+    env = {e["name"]: e for e in container(sd)["env"]}
+    assert env["SLIPSTREAM_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "admin", "key": "api-key"}
+
+
+def test_pod_template_takes_the_setting_from_the_configmap() -> None:
+    c = container(make())
+    assert c["command"] == ["python3", "-m", "sglang.launch_server"]
+    args = c["args"]
+    assert flag(args, "--long-prefill-token-threshold") == "$(SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD)"
+    env = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in c["env"] if "configMapKeyRef" in e.get("valueFrom", {})}
+    assert env["SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD"] == {"name": "kimi-engine-setting", "key": "threshold"}
+    assert env["SLIPSTREAM_LONG_PREFILL_MODE"]["key"] == "mode"
+    assert env["SLIPSTREAM_SCHEDULE_POLICY"]["key"] == "schedulePolicy"
+    # Kubernetes expands $(VAR) only for variables defined before use in env: all are.
+    assert all(f"$({name})" not in str(c["env"]) for name in env)
+
+
+def test_threshold_change_keeps_the_pod_template_and_changes_the_configmap() -> None:
+    before, after = make(), make({"tuning": {"threshold": 2048}})
+    assert objects.deployment(before) == objects.deployment(after)
+    cm_before = objects.configmap(before, objects.current_setting(before))
+    cm_after = objects.configmap(after, objects.current_setting(after))
+    assert cm_before["data"]["threshold"] == "4096" and cm_after["data"]["threshold"] == "2048"
+    assert cm_after["data"] == {"threshold": "2048", "mode": "ceiling", "schedulePolicy": "fcfs"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"engine": {"image": "img:2"}}, {"engine": {"model": "org/other"}}, {"engine": {"tensorParallelSize": 4}},
+     {"engine": {"resources": {"requests": {"memory": "1Ti"}}}}],
+    ids=["image", "model", "parallelism", "resources"],
+)  # fmt: skip
+def test_changes_that_need_new_pods_change_the_pod_template(change: dict[str, Any]) -> None:
+    assert objects.deployment(make())["spec"]["template"] != objects.deployment(make(change))["spec"]["template"]
+
+
+def test_every_owned_object_has_an_owner_reference_and_labels() -> None:
+    sd = make()
+    owned = [objects.deployment(sd), objects.service(sd), objects.configmap(sd, objects.current_setting(sd)),
+             objects.monitor(sd, "PodMonitor"), objects.monitor(sd, "ServiceMonitor")]  # fmt: skip
+    for obj in owned:
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert ref == {"apiVersion": "serving.slipstream.dev/v1alpha1", "kind": "ServingDeployment",
+                       "name": "kimi", "uid": "u-1", "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        assert obj["metadata"]["namespace"] == "prod"
+        assert obj["metadata"]["labels"][objects.NAME_LABEL] == "kimi"
+    dep = objects.deployment(sd)
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    assert objects.service(sd)["spec"]["ports"][0]["port"] == 30000
+
+
+def test_gpus_default_to_tensor_parallel_size() -> None:
+    assert container(make())["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    res = container(make({"engine": {"gpus": 0, "resources": {"requests": {"cpu": 4}}}}))["resources"]
+    assert res == {"requests": {"cpu": "4"}}
+
+
+@pytest.mark.parametrize(
+    ("tuning", "status_", "expected"),
+    [
+        ({"mode": "Fixed", "threshold": 4096}, {}, (4096, "ceiling", "fcfs")),
+        ({"mode": "Off", "threshold": 4096}, {}, (0, "ceiling", "fcfs")),
+        ({"mode": "Recommend", "threshold": 2048}, {"threshold": 512}, (2048, "ceiling", "fcfs")),
+        ({"mode": "Auto", "threshold": 4096, "schedulePolicy": "srpt"}, {}, (4096, "ceiling", "srpt")),
+        ({"mode": "Auto", "threshold": 4096}, {"threshold": 1024, "mode": "floor"}, (1024, "floor", "fcfs")),
+        ({"mode": "Auto", "threshold": None}, {}, (0, "ceiling", "fcfs")),
+    ],
+)
+def test_current_setting_by_mode(tuning: dict[str, Any], status_: dict[str, Any], expected: tuple[int, str, str]) -> None:
+    sd = make({"tuning": tuning}, status_)
+    setting = objects.current_setting(sd)
+    assert (setting.threshold, setting.mode, setting.schedule_policy) == expected
+
+
+@pytest.mark.parametrize(("c", "t", "n"), [(8192, 4096, 2), (16384, 4096, 4), (8192, 0, 1), (8192, 8192, 1)])
+def test_concurrency(c: int, t: int, n: int) -> None:
+    assert engine_args.concurrency(c, t) == n
+
+
+def test_condition_transition_time_moves_only_with_its_status() -> None:
+    first = status.set_condition([], "Ready", False, "Rolling", "0/1", 1, "2026-01-01T00:00:00Z")
+    same = status.set_condition(first, "Ready", False, "Rolling", "0/1 again", 2, "2026-01-01T00:05:00Z")
+    assert same[0].last_transition_time == "2026-01-01T00:00:00Z" and same[0].message == "0/1 again"
+    flipped = status.set_condition(same, "Ready", True, "Available", "1/1", 2, "2026-01-01T00:09:00Z")
+    assert flipped[0].last_transition_time == "2026-01-01T00:09:00Z" and len(flipped) == 1
+
+
+def test_phase_and_readiness() -> None:
+    dep = {"metadata": {"generation": 2}, "status": {"observedGeneration": 2, "availableReplicas": 2, "updatedReplicas": 2}}
+    assert status.deployment_ready(2, dep)[0] is True
+    assert status.deployment_ready(3, dep)[:2] == (False, "Rolling")
+    assert status.deployment_ready(2, {**dep, "metadata": {"generation": 3}})[0] is False
+    assert status.deployment_ready(1, None)[1] == "NoDeployment"
+    t = "2026-01-01T00:00:00Z"
+    ok = status.set_condition([], status.RECONCILED, True, "Applied", "", 1, t)
+    assert status.phase([]) == "Pending"
+    assert status.phase(ok) == "Progressing"
+    assert status.phase(status.set_condition(ok, status.READY, True, "Available", "", 1, t)) == "Ready"
+    bad = status.set_condition(ok, status.RECONCILED, False, "AdminKeySecretMissing", "", 1, t)
+    assert status.phase(bad) == "Degraded"
+
+
+def test_status_patch() -> None:
+    sd = make()
+    patch = status.patch(sd, objects.current_setting(sd), [], None)
+    assert patch["threshold"] == 4096 and patch["concurrency"] == 2
+    assert patch["mode"] == "ceiling" and patch["observedGeneration"] == 3
+    models.ServingDeploymentStatus.model_validate({k: v for k, v in patch.items() if v is not None})
+
+
+def test_the_operator_never_imports_torch_or_sglang() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, slipstream.controller.main, slipstream.engine.admin; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang')))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

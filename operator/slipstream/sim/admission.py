@@ -1,0 +1,165 @@
+"""How one scheduler round splits its prefill token budget among requests.
+
+This is the contract shared by the digital twin and the engine patch
+(engine_image/patches/): the patched SGLang ``PrefillAdder`` must make exactly these
+allocations, and tests/engine/ checks that it does on randomized request mixes. Keep it
+pure and small: it runs once per simulated round, on the twin's hot path.
+
+The rule, with C the round budget (``chunked_prefill_size``), T the long-prefill
+threshold (0 = off, SGLang 0.5.18 as shipped), P the page size and M stock's
+``max_prefill_tokens`` check:
+
+1. Partial prefills already in progress are served first, oldest first: each takes
+   ``min(need, T, budget left)`` (page-floored when it does not finish).
+2. Waiting requests, in the order the admission order policy gave them: a request may
+   take at most ``want = min(need, T)``; it is admitted whole, capped (it becomes a
+   partial prefill) or truncated by what is left of the budget, after which the round is
+   full, as in stock SGLang. Stock's ``rem_input_tokens`` check stops admission when a
+   request's ``want`` reaches what is left of M and something is already admitted.
+3. Floor mode only: what is left of the budget goes to the partial prefills, oldest
+   first, so a lone long request uses the whole budget (work-conserving).
+
+With T = 0 this is exactly stock: one chunked request holds the whole budget until it
+finishes.
+
+Precedence of partial prefills (``partials_first``): they are served before any waiting
+request under fcfs and lpm (they are the oldest), with T = 0 (stock's chunked request
+always goes first) and in floor mode (a partial keeps its guaranteed T, which is what
+stops long prompts from starving under srpt). Under srpt in ceiling mode they have no
+precedence: the caller passes ``partials=[]`` and one list of every candidate sorted by
+``srpt_key`` (a partial keyed by its remaining tokens), so a short arrival may take a
+round's budget from a long prompt in progress: shortest remaining prefill first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+MODES = ("ceiling", "floor")
+
+DEFAULT_SRPT_AGING_TOKENS_PER_S = 4096.0
+"""Aging rate of the ``srpt`` order, in uncached tokens per second of waiting.
+
+A waiting request's key is ``arrival_s + need / aging``, so a request needing R tokens is
+never overtaken by one that arrived more than R / aging seconds after it: a 600K-token
+cold prompt yields to later arrivals for at most ~146 s, a 4K one for 1 s.
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRule:
+    """The engine settings that decide a round's prefill allocation."""
+
+    chunked_prefill_size: int
+    """C: prefill tokens per round (SGLang ``--chunked-prefill-size``)."""
+    threshold: int = 0
+    """T: most tokens one request may take per round; 0 = off (stock)."""
+    mode: str = "ceiling"
+    """``ceiling`` (the seed's patch) or ``floor`` (T guaranteed, expands into idle budget)."""
+    page_size: int = 1
+    """KV page size: truncated chunks are floored to a multiple of it, as in SGLang."""
+    max_prefill_tokens: int | None = 16384
+    """Stock's ``--max-prefill-tokens`` (``rem_input_tokens``) check; None disables it."""
+
+    def __post_init__(self) -> None:
+        if self.chunked_prefill_size <= 0:
+            raise ValueError("chunked_prefill_size must be > 0")
+        if self.page_size <= 0:
+            raise ValueError("page_size must be > 0")
+        if self.threshold < 0:
+            raise ValueError("threshold must be 0 (off) or a positive token count")
+        if self.threshold % self.page_size:
+            raise ValueError(
+                f"threshold {self.threshold} must be a multiple of page_size {self.page_size}"
+            )
+        if self.threshold > self.chunked_prefill_size:
+            raise ValueError(
+                f"threshold {self.threshold} must be <= chunked_prefill_size "
+                f"{self.chunked_prefill_size}"
+            )
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def concurrency(self) -> int:
+        """Partial prefills that run at once at full share: C // T (1 when off)."""
+        return self.chunked_prefill_size // self.threshold if self.threshold else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A request as the allocator sees it: an id and its remaining uncached tokens."""
+
+    rid: str
+    need: int
+
+
+def partials_first(rule: AdmissionRule, order: str) -> bool:
+    """Whether partial prefills in progress are served before waiting requests."""
+    return order != "srpt" or rule.threshold == 0 or rule.mode == "floor"
+
+
+def srpt_key(arrival_s: float, need: int, aging_tokens_per_s: float) -> float:
+    """Sort key of the ``srpt`` order: shortest remaining prefill first, with aging."""
+    return arrival_s + need / aging_tokens_per_s
+
+
+def allocate(
+    rule: AdmissionRule,
+    partials: Sequence[Candidate],
+    waiting: Sequence[Candidate],
+    budget: int | None = None,
+) -> dict[str, int]:
+    """Tokens each request prefills this round (requests given nothing are absent).
+
+    ``partials`` are the partial prefills in progress, oldest first; ``waiting`` is the
+    queue already sorted by the admission order. Dict order is admission order.
+    ``budget`` overrides C for this round (mixed batching subtracts the decode tokens).
+    """
+    page = rule.page_size
+    rem = rule.chunked_prefill_size if budget is None else budget
+    rem_input = math.inf if rule.max_prefill_tokens is None else rule.max_prefill_tokens
+    cap = rule.threshold if rule.threshold > 0 else math.inf
+    alloc: dict[str, int] = {}
+
+    for c in partials:
+        take = min(c.need, cap, rem)
+        if take < c.need:
+            take = take // page * page
+        if take > 0:
+            alloc[c.rid] = int(take)
+            rem -= take
+            rem_input -= take
+
+    for c in waiting:
+        if rem <= 0:
+            break
+        want = min(c.need, cap)
+        if -(-want // page) * page >= rem_input and alloc:
+            break
+        take = want if want <= rem else rem // page * page
+        if take <= 0:
+            break
+        alloc[c.rid] = int(take)
+        rem -= take
+        rem_input -= take
+        if take < want:
+            break
+
+    if rule.mode == "floor" and rule.threshold > 0 and rem > 0:
+        needs = {c.rid: c.need for c in partials}
+        needs.update((c.rid, c.need) for c in waiting if c.rid in alloc)
+        for rid in list(alloc):
+            short = needs[rid] - alloc[rid]
+            if short <= 0:
+                continue
+            extra = min(short, rem)
+            if extra < short:
+                extra = extra // page * page
+            if extra <= 0:
+                break
+            alloc[rid] += int(extra)
+            rem -= extra
+    return alloc

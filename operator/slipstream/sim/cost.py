@@ -1,0 +1,75 @@
+"""Roofline cost of one forward pass (one scheduler round).
+
+    time = overhead + max(compute, memory) + host load-back
+    compute = linear FLOPs of every token in the round / peak
+            + attention FLOPs (each token against its whole context) / attention rate
+    memory  = (weights + KV cache read by the round) / bandwidth
+
+A prefill chunk of L tokens that starts at context offset s attends to
+``L*s + L*(L+1)/2`` (query, key) pairs and reads ``s`` tokens of KV; a decode token at
+context c attends to c pairs and reads c tokens of KV. This is the model of seed 003
+(prefill is compute-bound, decode memory-bound, the ridge between them) plus the
+attention-over-context term that makes later chunks of a long prompt dearer.
+"""
+
+from __future__ import annotations
+
+import math
+
+from slipstream.sim.profiles import Profile
+
+
+def chunk_pairs(offset: int, length: int) -> int:
+    """Attention (query, key) pairs of a causal chunk of ``length`` tokens after ``offset``."""
+    return length * offset + length * (length + 1) // 2
+
+
+class CostModel:
+    """Per-pass times from a profile, with the constants folded for the hot loop."""
+
+    __slots__ = ("profile", "linear_s", "attn_s", "weights_s", "kv_s", "overhead_s", "host_s")
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.linear_s = profile.flops_per_token / profile.peak_flops
+        self.attn_s = (
+            profile.attn_flops_per_pair / profile.attn_flops_per_s
+            if profile.attn_flops_per_pair
+            else 0.0
+        )
+        self.weights_s = profile.weight_bytes / profile.mem_bandwidth
+        self.kv_s = profile.kv_bytes_per_token / profile.mem_bandwidth
+        self.overhead_s = profile.overhead_s
+        self.host_s = (
+            profile.kv_bytes_per_token / profile.host_bandwidth if profile.host_bandwidth else 0.0
+        )
+
+    def pass_time(
+        self, tokens: int, pairs: int, kv_read: int, host_load_tokens: int = 0
+    ) -> float:
+        """Seconds for one forward pass over ``tokens`` new tokens."""
+        compute = tokens * self.linear_s + pairs * self.attn_s
+        memory = self.weights_s + kv_read * self.kv_s
+        return self.overhead_s + (compute if compute > memory else memory) + (
+            host_load_tokens * self.host_s
+        )
+
+    def solo_prefill_s(
+        self, cached: int, need: int, budget: int, host_load_tokens: int = 0
+    ) -> float:
+        """TTFT of a request alone on an idle engine: whole-budget chunks, no decodes."""
+        total = 0.0
+        offset = cached
+        left = need
+        host = host_load_tokens
+        while left > 0:
+            take = budget if left > budget else left
+            total += self.pass_time(take, chunk_pairs(offset, take), offset, host)
+            host = 0
+            offset += take
+            left -= take
+        return total
+
+    def ridge_tokens(self) -> int:
+        """Prefill tokens a pass can carry before it turns compute-bound (seed 003's ridge)."""
+        return math.floor(self.weights_s / self.linear_s) if self.linear_s else 0

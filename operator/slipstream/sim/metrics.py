@@ -1,0 +1,83 @@
+"""Per-request outcomes and their summary: TTFT, slowdown, inter-token gaps.
+
+Slowdown (TTFT over the same request's TTFT alone on an idle engine with the same cache
+state) is the headline: a long cold prompt's TTFT is mostly its own prefill, which no
+scheduler can shorten, while a short request's TTFT behind it is mostly queueing. Its
+physical limit is 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from slipstream.sim.engine import Job, SimResult
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation, numpy's default rule."""
+    if not values:
+        return math.nan
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def request_rows(result: SimResult) -> list[dict[str, Any]]:
+    """The ``requests`` list of the JSON contract, in arrival order."""
+    rows = []
+    for job in result.jobs:
+        ttft = job.first_token_s - job.arrival_s
+        rows.append({
+            "id": job.rid,
+            "tenant": job.req.tenant,
+            "arrival_s": round(job.arrival_s, 6),
+            "uncached_tokens": job.uncached,
+            "first_token_s": round(job.first_token_s, 6),
+            "ttft_s": round(ttft, 6),
+            "solo_ttft_s": round(job.solo_s, 6),
+            "slowdown": round(ttft / job.solo_s, 6) if job.solo_s > 0 else None,
+            "max_itl_s": None if job.max_itl_s is None else round(job.max_itl_s, 6),
+        })
+    return rows
+
+
+def _group(jobs: Sequence[Job]) -> dict[str, float]:
+    ttft = [j.first_token_s - j.arrival_s for j in jobs]
+    slow = [(j.first_token_s - j.arrival_s) / j.solo_s for j in jobs if j.solo_s > 0]
+    return {
+        "requests": len(jobs),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p99_s": percentile(ttft, 99),
+        "slowdown_p50": percentile(slow, 50),
+        "slowdown_p99": percentile(slow, 99),
+    }
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The ``summary`` object of the JSON contract (plus a few engine totals)."""
+    jobs = result.jobs
+    out: dict[str, Any] = _group(jobs)
+    tenants: dict[str, list[Job]] = {}
+    for j in jobs:
+        tenants.setdefault(j.req.tenant, []).append(j)
+    out["per_tenant"] = {name: _group(group) for name, group in tenants.items()}
+    out["worst_tenant_slowdown_p99"] = max(
+        (g["slowdown_p99"] for g in out["per_tenant"].values()), default=math.nan
+    )
+    itl = [j.max_itl_s for j in jobs if j.max_itl_s is not None]
+    out["max_itl_p99_s"] = percentile(itl, 99) if itl else None
+    out["prefill_tokens_per_s"] = (
+        result.prefill_tokens / result.makespan_s if result.makespan_s > 0 else 0.0
+    )
+    longest = sorted(jobs, key=lambda j: j.uncached)[-max(1, len(jobs) // 10):]
+    out["longest_decile_slowdown_p99"] = _group(longest)["slowdown_p99"]
+    out["prefill_busy_fraction"] = (
+        result.prefill_busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
+    )
+    out["passes"] = result.passes
+    out["makespan_s"] = result.makespan_s
+    return out

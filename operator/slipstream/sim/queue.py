@@ -1,0 +1,91 @@
+"""The waiting queue, kept sorted by the admission order.
+
+Orders (SGLang's ``--schedule-policy`` names):
+- ``fcfs``: arrival order (SGLang's default).
+- ``lpm``: longest cached prefix first, as SGLang's ``lpm``, which falls back to fcfs
+  when more than 128 requests wait (matching every request each round is too dear).
+- ``srpt``: shortest remaining uncached prefill first, with aging: key
+  ``arrival_s + need / aging`` (see ``admission.srpt_key`` for the bound it gives).
+
+Keys are computed when a request joins the queue (its cached prefix is looked up then);
+the head of the queue is re-matched against the cache every round before admission, so
+what a request is charged is always current. Admission always takes a prefix of the
+sorted queue (the allocator stops at the first request it cannot place), so removal is
+a slice at the front.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Protocol
+
+from slipstream.sim.admission import srpt_key
+
+LPM_FCFS_FALLBACK = 128
+"""SGLang switches lpm to fcfs past this many waiting requests (schedule_policy.py)."""
+
+
+class Queued(Protocol):
+    seq: int
+    arrival_s: float
+    need: int
+    cached_est: int
+
+
+class WaitQueue:
+    """Jobs sorted by the active order's key, cheapest operations at the front."""
+
+    __slots__ = ("order", "aging", "items", "keys", "_lpm_active")
+
+    def __init__(self, order: str, aging_tokens_per_s: float) -> None:
+        self.order = order
+        self.aging = aging_tokens_per_s
+        self.items: list[Queued] = []
+        self.keys: list[tuple[float, float, int]] = []
+        self._lpm_active = True
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _key(self, job: Queued) -> tuple[float, float, int]:
+        if self.order == "srpt":
+            return (srpt_key(job.arrival_s, job.need, self.aging), job.arrival_s, job.seq)
+        if self.order == "lpm" and self._lpm_active:
+            return (-float(job.cached_est), job.arrival_s, job.seq)
+        return (job.arrival_s, 0.0, job.seq)
+
+    def push(self, job: Queued) -> None:
+        self._check_lpm(len(self.items) + 1)
+        key = self._key(job)
+        keys = self.keys
+        if not keys or key >= keys[-1]:
+            keys.append(key)
+            self.items.append(job)
+        else:
+            at = bisect.bisect_right(keys, key)
+            keys.insert(at, key)
+            self.items.insert(at, job)
+
+    def pop_front(self, k: int) -> None:
+        if k:
+            del self.items[:k]
+            del self.keys[:k]
+            self._check_lpm(len(self.items))
+
+    def set_order(self, order: str) -> None:
+        if order != self.order:
+            self.order = order
+            self._resort()
+
+    def _check_lpm(self, size: int) -> None:
+        if self.order != "lpm":
+            return
+        active = size <= LPM_FCFS_FALLBACK
+        if active != self._lpm_active:
+            self._lpm_active = active
+            self._resort()
+
+    def _resort(self) -> None:
+        pairs = sorted(((self._key(j), j) for j in self.items), key=lambda p: p[0])
+        self.keys = [k for k, _ in pairs]
+        self.items = [j for _, j in pairs]

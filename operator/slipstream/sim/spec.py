@@ -1,0 +1,275 @@
+"""YAML workload specs: what traces lack (tenants, cache hits, giant cold prompts).
+
+A spec may list requests explicitly (the seed scenarios do), generate them per tenant,
+or both::
+
+    name: multi-tenant
+    description: ...
+    profile: kimi-k3-8xh200          # optional: the profile the scenario is stated on
+    engine: {chunked_prefill_size: 8192, page_size: 1, cache_tokens: 2000000}
+    seed: 7                          # one RNG per run
+    duration_s: 600                  # for generated tenants
+    requests:                        # explicit requests
+      - {id: cold, arrival_s: 0.0, prompt_tokens: 600000, cached_tokens: 0, output_tokens: 1}
+    tenants:                         # generated requests
+      - name: chat
+        rate_per_s: 1.5              # Poisson arrivals
+        prompt_tokens: {dist: lognormal, median: 6000, sigma: 1.0, min: 64, max: 128000}
+        output_tokens: {dist: lognormal, median: 250, sigma: 0.8, min: 1, max: 2000}
+        cache_hit: 0.4               # share of each prompt cached when it arrives
+        shared_prefix_tokens: 1500   # one system prompt shared by the tenant's requests
+        giant: {rate_per_hour: 12, prompt_tokens: {dist: uniform, min: 200000, max: 600000}}
+
+``cached_tokens``/``cache_hit`` become a block placed in the prefix cache when the
+request arrives (``Request.warm_blocks``), so the hit survives only if the cache
+keeps it. Errors name the file and the field.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slipstream.sim.policies import EngineConfig
+from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
+
+
+class SpecError(ValueError):
+    """A workload spec that cannot be used; the message names file and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    workload: Workload
+    engine: EngineConfig
+    profile: str | None
+
+
+_ENGINE_FIELDS = {
+    "chunked_prefill_size": int,
+    "page_size": int,
+    "max_prefill_tokens": int,
+    "cache_tokens": int,
+    "host_cache_tokens": int,
+    "srpt_aging_tokens_per_s": float,
+}
+
+
+def builtin_names() -> list[str]:
+    folder = resources.files("slipstream.sim") / "scenarios"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_builtin(name: str) -> Spec:
+    if name not in builtin_names():
+        raise SpecError(f"unknown scenario {name!r}: use one of {', '.join(builtin_names())}")
+    text = (resources.files("slipstream.sim") / "scenarios" / f"{name}.yaml").read_text()
+    return parse(text, origin=f"builtin:{name}", tenant_base=0)
+
+
+def load_file(path: str | Path, tenant_base: int = 0) -> Spec:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: workload spec does not exist")
+    return parse(p.read_text(), origin=str(p), tenant_base=tenant_base)
+
+
+def load(ref: str, tenant_base: int = 0) -> Spec:
+    """``builtin:NAME``, a bare built-in name, or a YAML file path."""
+    if ref.startswith("builtin:"):
+        return load_builtin(ref.removeprefix("builtin:"))
+    if not ref.endswith((".yaml", ".yml")) and ref in builtin_names():
+        return load_builtin(ref)
+    return load_file(ref, tenant_base)
+
+
+def parse(text: str, origin: str, tenant_base: int = 0) -> Spec:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise SpecError(f"{origin}{line}: not valid YAML") from None
+    if not isinstance(doc, dict):
+        raise SpecError(f"{origin}: a workload spec is a YAML mapping")
+    known = {"name", "description", "profile", "engine", "seed", "duration_s", "requests", "tenants"}
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise SpecError(f"{origin}: unknown field(s) {unknown}; known: {sorted(known)}")
+    name = str(doc.get("name") or Path(origin).stem)
+    engine = _engine(doc.get("engine") or {}, origin)
+    rng = random.Random(_num(doc, "seed", origin, int, 0))
+    requests: list[Request] = []
+    next_block = tenant_base * BLOCK_SPACE
+    for idx, item in enumerate(doc.get("requests") or []):
+        req, next_block = _explicit(item, f"{origin}: requests[{idx}]", next_block)
+        requests.append(req)
+    tenants = doc.get("tenants") or []
+    if tenants:
+        duration = _num(doc, "duration_s", origin, float, None)
+        if duration is None or duration <= 0:
+            raise SpecError(f"{origin}: field 'duration_s' (> 0) is required with 'tenants'")
+        for idx, tenant in enumerate(tenants):
+            base = (tenant_base + idx + 1) * BLOCK_SPACE
+            requests += _generate(tenant, f"{origin}: tenants[{idx}]", rng, duration, base)
+    if not requests:
+        raise SpecError(f"{origin}: the spec has neither 'requests' nor 'tenants'")
+    profile = doc.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise SpecError(f"{origin}: field 'profile' must be a profile name")
+    return Spec(build(name, requests, str(doc.get("description") or "")), engine, profile)
+
+
+def _num(obj: dict[str, Any], key: str, where: str, kind: type, default: Any) -> Any:
+    if key not in obj or obj[key] is None:
+        return default
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SpecError(f"{where}: field '{key}' must be a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise SpecError(f"{where}: field '{key}' must be an integer, got {value!r}")
+    return kind(value)
+
+
+def _engine(obj: Any, origin: str) -> EngineConfig:
+    if not isinstance(obj, dict):
+        raise SpecError(f"{origin}: field 'engine' must be a mapping")
+    unknown = sorted(set(obj) - set(_ENGINE_FIELDS))
+    if unknown:
+        raise SpecError(f"{origin}: engine: unknown field(s) {unknown}; known: {sorted(_ENGINE_FIELDS)}")
+    kwargs = {k: _num(obj, k, f"{origin}: engine", t, None) for k, t in _ENGINE_FIELDS.items()}
+    try:
+        return EngineConfig(**{k: v for k, v in kwargs.items() if v is not None})
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"{origin}: engine: {exc}") from None
+
+
+def _explicit(item: Any, where: str, next_block: int) -> tuple[Request, int]:
+    if not isinstance(item, dict):
+        raise SpecError(f"{where}: each request is a mapping")
+    rid = item.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise SpecError(f"{where}: field 'id' (a string) is required")
+    where = f"{where} ({rid})"
+    arrival = _num(item, "arrival_s", where, float, None)
+    prompt = _num(item, "prompt_tokens", where, int, None)
+    if arrival is None:
+        raise SpecError(f"{where}: field 'arrival_s' is required")
+    if prompt is None or prompt <= 0:
+        raise SpecError(f"{where}: field 'prompt_tokens' must be > 0")
+    cached = _num(item, "cached_tokens", where, int, 0)
+    if not 0 <= cached < prompt:
+        raise SpecError(f"{where}: field 'cached_tokens' must be >= 0 and < prompt_tokens ({prompt})")
+    output = _num(item, "output_tokens", where, int, 1)
+    if output < 1:
+        raise SpecError(f"{where}: field 'output_tokens' must be >= 1")
+    tenant = str(item.get("tenant") or rid)
+    req, next_block = _request(rid, tenant, arrival, prompt, cached, output, next_block)
+    return req, next_block
+
+
+def _request(rid: str, tenant: str, arrival: float, prompt: int, cached: int, output: int,
+             next_block: int, shared: tuple[int, int] | None = None) -> tuple[Request, int]:
+    """Blocks: [tenant's shared prefix], [cached part, warm on arrival], the request's own."""
+    blocks: list[int] = []
+    sizes: list[int] = []
+    if shared is not None and shared[1] + cached < prompt:
+        blocks.append(shared[0])
+        sizes.append(shared[1])
+    if cached:
+        blocks.append(next_block)
+        sizes.append(cached)
+        next_block += 1
+    warm = len(blocks) if cached else 0
+    blocks.append(next_block)
+    sizes.append(prompt - sum(sizes))
+    next_block += 1
+    return Request(rid, tenant, arrival, prompt, output, tuple(blocks), tuple(sizes),
+                   warm_blocks=warm), next_block
+
+
+def _dist(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict) or obj.get("dist") not in ("lognormal", "uniform", "constant"):
+        raise SpecError(
+            f"{where}: must be a mapping with dist: lognormal (median, sigma), "
+            "uniform (min, max) or constant (value)"
+        )
+    return obj
+
+
+def _draw(d: dict[str, Any], where: str, rng: random.Random) -> int:
+    kind = d["dist"]
+    if kind == "constant":
+        value = _num(d, "value", where, float, None)
+        if value is None:
+            raise SpecError(f"{where}: field 'value' is required for dist: constant")
+    elif kind == "uniform":
+        lo, hi = _num(d, "min", where, float, None), _num(d, "max", where, float, None)
+        if lo is None or hi is None or lo > hi:
+            raise SpecError(f"{where}: fields 'min' <= 'max' are required for dist: uniform")
+        value = rng.uniform(lo, hi)
+    else:
+        median = _num(d, "median", where, float, None)
+        sigma = _num(d, "sigma", where, float, None)
+        if median is None or median <= 0 or sigma is None or sigma < 0:
+            raise SpecError(f"{where}: fields 'median' > 0 and 'sigma' >= 0 are required for lognormal")
+        value = rng.lognormvariate(math.log(median), sigma)
+    lo = _num(d, "min", where, float, 1)
+    hi = _num(d, "max", where, float, math.inf)
+    return int(max(lo, min(hi, max(1.0, round(value)))))
+
+
+def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
+              base: int) -> list[Request]:
+    if not isinstance(tenant, dict) or not isinstance(tenant.get("name"), str):
+        raise SpecError(f"{where}: each tenant is a mapping with a 'name'")
+    name = tenant["name"]
+    where = f"{where} ({name})"
+    known = {"name", "rate_per_s", "prompt_tokens", "output_tokens", "cache_hit",
+             "shared_prefix_tokens", "giant"}
+    unknown = sorted(set(tenant) - known)
+    if unknown:
+        raise SpecError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+    rate = _num(tenant, "rate_per_s", where, float, 0.0)
+    if rate < 0:
+        raise SpecError(f"{where}: field 'rate_per_s' must be >= 0")
+    hit = _num(tenant, "cache_hit", where, float, 0.0)
+    if not 0.0 <= hit < 1.0:
+        raise SpecError(f"{where}: field 'cache_hit' must be in [0, 1)")
+    shared_tokens = _num(tenant, "shared_prefix_tokens", where, int, 0)
+    shared = (base, shared_tokens) if shared_tokens > 0 else None
+    next_block = base + 1
+    out: list[Request] = []
+    streams: list[tuple[float, dict[str, Any], float]] = []
+    if rate > 0:
+        streams.append((rate, _dist(tenant.get("prompt_tokens"), f"{where}: prompt_tokens"), hit))
+    giant = tenant.get("giant")
+    if giant is not None:
+        if not isinstance(giant, dict):
+            raise SpecError(f"{where}: field 'giant' must be a mapping")
+        per_hour = _num(giant, "rate_per_hour", f"{where}: giant", float, 0.0)
+        if per_hour > 0:
+            streams.append((per_hour / 3600.0,
+                            _dist(giant.get("prompt_tokens"), f"{where}: giant: prompt_tokens"), 0.0))
+    out_dist = _dist(tenant.get("output_tokens", {"dist": "constant", "value": 1}),
+                     f"{where}: output_tokens")
+    for s_idx, (lam, prompt_dist, stream_hit) in enumerate(streams):
+        t = rng.expovariate(lam)
+        n = 0
+        while t < duration:
+            prompt = _draw(prompt_dist, f"{where}: prompt_tokens", rng)
+            cached = int(prompt * stream_hit)
+            output = _draw(out_dist, f"{where}: output_tokens", rng)
+            rid = f"{name}-{'g' if s_idx else ''}{n}"
+            req, next_block = _request(rid, name, t, prompt, cached, output, next_block,
+                                       shared if s_idx == 0 else None)
+            out.append(req)
+            n += 1
+            t += rng.expovariate(lam)
+    return out

@@ -1,0 +1,106 @@
+"""Hand-checked allocation cases of the rule shared by the twin and the engine patch."""
+
+from __future__ import annotations
+
+import pytest
+
+from slipstream.sim.admission import AdmissionRule, Candidate, allocate, partials_first, srpt_key
+
+C = 8192
+THREE_LONG = [Candidate("a", 500_000), Candidate("b", 500_000), Candidate("c", 500_000)]
+
+
+def alloc_list(rule: AdmissionRule, waiting: list[Candidate], partials=()) -> list[int]:
+    got = allocate(rule, list(partials), waiting)
+    return [got.get(c.rid, 0) for c in [*partials, *waiting]]
+
+
+def test_stock_gives_the_first_long_request_the_whole_budget():
+    assert alloc_list(AdmissionRule(C), THREE_LONG) == [8192, 0, 0]
+
+
+def test_ceiling_splits_the_budget_among_c_over_t_long_requests():
+    assert alloc_list(AdmissionRule(C, 4096, "ceiling"), THREE_LONG) == [4096, 4096, 0]
+    assert alloc_list(AdmissionRule(C, 2048, "ceiling"), THREE_LONG + [Candidate("d", 10**6)]) == [
+        2048, 2048, 2048, 2048
+    ]
+
+
+def test_floor_gives_a_lone_long_request_the_whole_budget():
+    assert alloc_list(AdmissionRule(C, 4096, "floor"), THREE_LONG[:1]) == [8192]
+
+
+def test_floor_with_two_long_requests_gives_each_its_floor():
+    assert alloc_list(AdmissionRule(C, 4096, "floor"), THREE_LONG[:2]) == [4096, 4096]
+
+
+def test_floor_leftover_goes_to_partials_oldest_first():
+    rule = AdmissionRule(C, 2048, "floor", max_prefill_tokens=None)
+    partials = [Candidate("old", 100_000)]
+    waiting = [Candidate("short", 1000), Candidate("new", 50_000)]
+    # old 2048, short 1000, new 2048, leftover 3096 -> old (oldest first)
+    assert alloc_list(rule, waiting, partials) == [2048 + 3096, 1000, 2048]
+
+
+def test_ceiling_leaves_budget_idle_for_a_lone_long_request():
+    assert alloc_list(AdmissionRule(C, 4096, "ceiling"), THREE_LONG[:1]) == [4096]
+
+
+def test_short_requests_are_admitted_whole_beside_a_capped_long_one():
+    rule = AdmissionRule(C, 4096, "ceiling")
+    waiting = [Candidate("cold", 600_000), Candidate("s1", 900), Candidate("hit", 3000)]
+    assert alloc_list(rule, waiting) == [4096, 900, 3000]
+
+
+def test_stock_chunked_request_holds_the_budget_until_it_finishes():
+    rule = AdmissionRule(C)
+    partials = [Candidate("cold", 1984)]
+    waiting = [Candidate("s1", 900), Candidate("s2", 1500), Candidate("hit", 3000),
+               Candidate("s3", 600), Candidate("s4", 1200)]
+    # the rest of the budget after cold's last chunk: whole requests, then one truncated
+    assert alloc_list(rule, waiting, partials) == [1984, 900, 1500, 3000, 600, 208]
+    assert alloc_list(rule, waiting, [Candidate("cold", 500_000)]) == [8192, 0, 0, 0, 0, 0]
+
+
+def test_truncation_is_page_aligned_and_stops_the_round():
+    rule = AdmissionRule(C, 0, page_size=64)
+    waiting = [Candidate("a", 8000), Candidate("b", 5000), Candidate("c", 10)]
+    assert alloc_list(rule, waiting) == [8000, 192, 0]
+    assert allocate(rule, [], waiting)["b"] % 64 == 0
+
+
+def test_max_prefill_tokens_check_stops_a_large_request_behind_others():
+    # stock's rem_input_tokens: a 20K request is not chunked in after a short one
+    rule = AdmissionRule(C, 0, max_prefill_tokens=16384)
+    assert alloc_list(rule, [Candidate("s", 1000), Candidate("big", 20_000)]) == [1000, 0]
+    assert alloc_list(AdmissionRule(C, 0, max_prefill_tokens=None),
+                      [Candidate("s", 1000), Candidate("big", 20_000)]) == [1000, 7192]
+
+
+def test_budget_override_for_mixed_batches():
+    assert allocate(AdmissionRule(C), [], [Candidate("a", 9000)], budget=256) == {"a": 256}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"threshold": 100, "page_size": 64}, "multiple of page_size"),
+    ({"threshold": 16384}, "<= chunked_prefill_size"),
+    ({"threshold": -1}, r"0 \(off\)"),
+    ({"mode": "spiral"}, "mode must be one of"),
+])
+def test_invalid_rules_are_refused_with_the_reason(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        AdmissionRule(C, **kwargs)
+
+
+def test_srpt_aging_bounds_overtaking():
+    aging = 4096.0
+    long_key = srpt_key(0.0, 409_600, aging)  # 100 s of aging
+    assert srpt_key(99.0, 1, aging) < long_key  # arrived within the bound: may overtake
+    assert srpt_key(100.5, 1, aging) > long_key  # arrived after it: never overtakes
+
+
+def test_partials_first_except_srpt_ceiling():
+    assert partials_first(AdmissionRule(C, 4096, "ceiling"), "fcfs")
+    assert partials_first(AdmissionRule(C, 4096, "floor"), "srpt")
+    assert partials_first(AdmissionRule(C, 0), "srpt")
+    assert not partials_first(AdmissionRule(C, 4096, "ceiling"), "srpt")

@@ -105,7 +105,7 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         workload = merge("+".join(names), parts) if len(parts) > 1 else parts[0]
         source_key, source = "traces", list(args.trace)
     else:
-        loaded = spec.load(args.scenario or args.workload)
+        loaded = spec.load_builtin(args.scenario) if args.scenario else spec.load(args.workload)
         workload, config = loaded.workload, loaded.engine
         profile_name = profile_name or loaded.profile
         is_scenario = bool(args.scenario)

@@ -205,37 +205,20 @@ def simulate(
         tokens = pairs = kv = host = 0
         done: list[Job] = []
         still: list[Job] = []
-        taken = 0
-        for job in partials:
+        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc)
+        admitted = queue.items[:n_new]
+        queue.pop_front(n_new)
+        for job in admitted:
+            host += _admit(job, cache, cost, budget_c)
+        for job in (*partials, *admitted):
             take = alloc.get(job.rid, 0)
             if take:
-                taken += 1
                 pairs += chunk_pairs(job.offset, take)
                 kv += job.offset
                 tokens += take
                 job.offset += take
                 job.need -= take
             (done if job.need == 0 else still).append(job)
-        n_new = len(alloc) - taken
-        for job in queue.items[:n_new]:
-            take = alloc[job.rid]
-            req = job.req
-            on_device, on_host = cache.match(req.blocks, req.block_sizes)
-            cached = min(on_device + on_host, req.prompt_tokens - 1)
-            job.host_tokens = max(0, cached - on_device)
-            job.cached = cached
-            job.offset = cached
-            job.uncached = job.need = req.prompt_tokens - cached
-            job.admitted = True
-            job.solo_s = cost.solo_prefill_s(cached, job.need, budget_c, job.host_tokens)
-            host += job.host_tokens
-            pairs += chunk_pairs(job.offset, take)
-            kv += job.offset
-            tokens += take
-            job.offset += take
-            job.need -= take
-            (done if job.need == 0 else still).append(job)
-        queue.pop_front(n_new)
         partials = still
         prefill_tokens += tokens
 
@@ -270,6 +253,19 @@ def simulate(
     makespan = t - (reqs[0].arrival_s if n_reqs else 0.0)
     return SimResult(workload, policy.name, cfg, profile, jobs, makespan, busy, prefill_tokens,
                      passes, rounds, settings)
+
+
+def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
+    """First allocation of a request: match its prefix for real; returns host tokens to load."""
+    req = job.req
+    on_device, on_host = cache.match(req.blocks, req.block_sizes)
+    cached = min(on_device + on_host, req.prompt_tokens - 1)
+    job.host_tokens = max(0, cached - on_device)
+    job.cached = job.offset = cached
+    job.uncached = job.need = req.prompt_tokens - cached
+    job.admitted = True
+    job.solo_s = cost.solo_prefill_s(cached, job.need, budget, job.host_tokens)
+    return job.host_tokens
 
 
 def _refresh_head(queue: WaitQueue, cache: PrefixCache, threshold: int, budget: int) -> int:

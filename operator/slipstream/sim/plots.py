@@ -39,6 +39,7 @@ def ttft_cdfs(results: Mapping[str, SimResult], path: Path, title: str) -> None:
     axes[0][0].legend(fontsize=8, loc="lower right")
     fig.suptitle(title)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -66,5 +67,6 @@ def timelines(results: Sequence[SimResult], path: Path, title: str) -> None:
     fig.legend(handles, ids, loc="upper right", fontsize=7, ncol=min(len(ids), 8))
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.slipstream.dev"
@@ -42,7 +42,7 @@ Quantity = Annotated[
 
 def _rules(*rules: tuple[str, str]) -> ConfigDict:
     """Model config carrying CEL rules (rule, message) into the CRD."""
-    validations = [{"rule": rule, "message": message} for rule, message in rules]
+    validations: list[JsonValue] = [{"rule": rule, "message": message} for rule, message in rules]
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
 
 
@@ -362,8 +362,8 @@ class ObjectMeta(BaseModel):
 class ServingDeployment(Model):
     model_config = ConfigDict(extra="ignore")
 
-    api_version: Literal["serving.slipstream.dev/v1alpha1"] = API_VERSION
-    kind: Literal["ServingDeployment"] = KIND
+    api_version: Literal["serving.slipstream.dev/v1alpha1"] = "serving.slipstream.dev/v1alpha1"
+    kind: Literal["ServingDeployment"] = "ServingDeployment"
     metadata: ObjectMeta
     spec: ServingDeploymentSpec
     status: ServingDeploymentStatus = Field(default_factory=ServingDeploymentStatus)

@@ -82,7 +82,8 @@ def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
     desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
     if problem is None:
         desired.append(objects.deployment(sd))
-    changes, rolled, deployment = [], False, None
+    changes: list[tuple[str, str, str]] = []
+    rolled, deployment = False, None
     for obj in filter(None, desired):
         after, before, change = kube.apply(obj)
         if obj["kind"] == "Deployment":
@@ -135,7 +136,7 @@ def register(
     @kopf.on.resume(*resource, registry=registry)
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
         outcome = await asyncio.to_thread(apply_objects, kube, sd)
         for kind, name, change in outcome.changes:
@@ -162,7 +163,10 @@ def register(
             kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
             raise kopf.TemporaryError(outcome.problem[1], delay=config.retry_delay_seconds)
         RECONCILES.labels("ok").inc()
-        logger.info("reconciled: %d object(s) changed", len(outcome.changes))
+        logger.info(
+            "%s/%s reconciled: %d object(s) changed", sd.metadata.namespace, sd.metadata.name,
+            len(outcome.changes),
+        )  # fmt: skip
 
     @kopf.timer(
         *resource, interval=config.status_interval_seconds, initial_delay=config.status_interval_seconds,
@@ -191,5 +195,5 @@ def register(
         )
 
     @kopf.on.delete(*resource, optional=True, registry=registry)
-    async def deleted(name: str, namespace: str, logger: logging.Logger, **_: Any) -> None:
+    async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
         logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)

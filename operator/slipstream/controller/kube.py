@@ -39,9 +39,9 @@ class ApiError(RuntimeError):
 def load_config() -> None:
     """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
     try:
-        k8s_config.load_incluster_config()
+        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
     except k8s_config.ConfigException:
-        k8s_config.load_kube_config()
+        k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
 
 
 def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -68,7 +68,7 @@ class Kube:
             body=body, auth_settings=["BearerToken"],
         )
         response = self.api.call_api(*serialized)
-        data = response.read()
+        data = response.read()  # type: ignore[no-untyped-call]
         text = data.decode() if isinstance(data, bytes) else str(data or "")
         if not 200 <= response.status < 300:
             raise ApiError(method, path, response.status, text)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from slipstream.api import models
 from slipstream.engine import args as engine_args
@@ -21,7 +21,7 @@ def set_condition(
     now: str,
 ) -> list[models.Condition]:
     """Replace one condition; its lastTransitionTime moves only when its status does."""
-    value = "True" if status else "False"
+    value: Literal["True", "False"] = "True" if status else "False"
     old = next((c for c in conditions if c.type == type_), None)
     since = old.last_transition_time if old is not None and old.status == value else now
     new = models.Condition(

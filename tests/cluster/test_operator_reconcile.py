@@ -1,0 +1,516 @@
+"""The operator on a real control plane: the chart installed with real helm, the operator
+run as a process with a token of the chart's ServiceAccount (so the chart's RBAC is what is
+tested), and the examples, invalid specs, Secrets, updates, deletion and restarts.
+
+The control plane has no nodes and no Deployment controller: pods never run. What is
+checked is what the operator writes and what the apiserver accepts or refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import eventually
+from slipstream import localkube
+from slipstream.localkube import ports
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "slipstream"
+EXAMPLES = {p.stem: p for p in sorted((ROOT / "examples").glob("*.yaml"))}
+RELEASE_NS = "slipstream-system"
+SA = "slipstream"  # the chart's full name for release "slipstream"
+PEERING = "slipstream"
+DEADLINE_S = 60
+
+
+class Operator:
+    """`python -m slipstream.controller` as a child process, with its own log file."""
+
+    def __init__(self, cluster: localkube.Cluster, kubeconfig: Path, name: str) -> None:
+        self.cluster, self.kubeconfig, self.name = cluster, kubeconfig, name
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = cluster.workdir / "logs" / f"operator-{name}.log"
+        self.starts = 0
+
+    def start(self) -> None:
+        health, metrics = ports.free_ports(2)
+        self.health_url = f"http://127.0.0.1:{health}/healthz"
+        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "SLIPSTREAM_RETRY_DELAY_SECONDS": "2",
+            "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
+            "SLIPSTREAM_METRICS_PORT": str(metrics),
+        }
+        self.starts += 1
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start {self.starts} =====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "slipstream.controller", f"--peering={PEERING}",
+                 f"--liveness={self.health_url}"],
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            )  # fmt: skip
+
+        def healthy() -> None:
+            assert self.proc is not None and self.proc.poll() is None, self.log_tail()
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=2) as response:
+                    assert response.status == 200
+            except OSError as error:
+                raise AssertionError(f"health endpoint: {error}") from error
+
+        eventually(healthy, deadline_s=DEADLINE_S, what=f"operator {self.name} healthy")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        """This run's log (since the last start)."""
+        return self.log_path.read_text(errors="replace").rsplit("===== start", 1)[-1]
+
+    def log_tail(self) -> str:
+        return "\n".join(self.log().splitlines()[-40:])
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: localkube.Cluster) -> Iterator[Operator]:
+    cluster.helm("install", "slipstream", str(CHART), f"--namespace={RELEASE_NS}", "--create-namespace")
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/servingdeployments.serving.slipstream.dev", "crd/clusterkopfpeerings.kopf.dev",
+    )  # fmt: skip
+    op = Operator(cluster, cluster.token_kubeconfig(RELEASE_NS, SA), "main")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        cluster.helm("uninstall", "slipstream", f"--namespace={RELEASE_NS}", check=False)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def namespace(cluster: localkube.Cluster, name: str) -> str:
+    cluster.kubectl("create", "namespace", name)
+    return name
+
+
+def get(cluster: localkube.Cluster, kind: str, name: str, ns: str) -> dict[str, Any] | None:
+    result = cluster.kubectl("get", kind, name, f"--namespace={ns}", "-o", "json", check=False)
+    if result.returncode != 0:
+        assert "NotFound" in result.stderr, result.stderr
+        return None
+    return json.loads(result.stdout)
+
+
+def must_get(cluster: localkube.Cluster, kind: str, name: str, ns: str) -> dict[str, Any]:
+    obj = get(cluster, kind, name, ns)
+    assert obj is not None, f"{kind} {ns}/{name} does not exist"
+    return obj
+
+
+def events(cluster: localkube.Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    items = json.loads(cluster.kubectl("get", "events", f"--namespace={ns}", "-o", "json").stdout)["items"]
+    return [e for e in items if e["involvedObject"]["kind"] == "ServingDeployment" and e["involvedObject"]["name"] == name]
+
+
+def condition(sd: dict[str, Any], type_: str) -> dict[str, Any]:
+    found = [c for c in sd.get("status", {}).get("conditions", []) if c["type"] == type_]
+    assert found, f"no {type_} condition in {sd.get('status')}"
+    return found[0]
+
+
+def fixed_sd(name: str, **engine: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "serving.slipstream.dev/v1alpha1",
+        "kind": "ServingDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "engine": {"image": "engine:1", "model": "org/model", "chunkedPrefillSize": 8192, "pageSize": 64,
+                       **engine},
+            "tuning": {"mode": "Fixed", "threshold": 4096},
+        },
+    }  # fmt: skip
+
+
+def apply(cluster: localkube.Cluster, ns: str, *docs: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
+    return cluster.kubectl("apply", f"--namespace={ns}", "-f", "-", input=yaml.safe_dump_all(docs), check=check)
+
+
+def reconciled(cluster: localkube.Cluster, ns: str, name: str) -> dict[str, Any]:
+    """The ServingDeployment once the operator has handled its latest generation."""
+    sd = must_get(cluster, "sd", name, ns)
+    assert sd.get("status", {}).get("observedGeneration") == sd["metadata"]["generation"], sd.get("status")
+    return sd
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+# -- the chart ---------------------------------------------------------------------------
+
+
+def test_chart_lints_clean_and_renders_both_rbac_scopes(cluster: localkube.Cluster) -> None:
+    lint = cluster.helm("lint", str(CHART), "--strict")
+    assert "0 chart(s) failed" in lint.stdout, lint.stdout
+    namespaced = cluster.helm(
+        "template", "x", str(CHART), "--set=watchNamespace=team-a", "--set=metrics.serviceMonitor.enabled=true"
+    ).stdout
+    kinds = [d["kind"] for d in yaml.safe_load_all(namespaced) if d]
+    assert "RoleBinding" in kinds and "KopfPeering" in kinds and "ServiceMonitor" in kinds
+    bad = cluster.helm("template", "x", str(CHART), "--set=replicaCount=0", check=False)
+    assert bad.returncode != 0 and "replicaCount" in bad.stderr
+
+
+def test_helm_install_establishes_the_crd_and_peering(cluster: localkube.Cluster, operator: Operator) -> None:
+    crd = json.loads(cluster.kubectl("get", "crd", "servingdeployments.serving.slipstream.dev", "-o", "json").stdout)
+    established = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
+    assert established["Established"] == "True" and established["NamesAccepted"] == "True"
+    assert "sd" in crd["status"]["acceptedNames"]["shortNames"]
+    dep = must_get(cluster, "deployment", "slipstream", RELEASE_NS)
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+    def peers() -> dict[str, Any]:
+        peering = json.loads(cluster.kubectl("get", "clusterkopfpeering", PEERING, "-o", "json").stdout)
+        assert peering.get("status"), "the operator has not announced itself in the peering object"
+        return peering["status"]
+
+    eventually(peers, deadline_s=DEADLINE_S, what="operator in the peering object")
+
+
+def test_a_second_replica_stands_by(cluster: localkube.Cluster, operator: Operator) -> None:
+    second = Operator(cluster, operator.kubeconfig, "standby")
+    second.start()
+    try:
+        def one_paused() -> None:
+            logs = operator.log() + second.log()
+            assert "Pausing operations in favour of" in logs, "neither replica paused"
+
+        eventually(one_paused, deadline_s=DEADLINE_S, what="one of two replicas pausing")
+    finally:
+        second.stop()
+
+    def main_active() -> None:
+        assert "Resuming operations after the pause" in operator.log() or \
+            "Pausing operations" not in operator.log()
+
+    eventually(main_active, deadline_s=DEADLINE_S, what="the main replica active again")
+
+
+# -- the examples --------------------------------------------------------------------------
+
+EXPECTED = {
+    # example: (name, tp, C, T, concurrency)
+    "kimi-k3-8xh200": ("kimi-k3", 8, 8192, 4096, 2),
+    "deepseek-v4-flash": ("deepseek-v4-flash", 8, 16384, 4096, 4),
+    "llama3-70b-4xa100": ("llama3-70b", 4, 4096, 0, 1),
+}
+
+
+@pytest.mark.parametrize("example", list(EXPECTED))
+def test_example_gets_its_deployment_service_configmap_and_columns(
+    cluster: localkube.Cluster, operator: Operator, example: str
+) -> None:
+    name, tp, chunk, threshold, concurrency = EXPECTED[example]
+    ns = namespace(cluster, f"ex-{name}")
+    cluster.kubectl("apply", f"--namespace={ns}", "-f", str(EXAMPLES[example]))
+
+    sd = eventually(lambda: reconciled(cluster, ns, name), deadline_s=DEADLINE_S, what=f"{name} reconciled")
+    assert sd["status"]["threshold"] == threshold and sd["status"]["concurrency"] == concurrency
+    assert condition(sd, "Reconciled")["status"] == "True"
+    assert sd["status"]["phase"] == "Progressing"  # no nodes: the engines never become available
+
+    dep = must_get(cluster, "deployment", name, ns)
+    args = container(dep)["args"]
+    assert flag(args, "--tp-size") == str(tp)
+    assert flag(args, "--chunked-prefill-size") == str(chunk)
+    assert flag(args, "--long-prefill-token-threshold") == "$(SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD)"
+    assert "--enable-metrics" in args and flag(args, "--tokenizer-metrics-allowed-custom-labels") == "tenant"
+    assert container(dep)["resources"]["limits"]["nvidia.com/gpu"] == str(tp)
+    owner = dep["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("ServingDeployment", name, sd["metadata"]["uid"])
+    assert "slipstream" in {f["manager"] for f in dep["metadata"]["managedFields"]}
+    cm = must_get(cluster, "configmap", f"{name}-engine-setting", ns)
+    assert cm["data"]["threshold"] == str(threshold)
+    svc = must_get(cluster, "service", name, ns)
+    assert svc["spec"]["ports"][0]["port"] == 30000
+
+    table = cluster.kubectl("get", "sd", f"--namespace={ns}").stdout.splitlines()
+    assert table[0].split() == ["NAME", "THRESHOLD", "CONCURRENCY", "MODE", "HETEROGENEITY", "PHASE", "AGE"]
+    assert table[1].split()[:4] == [name, str(threshold), str(concurrency), "ceiling"]
+    wide = cluster.kubectl("get", "sd", f"--namespace={ns}", "-o", "wide").stdout.splitlines()
+    assert "TUNING" in wide[0]
+
+    reasons = {e["reason"] for e in events(cluster, ns, name)}
+    assert "Created" in reasons, reasons
+    describe = cluster.kubectl("describe", "sd", name, f"--namespace={ns}").stdout
+    assert "Created Deployment" in describe and "Reconciled" in describe
+
+
+# -- the apiserver refuses invalid specs, naming the field --------------------------------
+
+INVALID = [
+    # (what, spec changes, expected in the error)
+    ("threshold > C", {"tuning": {"threshold": 16384}}, "spec.tuning.threshold must be <= spec.engine.chunkedPrefillSize"),
+    ("threshold not page-aligned", {"tuning": {"threshold": 4000}}, "spec.tuning.threshold must be a multiple of spec.engine.pageSize"),
+    ("min > max concurrency", {"tuning": {"minConcurrency": 4, "maxConcurrency": 2}}, "spec.tuning.minConcurrency must be <= spec.tuning.maxConcurrency"),
+    ("Fixed without threshold", {"tuning": {"threshold": None}}, "spec.tuning.threshold is required when spec.tuning.mode is Fixed"),
+    ("Auto without Prometheus", {"tuning": {"mode": "Auto"}}, "spec.prometheus.url is required"),
+    ("C not page-aligned", {"engine": {"chunkedPrefillSize": 8200}}, "spec.engine.chunkedPrefillSize must be a multiple of spec.engine.pageSize"),
+    ("fewer GPUs than TP", {"engine": {"tensorParallelSize": 8, "gpus": 4}}, "spec.engine.gpus must be at least spec.engine.tensorParallelSize"),
+    ("HiCache ratio and size", {"engine": {"hicache": {"enabled": True, "ratio": 2, "sizeGB": 100}}}, "set only one of ratio or sizeGB"),
+    ("max concurrency beyond pages", {"engine": {"chunkedPrefillSize": 128}, "tuning": {"threshold": 64, "maxConcurrency": 4}}, "spec.tuning.maxConcurrency must be <="),
+    ("canaries beyond replicas", {"replicas": 1, "tuning": {"mode": "Auto", "rollout": {"canaryReplicas": 2}}, "prometheus": {"url": "http://p:9090"}}, "spec.tuning.rollout.canaryReplicas must be <= spec.replicas"),
+    ("negative replicas", {"replicas": -1}, "spec.replicas"),
+    ("TP 0", {"engine": {"tensorParallelSize": 0}}, "spec.engine.tensorParallelSize"),
+    ("C too small", {"engine": {"chunkedPrefillSize": 32}}, "spec.engine.chunkedPrefillSize"),
+    ("negative threshold", {"tuning": {"threshold": -64}}, "spec.tuning.threshold"),
+    ("max concurrency bound", {"tuning": {"maxConcurrency": 1000}}, "spec.tuning.maxConcurrency"),
+    ("zero TTFT target", {"tuning": {"objective": {"ttftP99Seconds": 0}}}, "spec.tuning.objective.ttftP99Seconds"),
+    ("unknown mode", {"tuning": {"mode": "Sometimes"}}, "spec.tuning.mode"),
+    ("unknown engine mode", {"tuning": {"engineMode": "middle"}}, "spec.tuning.engineMode"),
+    ("port bound", {"engine": {"port": 70000}}, "spec.engine.port"),
+    ("bad Prometheus URL", {"prometheus": {"url": "prometheus:9090"}}, "spec.prometheus.url"),
+    ("replicas as text", {"replicas": "two"}, "spec.replicas"),
+    ("C as text", {"engine": {"chunkedPrefillSize": "big"}}, "spec.engine.chunkedPrefillSize"),
+    ("boolean as text", {"engine": {"hicache": {"enabled": "yes"}}}, "spec.engine.hicache.enabled"),
+    ("list as text", {"engine": {"extraArgs": "--disable-cuda-graph"}}, "spec.engine.extraArgs"),
+    ("no image", {"engine": {"image": None}}, "spec.engine.image"),
+    ("unknown field", {"engine": {"imagee": "typo"}}, "spec.engine.imagee"),
+]
+
+
+def merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in changes.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_the_valid_base_of_the_invalid_specs_is_accepted(cluster: localkube.Cluster, operator: Operator) -> None:
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "--namespace=default", "-f", "-",
+        input=yaml.safe_dump(fixed_sd("base")), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(("what", "changes", "expected"), INVALID, ids=[case[0] for case in INVALID])
+def test_invalid_spec_is_refused_naming_the_field(
+    cluster: localkube.Cluster, operator: Operator, what: str, changes: dict[str, Any], expected: str
+) -> None:
+    doc = fixed_sd("invalid")
+    doc["spec"] = merged(doc["spec"], changes)
+    result = cluster.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", "--namespace=default", "-f", "-",
+        input=yaml.safe_dump(doc), check=False,
+    )  # fmt: skip
+    assert result.returncode != 0, f"{what}: accepted"
+    assert expected in result.stderr, result.stderr
+
+
+# -- a missing Secret ------------------------------------------------------------------------
+
+
+def test_missing_secret_gives_a_condition_and_event_and_others_are_served(
+    cluster: localkube.Cluster, operator: Operator
+) -> None:
+    ns = namespace(cluster, "secret-missing")
+    broken = fixed_sd("needs-key", adminApiKeySecretRef={"name": "engine-admin"})
+    apply(cluster, ns, broken, fixed_sd("fine"))
+
+    def degraded() -> dict[str, Any]:
+        sd = must_get(cluster, "sd", "needs-key", ns)
+        assert sd.get("status", {}).get("phase") == "Degraded", sd.get("status")
+        return sd
+
+    sd = eventually(degraded, deadline_s=DEADLINE_S, what="needs-key degraded")
+    reconciled_ = condition(sd, "Reconciled")
+    assert reconciled_["status"] == "False" and reconciled_["reason"] == "AdminKeySecretMissing"
+    assert "engine-admin" in reconciled_["message"] and "kubectl create secret" in reconciled_["message"]
+    warnings = [e for e in events(cluster, ns, "needs-key") if e["type"] == "Warning"]
+    assert any(e["reason"] == "AdminKeySecretMissing" for e in warnings), warnings
+    assert get(cluster, "deployment", "needs-key", ns) is None
+
+    eventually(lambda: reconciled(cluster, ns, "fine"), deadline_s=DEADLINE_S, what="fine reconciled")
+    assert get(cluster, "deployment", "fine", ns) is not None
+
+    cluster.kubectl("create", "secret", "generic", "engine-admin", "--from-literal=api-key=s3cret", f"--namespace={ns}")
+
+    def recovered() -> None:
+        sd = must_get(cluster, "sd", "needs-key", ns)
+        assert condition(sd, "Reconciled")["status"] == "True"
+        assert sd["status"]["phase"] != "Degraded"
+        dep = must_get(cluster, "deployment", "needs-key", ns)
+        env = {e["name"]: e for e in container(dep)["env"]}
+        assert env["SLIPSTREAM_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "engine-admin"
+
+    eventually(recovered, deadline_s=DEADLINE_S, what="needs-key recovered after the Secret appeared")
+
+
+# -- updates -----------------------------------------------------------------------------------
+
+
+def test_fixed_threshold_change_updates_configmap_and_status_not_the_pods(
+    cluster: localkube.Cluster, operator: Operator
+) -> None:
+    ns = namespace(cluster, "threshold-change")
+    apply(cluster, ns, fixed_sd("kimi"))
+    eventually(lambda: reconciled(cluster, ns, "kimi"), deadline_s=DEADLINE_S, what="kimi reconciled")
+    before = must_get(cluster, "deployment", "kimi", ns)
+
+    cluster.kubectl("patch", "sd", "kimi", f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"tuning":{"threshold":2048}}}')
+
+    def moved() -> dict[str, Any]:
+        sd = reconciled(cluster, ns, "kimi")
+        assert sd["status"]["threshold"] == 2048 and sd["status"]["concurrency"] == 4
+        assert must_get(cluster, "configmap", "kimi-engine-setting", ns)["data"]["threshold"] == "2048"
+        return sd
+
+    eventually(moved, deadline_s=DEADLINE_S, what="threshold 2048 applied")
+    after = must_get(cluster, "deployment", "kimi", ns)
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["spec"]["template"] == before["spec"]["template"]
+    messages = [e["message"] for e in events(cluster, ns, "kimi") if e["reason"] == "Updated"]
+    assert any("ConfigMap" in m and "threshold=2048" in m for m in messages), messages
+
+
+def test_spec_change_needing_new_pods_rolls_the_deployment(cluster: localkube.Cluster, operator: Operator) -> None:
+    ns = namespace(cluster, "rolling")
+    apply(cluster, ns, fixed_sd("llama"))
+    eventually(lambda: reconciled(cluster, ns, "llama"), deadline_s=DEADLINE_S, what="llama reconciled")
+    before = must_get(cluster, "deployment", "llama", ns)
+
+    cluster.kubectl("patch", "sd", "llama", f"--namespace={ns}", "--type=merge", "-p",
+                    '{"spec":{"engine":{"image":"engine:2","tensorParallelSize":4}}}')  # fmt: skip
+
+    def rolled() -> dict[str, Any]:
+        reconciled(cluster, ns, "llama")
+        dep = must_get(cluster, "deployment", "llama", ns)
+        assert container(dep)["image"] == "engine:2"
+        return dep
+
+    after = eventually(rolled, deadline_s=DEADLINE_S, what="new image in the pod template")
+    assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
+    assert flag(container(after)["args"], "--tp-size") == "4"
+    assert after["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    messages = [e["message"] for e in events(cluster, ns, "llama") if e["reason"] == "Updated"]
+    assert any("rolling the engine pods" in m for m in messages), messages
+
+
+# -- a PodMonitor when Prometheus Operator is installed ----------------------------------------
+
+POD_MONITOR_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: podmonitors.monitoring.coreos.com}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {kind: PodMonitor, plural: podmonitors, singular: podmonitor, listKind: PodMonitorList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"""
+
+
+def test_pod_monitor_only_when_its_crd_exists(cluster: localkube.Cluster, operator: Operator) -> None:
+    ns = namespace(cluster, "monitoring")
+    apply(cluster, ns, fixed_sd("before"))
+    eventually(lambda: reconciled(cluster, ns, "before"), deadline_s=DEADLINE_S, what="before reconciled")
+    assert cluster.kubectl("api-resources", "--api-group=monitoring.coreos.com").stdout.count("\n") <= 1
+
+    cluster.kubectl("apply", "-f", "-", input=POD_MONITOR_CRD)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/podmonitors.monitoring.coreos.com")
+    try:
+        apply(cluster, ns, fixed_sd("after"))
+
+        def monitored() -> dict[str, Any]:
+            reconciled(cluster, ns, "after")
+            return must_get(cluster, "podmonitor", "after", ns)
+
+        pm = eventually(monitored, deadline_s=DEADLINE_S, what="PodMonitor created")
+        assert pm["spec"]["selector"]["matchLabels"] == {"serving.slipstream.dev/name": "after"}
+        assert pm["metadata"]["ownerReferences"][0]["name"] == "after"
+    finally:
+        cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", "--wait=false")
+
+
+# -- deletion and restart ------------------------------------------------------------------------
+
+
+def test_delete_garbage_collects_the_owned_objects(cluster: localkube.Cluster, operator: Operator) -> None:
+    ns = namespace(cluster, "deletion")
+    apply(cluster, ns, fixed_sd("doomed"))
+    eventually(lambda: reconciled(cluster, ns, "doomed"), deadline_s=DEADLINE_S, what="doomed reconciled")
+    owned = [("deployment", "doomed"), ("service", "doomed"), ("configmap", "doomed-engine-setting")]
+    assert all(get(cluster, kind, name, ns) for kind, name in owned)
+
+    cluster.kubectl("delete", "sd", "doomed", f"--namespace={ns}", "--timeout=60s")
+
+    def collected() -> None:
+        left = [f"{kind}/{name}" for kind, name in owned if get(cluster, kind, name, ns) is not None]
+        assert not left, f"still there: {left}"
+
+    eventually(collected, deadline_s=DEADLINE_S, what="owned objects garbage-collected")
+
+
+def test_operator_restart_changes_nothing_that_was_right(cluster: localkube.Cluster, operator: Operator) -> None:
+    ns = namespace(cluster, "restart")
+    apply(cluster, ns, fixed_sd("steady"))
+    sd = eventually(lambda: reconciled(cluster, ns, "steady"), deadline_s=DEADLINE_S, what="steady reconciled")
+    owned = [("deployment", "steady"), ("service", "steady"), ("configmap", "steady-engine-setting")]
+    versions = {kind: must_get(cluster, kind, name, ns)["metadata"]["resourceVersion"] for kind, name in owned}
+    seen_events = len(events(cluster, ns, "steady"))
+
+    operator.stop()
+    operator.start()
+
+    def resumed() -> None:
+        assert f"{ns}/steady reconciled: 0 object(s) changed" in operator.log(), operator.log_tail()
+
+    eventually(resumed, deadline_s=DEADLINE_S, what="resume handler ran")
+    assert {kind: must_get(cluster, kind, name, ns)["metadata"]["resourceVersion"] for kind, name in owned} == versions
+    again = must_get(cluster, "sd", "steady", ns)
+    assert again["status"] == sd["status"]
+    assert again["metadata"]["generation"] == sd["metadata"]["generation"]
+    assert len(events(cluster, ns, "steady")) == seen_events

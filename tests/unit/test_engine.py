@@ -79,3 +79,24 @@ def test_prefill_first_starves_decodes_while_mixed_batching_does_not():
     mixed = engine.simulate(w, policies.parse("sarathi:2048", CFG), PROFILE, CFG)
     gap = lambda r: max(j.max_itl_s for j in r.jobs if j.rid.startswith("s"))  # noqa: E731
     assert gap(stock) > 10 * gap(mixed)
+
+
+def test_host_tier_hits_are_cheaper_than_recompute_and_cost_load_back_time():
+    from slipstream.sim.policies import EngineConfig as Cfg
+
+    first = Request("a", "t", 0.0, 50_000, 1, (1, 2), (49_000, 1000))
+    evictor = Request("e", "t", 50.0, 60_000, 1, (7,), (60_000,))
+    again = Request("b", "t", 200.0, 50_000, 1, (1, 3), (49_000, 1000))
+    w = build("w", [first, evictor, again])
+    device_only = Cfg(cache_tokens=60_000)
+    with_host = Cfg(cache_tokens=60_000, host_cache_tokens=200_000)
+    p = policies.parse("stock", device_only)
+    no_host = {j.rid: j for j in engine.simulate(w, p, PROFILE, device_only).jobs}
+    host = {j.rid: j for j in engine.simulate(w, policies.parse("stock", with_host), PROFILE,
+                                              with_host).jobs}
+    assert no_host["b"].cached == 0  # evicted: recomputed
+    assert host["b"].cached == 49_000 and host["b"].host_tokens == 49_000
+    ttft = lambda j: j.first_token_s - j.arrival_s  # noqa: E731
+    assert ttft(host["b"]) < ttft(no_host["b"])
+    load_s = 49_000 * PROFILE.kv_bytes_per_token / PROFILE.host_bandwidth
+    assert host["b"].solo_s >= load_s

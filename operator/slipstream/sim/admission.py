@@ -33,9 +33,10 @@ round's budget from a long prompt in progress: shortest remaining prefill first.
 
 from __future__ import annotations
 
-import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 MODES = ("ceiling", "floor")
 
@@ -88,6 +89,16 @@ class AdmissionRule:
         return self.chunked_prefill_size // self.threshold if self.threshold else 1
 
 
+class HasNeed(Protocol):
+    """Anything with an id and remaining uncached tokens (the twin's jobs, the tests' tuples)."""
+
+    @property
+    def rid(self) -> str: ...
+
+    @property
+    def need(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """A request as the allocator sees it: an id and its remaining uncached tokens."""
@@ -108,8 +119,8 @@ def srpt_key(arrival_s: float, need: int, aging_tokens_per_s: float) -> float:
 
 def allocate(
     rule: AdmissionRule,
-    partials: Sequence[Candidate],
-    waiting: Sequence[Candidate],
+    partials: Sequence[HasNeed],
+    waiting: Sequence[HasNeed],
     budget: int | None = None,
 ) -> dict[str, int]:
     """Tokens each request prefills this round (requests given nothing are absent).
@@ -120,8 +131,8 @@ def allocate(
     """
     page = rule.page_size
     rem = rule.chunked_prefill_size if budget is None else budget
-    rem_input = math.inf if rule.max_prefill_tokens is None else rule.max_prefill_tokens
-    cap = rule.threshold if rule.threshold > 0 else math.inf
+    rem_input = sys.maxsize if rule.max_prefill_tokens is None else rule.max_prefill_tokens
+    cap = rule.threshold if rule.threshold > 0 else sys.maxsize
     alloc: dict[str, int] = {}
 
     for c in partials:
@@ -129,7 +140,7 @@ def allocate(
         if take < c.need:
             take = take // page * page
         if take > 0:
-            alloc[c.rid] = int(take)
+            alloc[c.rid] = take
             rem -= take
             rem_input -= take
 
@@ -142,7 +153,7 @@ def allocate(
         take = want if want <= rem else rem // page * page
         if take <= 0:
             break
-        alloc[c.rid] = int(take)
+        alloc[c.rid] = take
         rem -= take
         rem_input -= take
         if take < want:
@@ -160,6 +171,6 @@ def allocate(
                 extra = extra // page * page
             if extra <= 0:
                 break
-            alloc[rid] += int(extra)
+            alloc[rid] += extra
             rem -= extra
     return alloc

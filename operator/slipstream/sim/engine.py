@@ -101,7 +101,7 @@ def simulate(
     cfg = config or EngineConfig()
     cost = CostModel(profile)
     cache = PrefixCache(cfg.cache_tokens, cfg.host_cache_tokens)
-    queue = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
+    queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
     reqs = workload.requests
     n_reqs = len(reqs)
     jobs: list[Job] = []
@@ -268,7 +268,7 @@ def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
     return job.host_tokens
 
 
-def _refresh_head(queue: WaitQueue, cache: PrefixCache, threshold: int, budget: int) -> int:
+def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int) -> int:
     """Re-match the requests at the head of the queue that this round could admit.
 
     Returns how many there are (the allocator never reaches past them).
@@ -286,7 +286,7 @@ def _refresh_head(queue: WaitQueue, cache: PrefixCache, threshold: int, budget: 
     return n
 
 
-def _srpt_merge(queue: WaitQueue, head: int, partials: list[Job]) -> list[Job]:
+def _srpt_merge(queue: WaitQueue[Job], head: int, partials: list[Job]) -> list[Job]:
     """Partials and the queue's head in one srpt order (partials keyed by what remains).
 
     Waiting requests keep their queue keys, so those admitted stay a prefix of the queue.

@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from slipstream.sim.engine import SimResult  # noqa: E402
 
@@ -45,28 +46,38 @@ def ttft_cdfs(results: Mapping[str, SimResult], path: Path, title: str) -> None:
 
 
 def timelines(results: Sequence[SimResult], path: Path, title: str) -> None:
-    """Who holds the prefill budget, pass by pass: one panel per policy (before/after)."""
+    """Who holds the budget, pass by pass (decode tokens grey): one panel per policy."""
     ids = [j.rid for j in results[0].jobs]
     colors = {rid: plt.get_cmap("tab10")(k % 10) for k, rid in enumerate(ids)}
     fig, axes = plt.subplots(len(results), 1, figsize=(11, 2.6 * len(results)), squeeze=False)
     for ax, result in zip(axes[:, 0], results, strict=True):
         for rnd in result.rounds:
-            bottom = 0
+            width = rnd.end_s - rnd.start_s
+            if rnd.decodes:
+                ax.bar(rnd.start_s, rnd.decodes, width=width, align="edge", color="0.6",
+                       linewidth=0)
+            bottom = rnd.decodes
             for rid, take in rnd.prefill:
-                ax.bar(rnd.start_s, take, width=rnd.end_s - rnd.start_s, bottom=bottom,
-                       align="edge", color=colors.get(rid, "grey"), linewidth=0)
+                ax.bar(rnd.start_s, take, width=width, bottom=bottom, align="edge",
+                       color=colors.get(rid, "grey"), linewidth=0)
                 bottom += take
         for job in result.jobs:
             ax.axvline(job.first_token_s, color=colors[job.rid], linestyle=":", linewidth=0.8)
-        ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_ylabel("prefill tokens / pass")
-        ax.set_title(f"{result.policy}: first tokens " + ", ".join(
-            f"{j.rid} {j.first_token_s:.2f}s" for j in result.jobs), fontsize=8)
-    axes[-1][0].set_xlabel("time on the scenario's clock (s, log past 1 s)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[r]) for r in ids]
-    fig.legend(handles, ids, loc="upper right", fontsize=7, ncol=min(len(ids), 8))
+        end = max(j.first_token_s for j in result.jobs)
+        if end > 30:
+            ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(left=min(0.0, *(j.arrival_s for j in result.jobs)))
+        ax.set_ylabel("tokens / pass")
+        firsts = ", ".join(f"{j.rid} {j.first_token_s:.2f}s" for j in result.jobs[:8])
+        more = f" (+{len(result.jobs) - 8} more)" if len(result.jobs) > 8 else ""
+        ax.set_title(f"{result.policy}: first tokens {firsts}{more}", fontsize=8)
+    axes[-1][0].set_xlabel("time on the scenario's clock (s; log past 1 s on long runs)")
+    handles = [Rectangle((0, 0), 1, 1, color=colors[r]) for r in ids]
+    handles.append(Rectangle((0, 0), 1, 1, color="0.6"))
+    fig.legend(handles, [*ids, "decode tokens"], loc="lower center", fontsize=7,
+               ncol=min(len(ids) + 1, 9))
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0.07, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

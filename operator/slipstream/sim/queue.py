@@ -17,7 +17,7 @@ a slice at the front.
 from __future__ import annotations
 
 import bisect
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from slipstream.sim.admission import srpt_key
 
@@ -32,7 +32,10 @@ class Queued(Protocol):
     cached_est: int
 
 
-class WaitQueue:
+Q = TypeVar("Q", bound=Queued)
+
+
+class WaitQueue(Generic[Q]):
     """Jobs sorted by the active order's key, cheapest operations at the front."""
 
     __slots__ = ("order", "aging", "items", "keys", "_lpm_active")
@@ -40,21 +43,21 @@ class WaitQueue:
     def __init__(self, order: str, aging_tokens_per_s: float) -> None:
         self.order = order
         self.aging = aging_tokens_per_s
-        self.items: list[Queued] = []
+        self.items: list[Q] = []
         self.keys: list[tuple[float, float, int]] = []
         self._lpm_active = True
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def _key(self, job: Queued) -> tuple[float, float, int]:
+    def _key(self, job: Q) -> tuple[float, float, int]:
         if self.order == "srpt":
             return (srpt_key(job.arrival_s, job.need, self.aging), job.arrival_s, job.seq)
         if self.order == "lpm" and self._lpm_active:
             return (-float(job.cached_est), job.arrival_s, job.seq)
         return (job.arrival_s, 0.0, job.seq)
 
-    def push(self, job: Queued) -> None:
+    def push(self, job: Q) -> None:
         self._check_lpm(len(self.items) + 1)
         key = self._key(job)
         keys = self.keys

@@ -56,8 +56,11 @@ def _f(value: Any, digits: int = 2) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    fmt = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
     line = "  ".join("-" * w for w in widths)
     return "\n".join([fmt(header), line, *(fmt(r) for r in rows)])
 

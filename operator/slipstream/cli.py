@@ -53,6 +53,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=int, metavar="C",
                    help="override the engine's token budget per pass")
     p.add_argument("--cache-tokens", type=int, help="override the prefix-cache capacity (tokens)")
+    p.add_argument("--srpt-aging", type=float, metavar="TOKENS_PER_S",
+                   help="aging of the srpt order: a request needing R tokens is never overtaken "
+                   "by one arriving more than R/TOKENS_PER_S seconds after it (default 1024)")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--rate-scale", type=float, metavar="X",
                        help="make arrivals X times as dense")
@@ -114,6 +117,10 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
     if args.cache_tokens is not None:
         config = replace(config, cache_tokens=args.cache_tokens)
+    if args.srpt_aging is not None:
+        if args.srpt_aging <= 0:
+            raise CliError("--srpt-aging must be > 0 tokens per second")
+        config = replace(config, srpt_aging_tokens_per_s=args.srpt_aging)
     profile = profiles.load(profile_name or DEFAULT_PROFILE)
     target = args.target_utilization
     if args.rate_scale is not None:

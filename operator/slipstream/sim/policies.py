@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from slipstream.sim.admission import MODES, AdmissionRule
+from slipstream.sim.admission import DEFAULT_SRPT_AGING_TOKENS_PER_S, MODES, AdmissionRule
 
 ORDERS = ("fcfs", "lpm", "srpt")
 
@@ -42,8 +42,8 @@ class EngineConfig:
     """Device prefix-cache capacity in tokens (KV pool left for the radix cache)."""
     host_cache_tokens: int = 0
     """HiCache host-tier capacity in tokens; 0 = no host tier."""
-    srpt_aging_tokens_per_s: float = 4096.0
-    """Aging of the srpt order (see admission.DEFAULT_SRPT_AGING_TOKENS_PER_S)."""
+    srpt_aging_tokens_per_s: float = DEFAULT_SRPT_AGING_TOKENS_PER_S
+    """Aging of the srpt order, uncached tokens per second of waiting (see admission)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,10 +161,12 @@ REGISTRY: dict[str, Factory] = {
 
 DEFAULT_BENCH = (
     "stock",
+    "stock/srpt",
     "ceiling:4096",
     "floor:4096",
+    "ceiling:4096/srpt",
     "ceiling:2048/srpt",
-    "floor:2048/srpt",
+    "floor:4096/srpt",
     "sarathi:8192",
     "vllm:4096",
 )

@@ -214,7 +214,9 @@ class Tuning(Model):
 
     model_config = _rules(
         (
-            "self.minConcurrency <= self.maxConcurrency",
+            # has(): the rule is also checked against the CRD's `default: {}` of tuning.
+            "!has(self.minConcurrency) || !has(self.maxConcurrency) "
+            "|| self.minConcurrency <= self.maxConcurrency",
             "spec.tuning.minConcurrency must be <= spec.tuning.maxConcurrency: lower "
             "minConcurrency or raise maxConcurrency",
         ),

@@ -121,7 +121,12 @@ def register(
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # The same credentials as `kube`: in-cluster ServiceAccount, else $KUBECONFIG.
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(id="configure", registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # The CRD's structural schema prunes unknown status fields: keep kopf's own state
         # in annotations, under our group.
@@ -132,10 +137,11 @@ def register(
         settings.persistence.finalizer = f"{models.GROUP}/finalizer"
         # Events are for what the operator changes, not for every handler log line.
         settings.posting.level = logging.WARNING
+        settings.posting.reporting_component = "slipstream"
 
-    @kopf.on.resume(*resource, registry=registry)
-    @kopf.on.create(*resource, registry=registry)
-    @kopf.on.update(*resource, registry=registry)
+    @kopf.on.resume(*resource, id="reconcile", registry=registry)
+    @kopf.on.create(*resource, id="reconcile", registry=registry)
+    @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
         outcome = await asyncio.to_thread(apply_objects, kube, sd)
@@ -160,7 +166,8 @@ def register(
         patch.status.update(status.patch(sd, outcome.setting, conditions, ready_replicas))
         if outcome.problem is not None:
             RECONCILES.labels("deferred").inc()
-            kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
+            if outcome.problem[0] not in {c.reason for c in sd.status.conditions if c.status == "False"}:
+                kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
             raise kopf.TemporaryError(outcome.problem[1], delay=config.retry_delay_seconds)
         RECONCILES.labels("ok").inc()
         logger.info(
@@ -169,8 +176,8 @@ def register(
         )  # fmt: skip
 
     @kopf.timer(
-        *resource, interval=config.status_interval_seconds, initial_delay=config.status_interval_seconds,
-        registry=registry,
+        *resource, id="refresh", interval=config.status_interval_seconds,
+        initial_delay=config.status_interval_seconds, registry=registry,
     )  # fmt: skip
     async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
@@ -194,6 +201,6 @@ def register(
             }
         )
 
-    @kopf.on.delete(*resource, optional=True, registry=registry)
+    @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
         logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)

@@ -36,7 +36,7 @@ class Job:
 
     __slots__ = (
         "req", "rid", "seq", "arrival_s", "need", "cached_est", "offset", "cached",
-        "host_tokens", "uncached", "admitted", "first_token_s", "solo_s", "entry_step",
+        "host_tokens", "uncached", "first_token_s", "solo_s", "entry_step",
         "max_itl_s", "finished_s",
     )
 
@@ -51,7 +51,6 @@ class Job:
         self.cached = 0
         self.host_tokens = 0
         self.uncached = 0
-        self.admitted = False
         self.first_token_s = -1.0
         self.solo_s = 0.0
         self.entry_step = 0
@@ -75,6 +74,8 @@ class SimResult:
 
     workload: Workload
     policy: str
+    threshold: int
+    """T the run started with (the tuner may change it: see ``settings``)."""
     config: EngineConfig
     profile: Profile
     jobs: list[Job]
@@ -99,6 +100,7 @@ def simulate(
     ``progress`` is called with the number of requests arrived so far, every 1024.
     """
     cfg = config or EngineConfig()
+    start_threshold = policy.rule.threshold
     cost = CostModel(profile)
     cache = PrefixCache(cfg.cache_tokens, cfg.host_cache_tokens)
     queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
@@ -251,7 +253,7 @@ def simulate(
                 job.finished_s = t
 
     makespan = t - (reqs[0].arrival_s if n_reqs else 0.0)
-    return SimResult(workload, policy.name, cfg, profile, jobs, makespan, busy, prefill_tokens,
+    return SimResult(workload, policy.name, start_threshold, cfg, profile, jobs, makespan, busy, prefill_tokens,
                      passes, rounds, settings)
 
 
@@ -263,7 +265,6 @@ def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
     job.host_tokens = max(0, cached - on_device)
     job.cached = job.offset = cached
     job.uncached = job.need = req.prompt_tokens - cached
-    job.admitted = True
     job.solo_s = cost.solo_prefill_s(cached, job.need, budget, job.host_tokens)
     return job.host_tokens
 

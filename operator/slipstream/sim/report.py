@@ -19,17 +19,10 @@ def simulate_json(result: SimResult, source_key: str, source: Any) -> dict[str, 
         "profile": result.profile.name,
         "rate_scale": result.workload.rate_scale,
         "chunked_prefill_size": rule.chunked_prefill_size,
-        "threshold": _threshold(result.policy),
+        "threshold": result.threshold,
         "requests": request_rows(result),
         "summary": _clean(summarize(result)),
     }
-
-
-def _threshold(policy: str) -> int:
-    kind, _, rest = policy.partition(":")
-    if kind in ("ceiling", "floor", "vllm") and rest:
-        return int(rest.split("/")[0])
-    return 0
 
 
 def _clean(obj: Any) -> Any:

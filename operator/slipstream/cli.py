@@ -128,9 +128,13 @@ def load_workload(args: argparse.Namespace) -> Loaded:
     elif target is not None or args.trace:
         target = DEFAULT_UTILIZATION if target is None else target
         workload = workload.scaled(rate.scale_for_utilization(workload, profile, config, target))
-    if workload.rate_scale != 1.0 or target is not None:
-        how = f" (target prefill utilization {target:.2f})" if target is not None else ""
-        print(f"rate scale: {workload.rate_scale:.4g}{how}", file=sys.stderr)
+    if target is not None:
+        how = f" (target prefill utilization {target:.2f})"
+    elif args.rate_scale is not None:
+        how = " (--rate-scale)"
+    else:
+        how = " (the workload's own clock)"
+    print(f"rate scale: {workload.rate_scale:.4g}{how}", file=sys.stderr)
     return Loaded(workload, source_key, source, config, profile, is_scenario)
 
 

@@ -37,6 +37,8 @@ class Loaded:
     config: policies.EngineConfig
     profile: profiles.Profile
     is_scenario: bool
+    scale_note: str
+    """How the rate scale was chosen; printed (stderr) once the run is known to be valid."""
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -134,8 +136,8 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         how = " (--rate-scale)"
     else:
         how = " (the workload's own clock)"
-    print(f"rate scale: {workload.rate_scale:.4g}{how}", file=sys.stderr)
-    return Loaded(workload, source_key, source, config, profile, is_scenario)
+    note = f"rate scale: {workload.rate_scale:.4g}{how}"
+    return Loaded(workload, source_key, source, config, profile, is_scenario, note)
 
 
 def _run(loaded: Loaded, policy_name: str, record: bool = False, bar: tqdm | None = None
@@ -161,6 +163,7 @@ def _bar(total: int, desc: str) -> tqdm | None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     loaded = load_workload(args)
     policies.parse(args.policy, loaded.config)  # fail on a bad name before running
+    print(loaded.scale_note, file=sys.stderr)
     n = len(loaded.workload.requests)
     bar = _bar(n, args.policy)
     result = _run(loaded, args.policy, record=bool(args.plot and loaded.is_scenario), bar=bar)
@@ -193,6 +196,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     loaded = load_workload(args)
     for name in names:
         policies.parse(name, loaded.config)
+    print(loaded.scale_note, file=sys.stderr)
     n = len(loaded.workload.requests)
     bar = _bar(n * len(names), "bench")
     results: dict[str, engine.SimResult] = {}

@@ -1,4 +1,4 @@
-"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin) for now.
+"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``run`` (the operator).
 
 Every error is one line on stderr naming what is wrong (file:line and field for traces
 and specs) and exit status 2; nothing is written when a run fails.
@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--speed", action="store_true",
                        help="print how many times faster than real time each policy simulates")
     bench.set_defaults(func=cmd_bench)
+
+    run = sub.add_parser("run", help="run the operator (kopf) against the current kubeconfig")
+    run.add_argument("--namespace", help="watch only this namespace (default: all)")
+    run.add_argument("--peering", help="kopf peering object name (default: standalone)")
+    run.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
+    run.set_defaults(func=cmd_run)
     return parser
 
 
@@ -232,6 +238,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"  {name:24s} wall {row['wall_s']:.2f} s  "
                   f"{row['x_real_time_trace']:.0f}x trace time  "
                   f"{row['x_real_time_simulated']:.0f}x simulated time")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    # Imported here: the twin's commands must not pay for (or need) kopf and kubernetes.
+    from slipstream.controller import main as controller
+
+    controller.run(args.namespace, args.peering, args.liveness)
     return 0
 
 

@@ -1,0 +1,18 @@
+"""A local Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager).
+
+Used by the cluster tests and the demo. The binaries come from
+``scripts/build-kube.sh``; ``Cluster.start(workdir)`` runs them on loopback
+ports with a throw-away CA, RBAC and service-account tokens.
+"""
+
+from slipstream.localkube.binaries import BinariesMissingError, default_bin_dir
+from slipstream.localkube.cluster import Cluster, CommandError
+from slipstream.localkube.processes import ComponentError
+
+__all__ = [
+    "BinariesMissingError",
+    "Cluster",
+    "CommandError",
+    "ComponentError",
+    "default_bin_dir",
+]

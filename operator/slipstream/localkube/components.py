@@ -1,0 +1,153 @@
+"""Command lines of etcd, kube-apiserver and kube-controller-manager.
+
+Kept apart from the start-up sequence so the flags of each component can be
+read (and reviewed) in one place, each with the reason it is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from slipstream.localkube import pki
+from slipstream.localkube.ports import LOOPBACK
+
+SERVICE_CIDR = "10.0.0.0/24"
+"""Service cluster-IP range; only allocated from, never routed (there are no nodes)."""
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+"""Issuer (and default audience) of service-account tokens, as on a real cluster."""
+
+APISERVER_HOSTS = (
+    LOOPBACK,
+    "localhost",
+    "10.0.0.1",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
+"""SANs of the apiserver's serving certificate: the loopback URL plus the names
+in-cluster clients use, so a kubeconfig with any of them verifies."""
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+"""CN of the certificate the apiserver presents when proxying to aggregated APIs."""
+
+CONTROLLERS = (
+    "serviceaccount-token-controller",
+    "serviceaccount-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+)
+"""Controllers the controller manager runs. Owner-reference garbage collection,
+namespace deletion and service-account tokens are what tests rely on; the
+``default`` ServiceAccount, kube-root-ca.crt and the aggregated admin/edit/view
+roles make namespaces look like a real cluster's. Workload controllers are
+left out: with no nodes nothing would run the pods they create."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Loopback ports of one cluster."""
+
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+
+
+@dataclass(frozen=True)
+class Certs:
+    """Every certificate and key file the components read."""
+
+    ca: pki.KeyPair
+    apiserver: pki.KeyPair
+    front_proxy_client: pki.KeyPair
+    controller_manager_serving: pki.KeyPair
+    service_account: pki.KeyPair
+
+
+def etcd(bin_dir: Path, data_dir: Path, ports: Ports) -> list[str]:
+    """A single-member etcd on plain HTTP over loopback (envtest does the same)."""
+    client = f"http://{LOOPBACK}:{ports.etcd_client}"
+    peer = f"http://{LOOPBACK}:{ports.etcd_peer}"
+    return [
+        str(bin_dir / "etcd"),
+        "--name=localkube",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=localkube={peer}",
+        "--initial-cluster-state=new",
+        # Test data is thrown away with the workdir: skipping fsync makes every
+        # write several times faster on CI disks.
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def apiserver(bin_dir: Path, cert_dir: Path, certs: Certs, ports: Ports) -> list[str]:
+    """kube-apiserver with client-certificate and token authentication and RBAC."""
+    return [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--bind-address={LOOPBACK}",
+        f"--advertise-address={LOOPBACK}",
+        f"--secure-port={ports.apiserver}",
+        f"--cert-dir={cert_dir}",
+        f"--tls-cert-file={certs.apiserver.cert}",
+        f"--tls-private-key-file={certs.apiserver.key}",
+        f"--client-ca-file={certs.ca.cert}",
+        # Node is harmless without nodes and keeps the production mode string.
+        "--authorization-mode=Node,RBAC",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={certs.service_account.cert}",
+        f"--service-account-signing-key-file={certs.service_account.key}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true",
+        # The reconciler would publish 127.0.0.1 as the endpoint of the
+        # `kubernetes` Service, which validation rejects (loopback), logging an
+        # error every 10 s; with no pods nothing reads that endpoint anyway.
+        "--endpoint-reconciler-type=none",
+        # Front-proxy (aggregation layer) identity: lets aggregated API servers
+        # authenticate proxied requests, and gives the controller manager's
+        # delegated authentication the request-header CA it otherwise keeps
+        # reporting as missing.
+        f"--requestheader-client-ca-file={certs.ca.cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={certs.front_proxy_client.cert}",
+        f"--proxy-client-key-file={certs.front_proxy_client.key}",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager(bin_dir: Path, kubeconfig: Path, certs: Certs, ports: Ports) -> list[str]:
+    """kube-controller-manager running CONTROLLERS, as kubeadm configures it."""
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={ports.controller_manager}",
+        f"--tls-cert-file={certs.controller_manager_serving.cert}",
+        f"--tls-private-key-file={certs.controller_manager_serving.key}",
+        f"--controllers={','.join(CONTROLLERS)}",
+        # One controller manager per cluster: leader election only adds a
+        # lease round-trip before the controllers start.
+        "--leader-elect=false",
+        # Each controller acts as its own ServiceAccount under RBAC (kubeadm's
+        # setting), so RBAC is exercised as on a real cluster.
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={certs.service_account.key}",
+        f"--root-ca-file={certs.ca.cert}",
+        "--v=1",
+    ]

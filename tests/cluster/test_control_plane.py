@@ -1,0 +1,180 @@
+"""The local control plane behaves like a real cluster where tests rely on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import eventually, processes_mentioning
+from slipstream import localkube
+from slipstream.localkube import binaries
+
+
+def test_apiserver_and_kubectl_report_the_pinned_release(cluster: localkube.Cluster) -> None:
+    server = json.loads(cluster.kubectl("get", "--raw", "/version").stdout)
+    assert server["gitVersion"] == binaries.K8S_VERSION
+    assert server["major"] == "1" and server["minor"] == "36"
+    client = json.loads(cluster.kubectl("version", "--client", "-o", "json").stdout)
+    assert client["clientVersion"]["gitVersion"] == binaries.K8S_VERSION
+
+
+def test_server_listens_on_loopback_only(cluster: localkube.Cluster) -> None:
+    assert cluster.server.startswith("https://127.0.0.1:")
+    kubeconfig = json.loads(cluster.kubeconfig.read_text())
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == cluster.server
+
+
+def test_rbac_limits_a_service_account_token_to_its_role(cluster: localkube.Cluster) -> None:
+    ns = "rbac-check"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "serviceaccount", "reader", f"--namespace={ns}")
+    cluster.kubectl(
+        "create", "role", "configmap-reader", "--verb=get,list", "--resource=configmaps",
+        f"--namespace={ns}",
+    )  # fmt: skip
+    cluster.kubectl(
+        "create", "rolebinding", "reader", "--role=configmap-reader",
+        f"--serviceaccount={ns}:reader", f"--namespace={ns}",
+    )  # fmt: skip
+    cluster.kubectl("create", "configmap", "visible", "--from-literal=k=v", f"--namespace={ns}")
+    token_kc = cluster.token_kubeconfig(ns, "reader")
+
+    who = json.loads(cluster.kubectl("auth", "whoami", "-o", "json", kubeconfig=token_kc).stdout)
+    assert who["status"]["userInfo"]["username"] == f"system:serviceaccount:{ns}:reader"
+
+    def can_read() -> str:
+        result = cluster.kubectl(
+            "get", "configmap", "visible", f"--namespace={ns}", "-o", "jsonpath={.data.k}",
+            kubeconfig=token_kc, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    # The RBAC authorizer reads bindings from an informer cache: allow it to catch up.
+    assert eventually(can_read, deadline_s=30, what="role grants get") == "v"
+
+    denied = [
+        ("create", "configmap", "new", "--from-literal=a=b", f"--namespace={ns}"),
+        ("delete", "configmap", "visible", f"--namespace={ns}"),
+        ("get", "secrets", f"--namespace={ns}"),
+        ("get", "configmaps", "--namespace=default"),
+        ("get", "namespaces"),
+    ]
+    for args in denied:
+        result = cluster.kubectl(*args, kubeconfig=token_kc, check=False)
+        assert result.returncode != 0, f"kubectl {' '.join(args)} was allowed"
+        assert "forbidden" in result.stderr.lower(), result.stderr
+    # The admin still sees the object the denied delete aimed at.
+    cluster.kubectl("get", "configmap", "visible", f"--namespace={ns}")
+
+
+def test_owned_object_is_garbage_collected_after_its_owner(cluster: localkube.Cluster) -> None:
+    ns = "gc-check"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl("create", "configmap", "owner", f"--namespace={ns}")
+    uid = cluster.kubectl(
+        "get", "configmap", "owner", f"--namespace={ns}", "-o", "jsonpath={.metadata.uid}"
+    ).stdout
+    assert uid
+    child = textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: ConfigMap
+        metadata:
+          name: child
+          namespace: {ns}
+          ownerReferences:
+          - apiVersion: v1
+            kind: ConfigMap
+            name: owner
+            uid: {uid}
+        data:
+          k: v
+        """)
+    cluster.kubectl("apply", "-f", "-", input=child)
+    # An unowned neighbour must survive: the collector deletes dependents only.
+    cluster.kubectl("create", "configmap", "bystander", f"--namespace={ns}")
+    cluster.kubectl("delete", "configmap", "owner", f"--namespace={ns}", "--wait=true")
+
+    def child_gone() -> None:
+        result = cluster.kubectl("get", "configmap", "child", f"--namespace={ns}", check=False)
+        assert result.returncode != 0, "child still exists"
+        assert "NotFound" in result.stderr, result.stderr
+
+    eventually(child_gone, deadline_s=120, what="garbage collection of the owned ConfigMap")
+    cluster.kubectl("get", "configmap", "bystander", f"--namespace={ns}")
+
+
+def test_helm_runs_against_the_cluster(cluster: localkube.Cluster) -> None:
+    version = cluster.helm("version", "--short").stdout.strip()
+    assert version.startswith(binaries.HELM_VERSION), version
+    releases = json.loads(cluster.helm("list", "--all-namespaces", "-o", "json").stdout)
+    assert releases == []
+
+
+def test_failed_command_error_shows_stderr(cluster: localkube.Cluster) -> None:
+    with pytest.raises(localkube.CommandError, match="NotFound"):
+        cluster.kubectl("get", "configmap", "does-not-exist")
+
+
+def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
+    workdir = tmp_path / "own-cluster"
+    with localkube.Cluster.start(workdir) as own:
+        pids = own.pids
+        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager"}
+        own.kubectl("get", "namespaces")
+        for pid in pids.values():
+            os.kill(pid, 0)  # alive while running
+    for name, pid in pids.items():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+            raise AssertionError(f"{name} (pid {pid}) still running after stop()")
+    assert processes_mentioning(str(workdir)) == []
+    assert own.pids == {}
+    own.stop()  # idempotent
+
+
+def test_component_crash_reports_its_log_and_cleans_up(tmp_path: Path) -> None:
+    real = localkube.default_bin_dir()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in binaries.REQUIRED:
+        (fake / name).symlink_to(real / name)
+    (fake / "kube-apiserver").unlink()
+    (fake / "kube-apiserver").write_text(
+        "#!/bin/sh\necho 'apiserver exploded on purpose' >&2\nexit 3\n"
+    )
+    (fake / "kube-apiserver").chmod(0o755)
+    workdir = tmp_path / "crash"
+    with pytest.raises(localkube.ComponentError) as info:
+        localkube.Cluster.start(workdir, bin_dir=fake)
+    message = str(info.value)
+    assert "kube-apiserver" in message
+    assert "exited with code 3" in message
+    assert "apiserver exploded on purpose" in message
+    # etcd had started before the apiserver failed: it must be gone too.
+    assert processes_mentioning(str(workdir)) == []
+
+
+def test_missing_binaries_name_the_build_script(tmp_path: Path) -> None:
+    with pytest.raises(localkube.BinariesMissingError, match="scripts/build-kube.sh"):
+        localkube.Cluster.start(tmp_path / "wd", bin_dir=tmp_path / "empty")
+
+
+def test_build_script_and_library_agree_on_the_cache_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build-kube.sh"
+    monkeypatch.delenv(binaries.BIN_DIR_ENV, raising=False)
+    printed = subprocess.run(
+        ["bash", str(script), "--print-dir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert Path(printed) == localkube.default_bin_dir()
+    monkeypatch.setenv(binaries.BIN_DIR_ENV, "/tmp/elsewhere")
+    assert localkube.default_bin_dir() == Path("/tmp/elsewhere")
+    printed = subprocess.run(
+        ["bash", str(script), "--print-dir"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert printed == "/tmp/elsewhere"

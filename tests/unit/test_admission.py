@@ -69,12 +69,22 @@ def test_truncation_is_page_aligned_and_stops_the_round():
     assert allocate(rule, [], waiting)["b"] % 64 == 0
 
 
-def test_max_prefill_tokens_check_stops_a_large_request_behind_others():
-    # stock's rem_input_tokens: a 20K request is not chunked in after a short one
+def test_max_prefill_tokens_check_stops_once_it_is_used_up():
+    # stock 0.5.18 with chunked prefill on (checked against the real PrefillAdder in
+    # tests/engine): a 20K request is chunked in after a short one; rem_input_tokens
+    # only stops admission after an admission has used it up.
     rule = AdmissionRule(C, 0, max_prefill_tokens=16384)
-    assert alloc_list(rule, [Candidate("s", 1000), Candidate("big", 20_000)]) == [1000, 0]
-    assert alloc_list(AdmissionRule(C, 0, max_prefill_tokens=None),
-                      [Candidate("s", 1000), Candidate("big", 20_000)]) == [1000, 7192]
+    assert alloc_list(rule, [Candidate("s", 1000), Candidate("big", 20_000)]) == [1000, 7192]
+    small_m = AdmissionRule(C, 0, max_prefill_tokens=4096)
+    waiting = [Candidate("a", 3000), Candidate("b", 2000), Candidate("c", 500)]
+    assert alloc_list(small_m, waiting) == [3000, 2000, 0]
+
+
+def test_budgets_are_charged_in_whole_pages():
+    rule = AdmissionRule(2048, 0, page_size=16)
+    waiting = [Candidate("a", 1001), Candidate("b", 1001), Candidate("c", 30), Candidate("d", 40)]
+    # 1001 charges 1008 (63 pages); after a and b, 32 tokens are left: c (2 pages) fits.
+    assert alloc_list(rule, waiting) == [1001, 1001, 30, 0]
 
 
 def test_budget_override_for_mixed_batches():

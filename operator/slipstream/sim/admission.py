@@ -14,8 +14,9 @@ threshold (0 = off, SGLang 0.5.18 as shipped), P the page size and M stock's
 2. Waiting requests, in the order the admission order policy gave them: a request may
    take at most ``want = min(need, T)``; it is admitted whole, capped (it becomes a
    partial prefill) or truncated by what is left of the budget, after which the round is
-   full, as in stock SGLang. Stock's ``rem_input_tokens`` check stops admission when a
-   request's ``want`` reaches what is left of M and something is already admitted.
+   full, as in stock SGLang. Stock's ``rem_input_tokens`` check (with chunked prefill
+   on) stops admission once an admitted request has used up what is left of M.
+   Budgets are charged in whole pages, as SGLang's ``PrefillAdder`` charges them.
 3. Floor mode only: what is left of the budget goes to the partial prefills, oldest
    first, so a lone long request uses the whole budget (work-conserving).
 
@@ -145,22 +146,23 @@ def allocate(
             take = take // page * page
         if take > 0:
             alloc[c.rid] = take
-            rem -= take
-            rem_input -= take
+            # SGLang charges whole pages (PrefillAdder._update_prefill_budget).
+            rem -= -(-take // page) * page
+            rem_input -= -(-take // page) * page
 
     for c in waiting:
         if rem <= 0:
             break
         want = min(c.need, cap)
-        if -(-want // page) * page >= rem_input and alloc:
-            break
         take = want if want <= rem else rem // page * page
         if take <= 0:
             break
         alloc[c.rid] = take
-        rem -= take
-        rem_input -= take
-        if take < want:
+        rem -= -(-take // page) * page
+        rem_input -= -(-take // page) * page
+        if take < want or rem_input <= 0:
+            # Truncated by the budget, or max_prefill_tokens used up: with chunked
+            # prefill on, stock checks rem_input_tokens only after an admission.
             break
 
     if rule.mode == "floor" and rule.threshold > 0 and rem > 0:
@@ -176,5 +178,5 @@ def allocate(
             if extra <= 0:
                 break
             alloc[rid] += extra
-            rem -= extra
+            rem -= -(-extra // page) * page
     return alloc

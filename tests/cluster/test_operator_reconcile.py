@@ -181,11 +181,12 @@ def test_chart_lints_clean_and_renders_both_rbac_scopes(cluster: localkube.Clust
     lint = cluster.helm("lint", str(CHART), "--strict")
     assert "0 chart(s) failed" in lint.stdout, lint.stdout
     namespaced = cluster.helm(
-        "template", "x", str(CHART), "--set=watchNamespace=team-a", "--set=metrics.serviceMonitor.enabled=true"
+        "template", "x", str(CHART), "--kube-version=1.36.3", "--set=watchNamespace=team-a",
+        "--set=metrics.serviceMonitor.enabled=true",
     ).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(namespaced) if d]
     assert "RoleBinding" in kinds and "KopfPeering" in kinds and "ServiceMonitor" in kinds
-    bad = cluster.helm("template", "x", str(CHART), "--set=replicaCount=0", check=False)
+    bad = cluster.helm("template", "x", str(CHART), "--kube-version=1.36.3", "--set=replicaCount=0", check=False)
     assert bad.returncode != 0 and "replicaCount" in bad.stderr
 
 
@@ -208,23 +209,30 @@ def test_helm_install_establishes_the_crd_and_peering(cluster: localkube.Cluster
     eventually(peers, deadline_s=DEADLINE_S, what="operator in the peering object")
 
 
-def test_a_second_replica_stands_by(cluster: localkube.Cluster, operator: Operator) -> None:
+def test_of_two_replicas_one_is_active(cluster: localkube.Cluster, operator: Operator) -> None:
+    ns = namespace(cluster, "peering")
     second = Operator(cluster, operator.kubeconfig, "standby")
     second.start()
     try:
-        def one_paused() -> None:
-            logs = operator.log() + second.log()
-            assert "Pausing operations in favour of" in logs, "neither replica paused"
+        def both_announced() -> None:
+            peering = json.loads(cluster.kubectl("get", "clusterkopfpeering", PEERING, "-o", "json").stdout)
+            assert len(peering.get("status", {})) >= 2, peering.get("status")
 
-        eventually(one_paused, deadline_s=DEADLINE_S, what="one of two replicas pausing")
+        eventually(both_announced, deadline_s=DEADLINE_S, what="both replicas in the peering object")
+        apply(cluster, ns, fixed_sd("one"))
+        eventually(lambda: reconciled(cluster, ns, "one"), deadline_s=DEADLINE_S, what="one reconciled")
+        handled = [op.name for op in (operator, second) if f"{ns}/one reconciled" in op.log()]
+        assert len(handled) == 1, f"handled by {handled}"
     finally:
         second.stop()
 
-    def main_active() -> None:
-        assert "Resuming operations after the pause" in operator.log() or \
-            "Pausing operations" not in operator.log()
+    # A replica that stops removes itself from the peering object, and the other takes over.
+    apply(cluster, ns, fixed_sd("two"))
 
-    eventually(main_active, deadline_s=DEADLINE_S, what="the main replica active again")
+    def main_took_over() -> None:
+        assert f"{ns}/two reconciled" in operator.log(), operator.log_tail()
+
+    eventually(main_took_over, deadline_s=90, what="the main replica active after the other stopped")
 
 
 # -- the examples --------------------------------------------------------------------------
@@ -259,7 +267,10 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     assert container(dep)["resources"]["limits"]["nvidia.com/gpu"] == str(tp)
     owner = dep["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"], owner["uid"]) == ("ServingDeployment", name, sd["metadata"]["uid"])
-    assert "slipstream" in {f["manager"] for f in dep["metadata"]["managedFields"]}
+    managed = json.loads(cluster.kubectl(
+        "get", "deployment", name, f"--namespace={ns}", "-o", "json", "--show-managed-fields"
+    ).stdout)["metadata"]["managedFields"]
+    assert [(f["manager"], f["operation"]) for f in managed] == [("slipstream", "Apply")]
     cm = must_get(cluster, "configmap", f"{name}-engine-setting", ns)
     assert cm["data"]["threshold"] == str(threshold)
     svc = must_get(cluster, "service", name, ns)
@@ -275,6 +286,8 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     assert "Created" in reasons, reasons
     describe = cluster.kubectl("describe", "sd", name, f"--namespace={ns}").stdout
     assert "Created Deployment" in describe and "Reconciled" in describe
+    with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+        assert 'slipstream_reconciles_total{result="ok"}' in response.read().decode()
 
 
 # -- the apiserver refuses invalid specs, naming the field --------------------------------

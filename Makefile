@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: venv demo test test-unit lint bench clean
+.PHONY: venv demo test test-unit lint bench clean engine-test
 
 venv: $(STAMP)
 
@@ -28,8 +28,12 @@ kube-bins:
 	bash scripts/build-kube.sh
 
 # Everything CI runs: set-up of every tier, then all tests.
-test: venv kube-bins
-	$(PY) -m pytest tests
+test: venv kube-bins engine-test
+	$(PY) -m pytest tests --ignore=tests/engine
+
+# Real sglang 0.5.18 scheduler code on CPU, patched and pristine (separate cached env).
+engine-test:
+	bash tests/engine/run.sh
 
 test-unit: venv
 	$(PY) -m pytest tests/unit

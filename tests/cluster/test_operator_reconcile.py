@@ -37,8 +37,11 @@ DEADLINE_S = 60
 class Operator:
     """`python -m slipstream.controller` as a child process, with its own log file."""
 
-    def __init__(self, cluster: localkube.Cluster, kubeconfig: Path, name: str) -> None:
+    def __init__(
+        self, cluster: localkube.Cluster, kubeconfig: Path, name: str, *args: str
+    ) -> None:
         self.cluster, self.kubeconfig, self.name = cluster, kubeconfig, name
+        self.args = list(args) or [f"--peering={PEERING}"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = cluster.workdir / "logs" / f"operator-{name}.log"
         self.starts = 0
@@ -60,8 +63,7 @@ class Operator:
             log.write(f"\n===== start {self.starts} =====\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "slipstream.controller", f"--peering={PEERING}",
-                 f"--liveness={self.health_url}"],
+                [sys.executable, "-m", "slipstream.controller", *self.args, f"--liveness={self.health_url}"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             )  # fmt: skip
 
@@ -235,6 +237,36 @@ def test_of_two_replicas_one_is_active(cluster: localkube.Cluster, operator: Ope
     eventually(main_took_over, deadline_s=90, what="the main replica active after the other stopped")
 
 
+def test_a_namespaced_install_serves_its_namespace_with_namespaced_rbac(
+    cluster: localkube.Cluster, operator: Operator
+) -> None:
+    team = namespace(cluster, "team-a")
+    operator.stop()  # the cluster-wide operator would serve team-a too
+    release = "slipstream-team-a"
+    try:
+        cluster.helm(
+            "install", release, str(CHART), "--namespace=team-a-system", "--create-namespace",
+            "--set=watchNamespace=team-a", "--set=peering.name=team-a",
+        )  # fmt: skip
+        token = cluster.token_kubeconfig("team-a-system", release)
+        scoped = Operator(cluster, token, "team-a", "--namespace=team-a", "--peering=team-a")
+        scoped.start()
+        try:
+            apply(cluster, team, fixed_sd("scoped"))
+            eventually(lambda: reconciled(cluster, team, "scoped"), deadline_s=DEADLINE_S, what="scoped reconciled")
+            assert get(cluster, "deployment", "scoped", team) is not None
+            peering = json.loads(cluster.kubectl("get", "kopfpeering", "team-a", f"--namespace={team}", "-o", "json").stdout)
+            assert peering.get("status"), "the scoped operator is not in its KopfPeering"
+            assert "Forbidden" not in scoped.log(), "the namespaced chart's RBAC is short of something"
+        finally:
+            scoped.stop()
+        elsewhere = cluster.kubectl("get", "sd", "--namespace=default", kubeconfig=token, check=False)
+        assert elsewhere.returncode != 0 and "forbidden" in elsewhere.stderr
+    finally:
+        cluster.helm("uninstall", release, "--namespace=team-a-system", check=False)
+        operator.start()
+
+
 # -- the examples --------------------------------------------------------------------------
 
 EXPECTED = {
@@ -288,6 +320,7 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     assert "Created Deployment" in describe and "Reconciled" in describe
     with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
         assert 'slipstream_reconciles_total{result="ok"}' in response.read().decode()
+    assert "Forbidden" not in operator.log(), "the chart's RBAC is short of something"
 
 
 # -- the apiserver refuses invalid specs, naming the field --------------------------------

@@ -20,6 +20,8 @@ LONG_PREFILL_TOKEN_THRESHOLD = "sglang:long_prefill_token_threshold"
 """Gauge (patch): T in effect; 0 is off."""
 LONG_PREFILL_MODE = "sglang:long_prefill_mode"
 """Gauge (patch): 1 for the mode in effect, by label `mode` (ceiling | floor)."""
+SCHEDULE_POLICY = "sglang:schedule_policy"
+"""Gauge (patch): 1 for the admission order in effect, by label `policy` (fcfs | lpm | srpt)."""
 NUM_PARTIAL_PREFILLS = "sglang:num_partial_prefills"
 """Gauge (patch): chunked (partial) prefills running this round."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client import REGISTRY
 
 from sglang.srt.managers import long_prefill as lp
 from sglang.srt.server_args import ServerArgs, prepare_server_args
@@ -41,49 +41,53 @@ def test_start_up_accepts_supported_settings():
     lp.check_long_prefill_server_args(args(pp_size=2))  # threshold 0: stock, any deployment
 
 
-def test_metrics_gauges_and_buckets(monkeypatch):
+@pytest.fixture(scope="module")
+def collectors():
+    """The real collectors, registered once in prometheus_client's default registry."""
     from sglang.srt.observability import metrics_collector as mc
 
-    registry = CollectorRegistry()
-    monkeypatch.setattr(mc.SchedulerMetricsCollector, "_gauge_cls",
-                        lambda *a, **k: Gauge(*a, registry=registry, **k), raising=False)
-    collector = mc.SchedulerMetricsCollector.__new__(mc.SchedulerMetricsCollector)
-    labels = {"model_name": "m"}
-    # Build only the patch's gauges via the real __init__ code path is heavy; check the
-    # method and names against a registry-backed collector instance.
-    collector.labels = labels
-    collector.long_prefill_token_threshold = Gauge("sglang:long_prefill_token_threshold", "",
-                                                   labels.keys(), registry=registry)
-    collector.num_partial_prefills = Gauge("sglang:num_partial_prefills", "", labels.keys(),
-                                           registry=registry)
-    collector.long_prefill_mode = Gauge("sglang:long_prefill_mode", "", ["model_name", "mode"],
-                                        registry=registry)
-    collector.schedule_policy_info = Gauge("sglang:schedule_policy", "",
-                                           ["model_name", "policy"], registry=registry)
-    collector._known_schedule_policies = set()
-    collector.log_long_prefill(threshold=2048, mode="floor", policy="fcfs", num_partial_prefills=3)
-    collector.log_long_prefill(threshold=2048, mode="floor", policy="srpt", num_partial_prefills=3)
-    get = registry.get_sample_value
+    labels = {"model_name": "m", "moe_ep_rank": "0"}
+    sched = mc.SchedulerMetricsCollector(labels=labels, server_args=ServerArgs(model_path="dummy"))
+    tok = mc.TokenizerMetricsCollector(server_args=ServerArgs(model_path="dummy"), labels=labels)
+    return labels, sched, tok
+
+
+def test_long_prefill_gauges(collectors):
+    labels, sched, _ = collectors
+    sched.log_long_prefill(threshold=2048, mode="floor", policy="fcfs", num_partial_prefills=3)
+    sched.log_long_prefill(threshold=2048, mode="floor", policy="srpt", num_partial_prefills=2)
+    get = REGISTRY.get_sample_value
     assert get("sglang:long_prefill_token_threshold", labels) == 2048
-    assert get("sglang:num_partial_prefills", labels) == 3
+    assert get("sglang:num_partial_prefills", labels) == 2
     assert get("sglang:long_prefill_mode", {**labels, "mode": "floor"}) == 1
     assert get("sglang:long_prefill_mode", {**labels, "mode": "ceiling"}) == 0
     assert get("sglang:schedule_policy", {**labels, "policy": "srpt"}) == 1
     assert get("sglang:schedule_policy", {**labels, "policy": "fcfs"}) == 0
 
 
-def test_the_real_collector_declares_the_gauges_and_1m_buckets():
-    import inspect
+def test_scheduler_publishes_the_gauges_each_round(collectors):
+    import harness as h
 
-    from sglang.srt.observability import metrics_collector as mc
+    labels, sched, _ = collectors
+    eng = h.make_engine(chunked_prefill_size=8192, threshold=2048, mode="ceiling")
+    eng.s.metrics_collector = sched
+    for i in range(3):
+        eng.add(100_000, rid=f"L{i}")
+    eng.step()
+    get = REGISTRY.get_sample_value
+    assert get("sglang:num_partial_prefills", labels) == 3
+    assert get("sglang:long_prefill_mode", {**labels, "mode": "ceiling"}) == 1
+    h.set_internal_state(eng, long_prefill_token_threshold=4096)
+    assert get("sglang:long_prefill_token_threshold", labels) == 4096
 
-    src = inspect.getsource(mc.SchedulerMetricsCollector.__init__)
-    for name in ("sglang:long_prefill_token_threshold", "sglang:num_partial_prefills",
-                 "sglang:long_prefill_mode", "sglang:schedule_policy"):
-        assert name in src
-    tok = inspect.getsource(mc.TokenizerMetricsCollector.__init__)
-    assert "sglang:uncached_prompt_tokens_histogram" in tok
-    assert "1000000," in tok  # default prompt-token buckets reach 1M
+
+def test_uncached_prompt_tokens_buckets_reach_1m(collectors):
+    labels, _, tok = collectors
+    tok.uncached_prompt_tokens_histogram.labels(**labels).observe(950_000)
+    get = REGISTRY.get_sample_value
+    name = "sglang:uncached_prompt_tokens_histogram_bucket"
+    assert get(name, {**labels, "le": "1e+06"}) == 1
+    assert get(name, {**labels, "le": "800000.0"}) == 0
 
 
 def test_metric_names_match_the_operator():

@@ -166,9 +166,14 @@ def test_phase_and_readiness() -> None:
 
 def test_status_patch() -> None:
     sd = make()
-    patch = status.patch(sd, objects.current_setting(sd), [], None)
+    patch = status.patch(sd, objects.current_setting(sd), status.after_reconcile(sd, None, None, "t"), None)
     assert patch["threshold"] == 4096 and patch["concurrency"] == 2
     assert patch["mode"] == "ceiling" and patch["observedGeneration"] == 3
+    assert patch["phase"] == "Progressing" and patch["readyReplicas"] is None
+    assert [(c["type"], c["status"], c["reason"]) for c in patch["conditions"]] == [
+        ("Reconciled", "True", "Applied"), ("Ready", "False", "NoDeployment")]
+    missing = status.after_reconcile(sd, ("AdminKeySecretMissing", "create it"), None, "t")
+    assert status.phase(missing) == "Degraded"
     models.ServingDeploymentStatus.model_validate({k: v for k, v in patch.items() if v is not None})
 
 

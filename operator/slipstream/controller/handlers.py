@@ -149,21 +149,8 @@ def register(
             OBJECT_CHANGES.labels(kind, change).inc()
             kopf.event(body, type="Normal", reason=change.capitalize(),
                        message=change_message(kind, name, change, sd, outcome))  # fmt: skip
-        generation, stamp = sd.metadata.generation, utcnow()
-        if outcome.problem is None:
-            conditions = status.set_condition(
-                sd.status.conditions, status.RECONCILED, True, "Applied",
-                "Deployment, Service and ConfigMap match the spec", generation, stamp,
-            )  # fmt: skip
-        else:
-            reason, message = outcome.problem
-            conditions = status.set_condition(
-                sd.status.conditions, status.RECONCILED, False, reason, message, generation, stamp
-            )
-        ready, reason, message = status.deployment_ready(sd.spec.replicas, outcome.deployment)
-        conditions = status.set_condition(conditions, status.READY, ready, reason, message, generation, stamp)
-        ready_replicas = ((outcome.deployment or {}).get("status") or {}).get("readyReplicas")
-        patch.status.update(status.patch(sd, outcome.setting, conditions, ready_replicas))
+        conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
+        patch.status.update(status.patch(sd, outcome.setting, conditions, outcome.deployment))
         if outcome.problem is not None:
             RECONCILES.labels("deferred").inc()
             if outcome.problem[0] not in {c.reason for c in sd.status.conditions if c.status == "False"}:
@@ -181,25 +168,20 @@ def register(
     )  # fmt: skip
     async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
+        if sd.status.observed_generation is None:
+            return  # not reconciled yet: reconcile writes the first status
         deployment = await asyncio.to_thread(
             kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
         )
-        ready, reason, message = status.deployment_ready(sd.spec.replicas, deployment)
-        conditions = status.set_condition(
-            sd.status.conditions, status.READY, ready, reason, message, sd.metadata.generation, utcnow()
-        )
-        if conditions == sd.status.conditions or sd.status.observed_generation is None:
+        conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
+        if conditions == sd.status.conditions:
             return
         was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
-        if was != ("True" if ready else "False"):
-            kopf.event(body, type="Normal", reason="EnginesReady" if ready else "EnginesNotReady", message=message)
-        patch.status.update(
-            {
-                "phase": status.phase(conditions),
-                "readyReplicas": ((deployment or {}).get("status") or {}).get("readyReplicas"),
-                "conditions": [c.to_k8s() for c in conditions],
-            }
-        )
+        now = next(c for c in conditions if c.type == status.READY)
+        if was != now.status:
+            reason = "EnginesReady" if now.status == "True" else "EnginesNotReady"
+            kopf.event(body, type="Normal", reason=reason, message=now.message)
+        patch.status.update(status.readiness_patch(conditions, deployment))
 
     @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:

@@ -45,6 +45,30 @@ def deployment_ready(replicas: int, deployment: dict[str, Any] | None) -> tuple[
     return False, "Rolling", f"{available}/{replicas} engine pods available, {updated} updated"
 
 
+def ready_replicas(deployment: dict[str, Any] | None) -> int | None:
+    value = ((deployment or {}).get("status") or {}).get("readyReplicas")
+    return int(value) if value is not None else None
+
+
+def with_readiness(
+    sd: models.ServingDeployment, conditions: list[models.Condition], deployment: dict[str, Any] | None, now: str
+) -> list[models.Condition]:
+    """`conditions` with Ready set from the engine Deployment's status."""
+    ready, reason, message = deployment_ready(sd.spec.replicas, deployment)
+    return set_condition(conditions, READY, ready, reason, message, sd.metadata.generation, now)
+
+
+def after_reconcile(
+    sd: models.ServingDeployment, problem: tuple[str, str] | None, deployment: dict[str, Any] | None, now: str
+) -> list[models.Condition]:
+    """Reconciled (False with the problem's reason and fix, if any) and Ready."""
+    reason, message = problem or ("Applied", "Deployment, Service and ConfigMap match the spec")
+    conditions = set_condition(
+        sd.status.conditions, RECONCILED, problem is None, reason, message, sd.metadata.generation, now
+    )
+    return with_readiness(sd, conditions, deployment, now)
+
+
 def phase(conditions: list[models.Condition]) -> models.Phase:
     by_type = {c.type: c for c in conditions}
     reconciled, ready = by_type.get(RECONCILED), by_type.get(READY)
@@ -57,20 +81,26 @@ def phase(conditions: list[models.Condition]) -> models.Phase:
     return "Progressing"
 
 
+def readiness_patch(conditions: list[models.Condition], deployment: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "phase": phase(conditions),
+        "readyReplicas": ready_replicas(deployment),
+        "conditions": [c.to_k8s() for c in conditions],
+    }
+
+
 def patch(
     sd: models.ServingDeployment,
     setting: models.EngineSetting,
     conditions: list[models.Condition],
-    ready_replicas: int | None,
+    deployment: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The status fields the controller owns (tuner-owned fields are left alone)."""
     return {
-        "phase": phase(conditions),
         "threshold": setting.threshold,
         "concurrency": engine_args.concurrency(sd.spec.engine.chunked_prefill_size, setting.threshold),
         "mode": setting.mode,
         "schedulePolicy": setting.schedule_policy,
-        "readyReplicas": ready_replicas,
         "observedGeneration": sd.metadata.generation,
-        "conditions": [c.to_k8s() for c in conditions],
+        **readiness_patch(conditions, deployment),
     }

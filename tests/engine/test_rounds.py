@@ -64,3 +64,35 @@ def test_threshold_change_mid_run_drains_partials_and_matches_budget():
     assert eng.slots_free() == eng.slots_free_at_start
     assert eng.kv_free() == eng.kv_free_at_start
     assert eng.s.partial_reqs == [] and eng.s.chunked_req is None
+
+
+@pytest.mark.parametrize("engine", [{}, {"threshold": 1024}, {"threshold": 1024, "mode": "floor"}],
+                         ids=["stock", "ceiling", "floor"])
+def test_retraction_of_partial_prefills_then_completion(engine):
+    """`pause_generation(mode="retract")` (used around weight updates) retracts every
+    partial prefill like stock's chunked request, and they complete after resuming."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+    eng = h.make_engine(chunked_prefill_size=4096, **engine)
+    reqs = [eng.add(20_000) for _ in range(3)]
+    eng.step()
+    eng.step()
+    s = eng.s
+    # Stand-ins for what pause_generation touches besides the scheduling state.
+    s.hisparse_coordinator = None
+    s.max_queued_requests = None
+    s.kv_events_publisher = SimpleNamespace(publish_kv_events=lambda: None)
+    s.metrics_reporter = SimpleNamespace(last_gen_throughput=0.0,
+                                         current_scheduler_metrics_enabled=False)
+    s.pause_generation(PauseGenerationReqInput(mode="retract"))
+    assert len(s.waiting_queue) == 3
+    assert s.chunked_req is None and getattr(s, "partial_reqs", []) == []
+    assert eng.slots_free() == eng.slots_free_at_start
+    assert eng.kv_free() == eng.kv_free_at_start
+    s._engine_paused = False
+    eng.run_to_completion()
+    assert all(r.finished() for r in reqs)
+    assert eng.slots_free() == eng.slots_free_at_start
+    assert eng.kv_free() == eng.kv_free_at_start

@@ -29,9 +29,10 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,11 +95,12 @@ class Layer(torch.nn.Module):
         super().__init__()
         dt = DTYPES[s.dtype]
         self.s = s
-        std = s.hidden ** -0.5
+        std = s.hidden**-0.5
 
         def w(o: int, i: int) -> torch.nn.Parameter:
-            return torch.nn.Parameter(torch.randn(o, i, dtype=dt, device=device) * std,
-                                      requires_grad=False)
+            return torch.nn.Parameter(
+                torch.randn(o, i, dtype=dt, device=device) * std, requires_grad=False
+            )
 
         self.qkv = w((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden)
         self.o = w(s.hidden, s.heads * s.head_dim)
@@ -108,8 +110,9 @@ class Layer(torch.nn.Module):
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = self.s
         qkv = F.linear(x, self.qkv)
-        q, k, v = qkv.split([s.heads * s.head_dim, s.kv_heads * s.head_dim,
-                             s.kv_heads * s.head_dim], dim=-1)
+        q, k, v = qkv.split(
+            [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1
+        )
         return q, k, v
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +139,7 @@ class Layer(torch.nn.Module):
         b = x.shape[0]
         q, _, _ = self._split(F.rms_norm(x, (s.hidden,)))
         q = q.view(b, s.kv_heads, s.heads // s.kv_heads, s.head_dim)
-        scores = torch.einsum("bgqd,bgcd->bgqc", q, k_cache) * s.head_dim ** -0.5
+        scores = torch.einsum("bgqd,bgcd->bgqc", q, k_cache) * s.head_dim**-0.5
         a = torch.einsum("bgqc,bgcd->bgqd", scores.softmax(-1), v_cache)
         x = x + F.linear(a.reshape(b, -1), self.o)
         return x + self._mlp(F.rms_norm(x, (s.hidden,)))
@@ -167,16 +170,20 @@ def lstsq_nonneg(columns: Sequence[Sequence[float]], y: Sequence[float]) -> list
     active = list(range(len(columns)))
     coef = [0.0] * len(columns)
     while active:
-        a = torch.tensor([[columns[j][i] for j in active] for i in range(len(y))],
-                         dtype=torch.float64)
-        sol = torch.linalg.lstsq(a, torch.tensor(y, dtype=torch.float64).unsqueeze(1),
-                                 driver="gelsd").solution.squeeze(1).tolist()
-        negative = [j for j, c in zip(active, sol) if c < 0]
+        a = torch.tensor(
+            [[columns[j][i] for j in active] for i in range(len(y))], dtype=torch.float64
+        )
+        sol = (
+            torch.linalg.lstsq(a, torch.tensor(y, dtype=torch.float64).unsqueeze(1), driver="gelsd")
+            .solution.squeeze(1)
+            .tolist()
+        )
+        negative = [j for j, c in zip(active, sol, strict=True) if c < 0]
         if not negative:
-            for j, c in zip(active, sol):
+            for j, c in zip(active, sol, strict=True):
                 coef[j] = float(c)
             return coef
-        worst = min(zip(sol, active))[1]
+        worst = min(zip(sol, active, strict=True))[1]
         active.remove(worst)
     return coef
 
@@ -189,7 +196,8 @@ def fit_prefill(chunks: Sequence[int], seconds: Sequence[float]) -> dict[str, fl
     """``t = overhead + L * linear_s + pairs(L) * attn_s``, coefficients >= 0."""
     overhead, linear_s, attn_s = lstsq_nonneg(
         [[1.0] * len(chunks), [float(c) for c in chunks], [float(pairs(c)) for c in chunks]],
-        seconds)
+        seconds,
+    )
     return {"overhead_s": overhead, "linear_s_per_token": linear_s, "attn_s_per_pair": attn_s}
 
 
@@ -203,7 +211,7 @@ def measured_knee(chunks: Sequence[int], seconds: Sequence[float]) -> int | None
     """Smallest measured chunk whose pass takes 1.5x the smallest chunk's: past it the
     pass time grows with the chunk (compute-bound); below it the pass is a fixed cost."""
     base = seconds[0]
-    for c, t in zip(chunks, seconds):
+    for c, t in zip(chunks, seconds, strict=True):
         if t >= 1.5 * base:
             return int(c)
     return None
@@ -225,9 +233,18 @@ def host_bandwidth(device: str, nbytes: int, repeats: int) -> float:
     return nbytes / t
 
 
-def probe(shape: Shape, name: str, device: str = "cpu", chunks: Sequence[int] = (),
-          batches: Sequence[int] = (), decode_context: int = 4096, measure_layers: int = 2,
-          repeats: int = 5, copy_bytes: int = 1 << 28, description: str = "") -> tuple[dict, dict]:
+def probe(
+    shape: Shape,
+    name: str,
+    device: str = "cpu",
+    chunks: Sequence[int] = (),
+    batches: Sequence[int] = (),
+    decode_context: int = 4096,
+    measure_layers: int = 2,
+    repeats: int = 5,
+    copy_bytes: int = 1 << 28,
+    description: str = "",
+) -> tuple[dict, dict]:
     """Measure and fit; returns (profile dict, measurements dict)."""
     torch.manual_seed(0)
     chunks = sorted(chunks) or [64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -252,11 +269,14 @@ def probe(shape: Shape, name: str, device: str = "cpu", chunks: Sequence[int] = 
         decode_s = []
         for b in batches:
             x = torch.randn(b, shape.hidden, dtype=dt, device=device)
-            kc = torch.randn(b, shape.kv_heads, decode_context, shape.head_dim, dtype=dt,
-                             device=device)
+            kc = torch.randn(
+                b, shape.kv_heads, decode_context, shape.head_dim, dtype=dt, device=device
+            )
             vc = torch.randn_like(kc)
 
-            def run_decode(x: torch.Tensor = x, kc: torch.Tensor = kc, vc: torch.Tensor = vc) -> None:
+            def run_decode(
+                x: torch.Tensor = x, kc: torch.Tensor = kc, vc: torch.Tensor = vc
+            ) -> None:
                 h = x
                 for layer in layers:
                     h = layer.decode(h, kc, vc)
@@ -272,7 +292,9 @@ def probe(shape: Shape, name: str, device: str = "cpu", chunks: Sequence[int] = 
     if linear_s <= 0:  # the chunk range never left the fixed-cost regime
         linear_s = max(prefill_s[-1] - pf["overhead_s"], 1e-12) / chunks[-1]
     peak = shape.flops_per_token / linear_s
-    attn_rate = shape.attn_flops_per_pair / pf["attn_s_per_pair"] if pf["attn_s_per_pair"] > 0 else peak
+    attn_rate = (
+        shape.attn_flops_per_pair / pf["attn_s_per_pair"] if pf["attn_s_per_pair"] > 0 else peak
+    )
     weights_s = shape.weight_bytes / bw
     ridge_model = int(weights_s / linear_s)
 
@@ -280,15 +302,18 @@ def probe(shape: Shape, name: str, device: str = "cpu", chunks: Sequence[int] = 
     dev_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     profile = {
         "name": name,
-        "description": description or (
+        "description": description
+        or (
             f"Measured by engine_image/calibrate/probe.py on {dev_name}: hidden {shape.hidden}, "
             f"{shape.layers} layers, {shape.heads} heads ({shape.kv_heads} KV), head_dim "
-            f"{shape.head_dim}, intermediate {shape.intermediate}, {shape.dtype}."),
+            f"{shape.head_dim}, intermediate {shape.intermediate}, {shape.dtype}."
+        ),
         "source": (
             f"torch {torch_version}; prefill chunks {list(chunks)} fitted t = overhead + L*linear "
             f"+ L(L+1)/2*attn; decode batches {list(batches)} at context {decode_context}; "
             f"{n} of {shape.layers} layers run, times scaled; bandwidth from a "
-            f"{copy_bytes >> 20} MiB device copy; FLOPs, weight and KV bytes from the shape."),
+            f"{copy_bytes >> 20} MiB device copy; FLOPs, weight and KV bytes from the shape."
+        ),
         "flops_per_token": float(shape.flops_per_token),
         "attn_flops_per_pair": float(shape.attn_flops_per_pair),
         "peak_flops": float(peak),
@@ -302,10 +327,18 @@ def probe(shape: Shape, name: str, device: str = "cpu", chunks: Sequence[int] = 
     measurements = {
         "shape": asdict(shape),
         "device": dev_name,
-        "prefill": {"chunks": list(chunks), "seconds": prefill_s,
-                    "tokens_per_s": [c / t for c, t in zip(chunks, prefill_s)], "fit": pf},
-        "decode": {"batches": list(batches), "context": decode_context, "seconds": decode_s,
-                   "fit": dc},
+        "prefill": {
+            "chunks": list(chunks),
+            "seconds": prefill_s,
+            "tokens_per_s": [c / t for c, t in zip(chunks, prefill_s, strict=True)],
+            "fit": pf,
+        },
+        "decode": {
+            "batches": list(batches),
+            "context": decode_context,
+            "seconds": decode_s,
+            "fit": dc,
+        },
         "ridge_tokens_model": ridge_model,
         "ridge_tokens_measured_knee": measured_knee(chunks, prefill_s),
         "mem_bandwidth": bw,
@@ -331,18 +364,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
     shape = Shape(a.hidden, a.layers, a.heads, a.kv_heads, a.head_dim, a.intermediate, a.dtype)
-    profile, meas = probe(shape, a.name, a.device, a.chunks, a.batches, a.decode_context,
-                          a.measure_layers, a.repeats, a.copy_mib << 20, a.description)
+    profile, meas = probe(
+        shape,
+        a.name,
+        a.device,
+        a.chunks,
+        a.batches,
+        a.decode_context,
+        a.measure_layers,
+        a.repeats,
+        a.copy_mib << 20,
+        a.description,
+    )
     out = Path(a.out)
     out.write_text(json.dumps(profile, indent=2) + "\n")
     side = out.with_name(out.name.removesuffix(".json") + ".measurements.json")
     side.write_text(json.dumps(meas, indent=2) + "\n")
     print(f"profile -> {out}; measurements -> {side}")
-    print(f"ridge: {meas['ridge_tokens_model']} tokens (model), measured knee "
-          f"{meas['ridge_tokens_measured_knee']}")
-    for c, tps in zip(meas["prefill"]["chunks"], meas["prefill"]["tokens_per_s"]):
+    print(
+        f"ridge: {meas['ridge_tokens_model']} tokens (model), measured knee "
+        f"{meas['ridge_tokens_measured_knee']}"
+    )
+    for c, tps in zip(meas["prefill"]["chunks"], meas["prefill"]["tokens_per_s"], strict=True):
         print(f"  prefill chunk {c:>6}: {tps:,.0f} tokens/s")
-    for b, t in zip(meas["decode"]["batches"], meas["decode"]["seconds"]):
+    for b, t in zip(meas["decode"]["batches"], meas["decode"]["seconds"], strict=True):
         print(f"  decode batch {b:>4}: {t * 1e3:.2f} ms/step")
     return 0
 

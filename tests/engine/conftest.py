@@ -35,7 +35,11 @@ def run_pristine(cases: dict[str, Any]) -> dict[str, list[dict[str, int]]]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
         [sys.executable, str(HERE / "harness.py"), json.dumps(cases)],
-        cwd=str(HERE), env=env, capture_output=True, text=True, timeout=900,
+        cwd=str(HERE),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     if proc.returncode != 0:
         raise AssertionError(f"pristine run failed:\n{proc.stderr[-4000:]}")

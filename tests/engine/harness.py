@@ -34,16 +34,15 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-
 from sglang.srt.disaggregation.utils import DisaggregationMode
 from sglang.srt.managers.io_struct import AbortReq, SetInternalStateReq
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.mem_cache.allocator import paged
 from sglang.srt.mem_cache.allocator import (
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
+    paged,
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import release_kv_cache
@@ -61,8 +60,10 @@ class _NaivePagedKernel:
 
     def __getitem__(self, grid: Any) -> Any:
         def launch(prefix_lens, seq_lens, last_loc, free_pages, out_indices, _bs_pow2, page):
-            paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, free_pages, out_indices,
-                                     page, out_indices.device)
+            paged.alloc_extend_naive(
+                prefix_lens, seq_lens, last_loc, free_pages, out_indices, page, out_indices.device
+            )
+
         return launch
 
 
@@ -87,9 +88,7 @@ class _StandInTokenizerChannel:
 
 class _StandInWorker:
     def __init__(self) -> None:
-        self.model_runner = SimpleNamespace(
-            attn_backend=SimpleNamespace(), prefill_aware_swa=False
-        )
+        self.model_runner = SimpleNamespace(attn_backend=SimpleNamespace(), prefill_aware_swa=False)
 
 
 @dataclass
@@ -106,8 +105,14 @@ class Engine:
     def s(self) -> Scheduler:
         return self.scheduler
 
-    def add(self, need: int, rid: str | None = None, prefix: list[int] | None = None,
-            arrival: float | None = None, max_new_tokens: int = 1) -> Req:
+    def add(
+        self,
+        need: int,
+        rid: str | None = None,
+        prefix: list[int] | None = None,
+        arrival: float | None = None,
+        max_new_tokens: int = 1,
+    ) -> Req:
         """Queue a request of `need` fresh tokens after an optional shared `prefix`."""
         self.next_id += 1
         rid = rid or f"r{self.next_id}"
@@ -142,12 +147,15 @@ class Engine:
 
     def busy(self) -> bool:
         s = self.s
-        return bool(s.waiting_queue or s.chunked_req is not None
-                    or getattr(s, "partial_reqs", None))
+        return bool(
+            s.waiting_queue or s.chunked_req is not None or getattr(s, "partial_reqs", None)
+        )
 
     def kv_free(self) -> int:
         """Free KV slots, counting what the prefix cache could evict."""
-        return self.s.token_to_kv_pool_allocator.available_size() + self.s.tree_cache.evictable_size()
+        return (
+            self.s.token_to_kv_pool_allocator.available_size() + self.s.tree_cache.evictable_size()
+        )
 
     def slots_free(self) -> int:
         return self.s.req_to_token_pool.available_size()
@@ -167,36 +175,69 @@ def finish_prefill_round(s: Scheduler, batch: ScheduleBatch) -> None:
             release_kv_cache(req, s.tree_cache)
 
 
-def make_engine(chunked_prefill_size: int = 8192, threshold: int = 0, mode: str = "ceiling",
-                policy: str = "fcfs", page_size: int = 1, kv_tokens: int = 1_700_000,
-                max_reqs: int = 256, max_prefill_tokens: int = 16384,
-                aging: float = 4096.0) -> Engine:
+def make_engine(
+    chunked_prefill_size: int = 8192,
+    threshold: int = 0,
+    mode: str = "ceiling",
+    policy: str = "fcfs",
+    page_size: int = 1,
+    kv_tokens: int = 1_700_000,
+    max_reqs: int = 256,
+    max_prefill_tokens: int = 16384,
+    aging: float = 4096.0,
+) -> Engine:
     extra: dict[str, Any] = {}
     if PATCHED:
-        extra = dict(long_prefill_token_threshold=threshold, long_prefill_mode=mode,
-                     srpt_aging_tokens_per_s=aging)
+        extra = dict(
+            long_prefill_token_threshold=threshold,
+            long_prefill_mode=mode,
+            srpt_aging_tokens_per_s=aging,
+        )
     elif threshold:
         raise ValueError("a threshold needs the patched sglang")
-    args = ServerArgs(model_path="dummy", chunked_prefill_size=chunked_prefill_size,
-                      page_size=page_size, max_prefill_tokens=max_prefill_tokens,
-                      schedule_policy=policy, attention_backend="torch_native",
-                      disable_overlap_schedule=True, pp_max_micro_batch_size=max_reqs,
-                      device="cpu", **extra)
+    args = ServerArgs(
+        model_path="dummy",
+        chunked_prefill_size=chunked_prefill_size,
+        page_size=page_size,
+        max_prefill_tokens=max_prefill_tokens,
+        schedule_policy=policy,
+        attention_backend="torch_native",
+        disable_overlap_schedule=True,
+        pp_max_micro_batch_size=max_reqs,
+        device="cpu",
+        **extra,
+    )
     set_global_server_args_for_scheduler(args)
 
     max_ctx = 700_000
-    req_pool = ReqToTokenPool(size=max_reqs, max_context_len=max_ctx, device="cpu",
-                              enable_memory_saver=False)
-    kv = MHATokenToKVPool(size=kv_tokens, page_size=page_size, dtype=torch.float16, head_num=1,
-                          head_dim=1, layer_num=1, device="cpu", enable_memory_saver=False)
+    req_pool = ReqToTokenPool(
+        size=max_reqs, max_context_len=max_ctx, device="cpu", enable_memory_saver=False
+    )
+    kv = MHATokenToKVPool(
+        size=kv_tokens,
+        page_size=page_size,
+        dtype=torch.float16,
+        head_num=1,
+        head_dim=1,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+    )
     if page_size == 1:
         allocator = TokenToKVPoolAllocator(kv_tokens, torch.float16, "cpu", kv, need_sort=False)
     else:
-        allocator = PagedTokenToKVPoolAllocator(kv_tokens, page_size, torch.float16, "cpu", kv,
-                                                need_sort=False)
-    tree = RadixCache(CacheInitParams(disable=False, req_to_token_pool=req_pool,
-                                      token_to_kv_pool_allocator=allocator, page_size=page_size,
-                                      chunked_prefill_size=chunked_prefill_size))
+        allocator = PagedTokenToKVPoolAllocator(
+            kv_tokens, page_size, torch.float16, "cpu", kv, need_sort=False
+        )
+    tree = RadixCache(
+        CacheInitParams(
+            disable=False,
+            req_to_token_pool=req_pool,
+            token_to_kv_pool_allocator=allocator,
+            page_size=page_size,
+            chunked_prefill_size=chunked_prefill_size,
+        )
+    )
 
     s = Scheduler.__new__(Scheduler)
     s.server_args = args
@@ -233,15 +274,17 @@ def make_engine(chunked_prefill_size: int = 8192, threshold: int = 0, mode: str 
     s.chunked_req = None
     s._pending_chunked_abort_req = None
     s.tp_worker = _StandInWorker()
-    s.model_config = SimpleNamespace(vocab_size=1 << 40, is_multimodal=False,
-                                     is_encoder_decoder=False)
+    s.model_config = SimpleNamespace(
+        vocab_size=1 << 40, is_multimodal=False, is_encoder_decoder=False
+    )
     s.spec_algorithm = SimpleNamespace(is_none=lambda: True)
     s.dp_attn_adapter = _Passthrough()
     s.ngram_embedding_manager = _Passthrough()
     s.ipc_channels = SimpleNamespace(send_to_tokenizer=_StandInTokenizerChannel())
     s.new_token_ratio_tracker = SimpleNamespace(current=0.0)
-    s.grammar_manager = SimpleNamespace(has_waiting_grammars=lambda: False,
-                                        abort_requests=lambda recv_req: None)
+    s.grammar_manager = SimpleNamespace(
+        has_waiting_grammars=lambda: False, abort_requests=lambda recv_req: None
+    )
     s.load_inquirer = SimpleNamespace(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
     s.device = "cpu"
     s.ps = SimpleNamespace(pp_size=1)
@@ -272,6 +315,7 @@ def set_internal_state(eng: Engine, **server_args: Any) -> Any:
 
 # ---- cases shared by the patched (in-process) and pristine (subprocess) runs -----------
 
+
 def run_case(case: dict[str, Any]) -> list[dict[str, int]]:
     """A case: engine kwargs, requests [{need, prefix_len?, rid}], rounds to record."""
     eng = make_engine(**case.get("engine", {}))
@@ -283,8 +327,9 @@ def run_case(case: dict[str, Any]) -> list[dict[str, int]]:
         eng.run_to_completion()
         eng.rounds.clear()
     for i, r in enumerate(case["requests"]):
-        eng.add(r["need"], rid=r["rid"], prefix=prefix if r.get("cached") else None,
-                arrival=float(i))
+        eng.add(
+            r["need"], rid=r["rid"], prefix=prefix if r.get("cached") else None, arrival=float(i)
+        )
     rounds = case.get("rounds")
     if rounds is None:
         eng.run_to_completion()

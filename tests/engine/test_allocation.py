@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import harness as h
-import pytest
 
 C = 8192
 THREE_LONG = {"requests": [{"rid": f"L{i}", "need": 500_000} for i in range(3)], "rounds": 3}
@@ -41,21 +40,35 @@ def test_three_long_requests_stock_and_ceiling(pristine):
 
 
 def test_floor_lone_long_request_uses_the_whole_budget():
-    rounds = h.run_case({"requests": [{"rid": "L", "need": 500_000}], "rounds": 3,
-                         "engine": {"chunked_prefill_size": C, "threshold": 4096, "mode": "floor"}})
+    rounds = h.run_case(
+        {
+            "requests": [{"rid": "L", "need": 500_000}],
+            "rounds": 3,
+            "engine": {"chunked_prefill_size": C, "threshold": 4096, "mode": "floor"},
+        }
+    )
     assert rounds == [{"L": 8192}] * 3
 
 
 def test_floor_two_long_requests_split_evenly():
-    rounds = h.run_case({"requests": [{"rid": "A", "need": 500_000}, {"rid": "B", "need": 500_000}],
-                         "rounds": 3,
-                         "engine": {"chunked_prefill_size": C, "threshold": 4096, "mode": "floor"}})
+    rounds = h.run_case(
+        {
+            "requests": [{"rid": "A", "need": 500_000}, {"rid": "B", "need": 500_000}],
+            "rounds": 3,
+            "engine": {"chunked_prefill_size": C, "threshold": 4096, "mode": "floor"},
+        }
+    )
     assert rounds == [{"A": 4096, "B": 4096}] * 3
 
 
 def test_ceiling_lone_long_request_is_capped():
-    rounds = h.run_case({"requests": [{"rid": "L", "need": 500_000}], "rounds": 2,
-                         "engine": {"chunked_prefill_size": C, "threshold": 4096}})
+    rounds = h.run_case(
+        {
+            "requests": [{"rid": "L", "need": 500_000}],
+            "rounds": 2,
+            "engine": {"chunked_prefill_size": C, "threshold": 4096},
+        }
+    )
     assert rounds == [{"L": 4096}] * 2
 
 
@@ -67,9 +80,19 @@ def test_seed_000_mix_round_by_round(pristine):
     ceiling = h.run_case(case(SEED_000, threshold=2048))
     # T = 2048: the cold prompt takes 2048, the small prompts and the cache hits
     # (3,000 fresh tokens each: longer than T, so capped) share the rest.
-    assert ceiling[0] == {"cold": 2048, "small0": 2000, "small1": 2000, "small2": 2000,
-                          "small3": 144}
-    assert ceiling[1] == {"cold": 2048, "small3": 1856, "hit0": 2048, "hit1": 2048, }
+    assert ceiling[0] == {
+        "cold": 2048,
+        "small0": 2000,
+        "small1": 2000,
+        "small2": 2000,
+        "small3": 144,
+    }
+    assert ceiling[1] == {
+        "cold": 2048,
+        "small3": 1856,
+        "hit0": 2048,
+        "hit1": 2048,
+    }
     assert ceiling[2] == {"cold": 2048, "hit0": 952, "hit1": 952}
     assert ceiling[3] == {"cold": 2048}
     floor = h.run_case(case(SEED_000, threshold=2048, mode="floor"))
@@ -81,12 +104,22 @@ def test_threshold_zero_equals_stock_on_every_case(pristine):
     cases = {
         "three_long_to_completion": {**case(THREE_LONG), "rounds": None},
         "seed_000_to_completion": {**case(SEED_000), "rounds": None},
-        "pages": {"requests": [{"rid": "a", "need": 10_000}, {"rid": "b", "need": 37},
-                               {"rid": "c", "need": 5_000}],
-                  "engine": {"chunked_prefill_size": 4096, "page_size": 16}},
-        "srpt": {"requests": [{"rid": "a", "need": 20_000}, {"rid": "b", "need": 300},
-                              {"rid": "c", "need": 9_000}],
-                 "engine": {"chunked_prefill_size": 4096, "policy": "lpm"}},
+        "pages": {
+            "requests": [
+                {"rid": "a", "need": 10_000},
+                {"rid": "b", "need": 37},
+                {"rid": "c", "need": 5_000},
+            ],
+            "engine": {"chunked_prefill_size": 4096, "page_size": 16},
+        },
+        "srpt": {
+            "requests": [
+                {"rid": "a", "need": 20_000},
+                {"rid": "b", "need": 300},
+                {"rid": "c", "need": 9_000},
+            ],
+            "engine": {"chunked_prefill_size": 4096, "policy": "lpm"},
+        },
     }
     stock = pristine(cases)
     for name, c in cases.items():

@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "engine_image/calibrate"))
@@ -13,8 +14,9 @@ import probe  # noqa: E402
 
 from slipstream.sim import cost, profiles  # noqa: E402
 
-TINY = probe.Shape(hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, intermediate=128,
-                   dtype="float32")
+TINY = probe.Shape(
+    hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, intermediate=128, dtype="float32"
+)
 
 
 def test_prefill_fit_recovers_known_coefficients():
@@ -56,17 +58,56 @@ def test_shape_arithmetic():
 
 def test_probe_writes_a_profile_the_twin_loads(tmp_path):
     out = tmp_path / "tiny.json"
-    rc = probe.main(["--name", "tiny-cpu", "--hidden", "64", "--layers", "3", "--heads", "4",
-                     "--kv-heads", "2", "--head-dim", "16", "--intermediate", "128",
-                     "--dtype", "float32", "--device", "cpu", "--chunks", "8,32,128,512",
-                     "--batches", "1,4,16", "--decode-context", "64", "--repeats", "2",
-                     "--copy-mib", "8", "--out", str(out)])
+    rc = probe.main(
+        [
+            "--name",
+            "tiny-cpu",
+            "--hidden",
+            "64",
+            "--layers",
+            "3",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--intermediate",
+            "128",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--chunks",
+            "8,32,128,512",
+            "--batches",
+            "1,4,16",
+            "--decode-context",
+            "64",
+            "--repeats",
+            "2",
+            "--copy-mib",
+            "8",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"name", "description", "source", "flops_per_token",
-                         "attn_flops_per_pair", "peak_flops", "attn_flops_per_s",
-                         "weight_bytes", "kv_bytes_per_token", "mem_bandwidth", "overhead_s",
-                         "host_bandwidth"}
+    assert set(data) == {
+        "name",
+        "description",
+        "source",
+        "flops_per_token",
+        "attn_flops_per_pair",
+        "peak_flops",
+        "attn_flops_per_s",
+        "weight_bytes",
+        "kv_bytes_per_token",
+        "mem_bandwidth",
+        "overhead_s",
+        "host_bandwidth",
+    }
     prof = profiles.load(str(out))  # the twin's own loader and validation
     assert prof.name == "tiny-cpu"
     assert prof.flops_per_token == TINY.flops_per_token

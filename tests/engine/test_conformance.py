@@ -7,10 +7,9 @@ from __future__ import annotations
 import harness as h
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sglang.srt.managers.schedule_policy import match_prefix_for_req
 
 from slipstream.sim import admission
-
-from sglang.srt.managers.schedule_policy import match_prefix_for_req
 
 AGING = admission.DEFAULT_SRPT_AGING_TOKENS_PER_S
 
@@ -46,9 +45,12 @@ def twin_prediction(eng, rule, order):
 
 
 mixes = st.lists(
-    st.tuples(st.integers(0, 6), st.sampled_from([1, 30, 500, 2_000, 4_000, 9_000, 30_000])
-              | st.integers(1, 40_000)),
-    min_size=1, max_size=9,
+    st.tuples(
+        st.integers(0, 6),
+        st.sampled_from([1, 30, 500, 2_000, 4_000, 9_000, 30_000]) | st.integers(1, 40_000),
+    ),
+    min_size=1,
+    max_size=9,
 )
 
 
@@ -78,18 +80,28 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=600_000):
     assert eng.kv_free() == eng.kv_free_at_start
 
 
-SETTINGS = settings(max_examples=12, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @SETTINGS
-@given(mix=mixes, t=st.sampled_from([0, 512, 1024, 2048, 4096]), order=st.sampled_from(["fcfs", "srpt"]))
+@given(
+    mix=mixes,
+    t=st.sampled_from([0, 512, 1024, 2048, 4096]),
+    order=st.sampled_from(["fcfs", "srpt"]),
+)
 def test_ceiling_matches_twin(mix, t, order):
     check({"chunked_prefill_size": 4096, "threshold": t}, order, mix)
 
 
 @SETTINGS
-@given(mix=mixes, t=st.sampled_from([512, 1024, 2048, 4096]), order=st.sampled_from(["fcfs", "srpt"]))
+@given(
+    mix=mixes, t=st.sampled_from([512, 1024, 2048, 4096]), order=st.sampled_from(["fcfs", "srpt"])
+)
 def test_floor_matches_twin(mix, t, order):
     check({"chunked_prefill_size": 4096, "threshold": t, "mode": "floor"}, order, mix)
 
@@ -97,8 +109,12 @@ def test_floor_matches_twin(mix, t, order):
 @SETTINGS
 @given(mix=mixes, t=st.sampled_from([0, 256, 1024]), mode=st.sampled_from(["ceiling", "floor"]))
 def test_paged_with_prefix_cache_matches_twin(mix, t, mode):
-    check({"chunked_prefill_size": 2048, "threshold": t, "mode": mode, "page_size": 16}, "fcfs",
-          mix, prefix_len=1000)
+    check(
+        {"chunked_prefill_size": 2048, "threshold": t, "mode": mode, "page_size": 16},
+        "fcfs",
+        mix,
+        prefix_len=1000,
+    )
 
 
 def test_stock_three_long_requests_match_twin_to_completion():

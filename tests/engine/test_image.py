@@ -20,7 +20,10 @@ def pristine_sglang_dir() -> Path:
     out = subprocess.run(
         [sys.executable, "-c", "import sglang, os; print(os.path.dirname(sglang.__file__))"],
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
-        capture_output=True, text=True, check=True, cwd="/",
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
     )
     return Path(out.stdout.strip().splitlines()[-1])
 
@@ -32,26 +35,42 @@ def test_dockerfile_uses_the_official_image_and_our_patch():
     assert copied, "the Dockerfile must COPY the patch"
     # Build context is engine_image/: the COPY source is the same file the tests apply.
     assert (REPO / "engine_image" / copied.group(1)).resolve() == PATCH.resolve()
-    assert re.search(rf"patch -p1 --forward --batch -d \"\$root\" < {re.escape(copied.group(2))}", text)
+    assert re.search(
+        rf"patch -p1 --forward --batch -d \"\$root\" < {re.escape(copied.group(2))}", text
+    )
     assert "set -eux" in text  # a failing patch fails the build
 
 
 def test_patch_applies_cleanly_to_pristine_sglang(tmp_path):
     src = pristine_sglang_dir()
-    assert '"0.5.18"' in (src / "_version.py").read_text() or "0.5.18" in (
-        src / "_version.py").read_text()
+    assert (
+        '"0.5.18"' in (src / "_version.py").read_text()
+        or "0.5.18" in (src / "_version.py").read_text()
+    )
     assert not (src / "srt/managers/long_prefill.py").exists(), "not the pristine source"
     root = tmp_path / "root"
     shutil.copytree(src, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))
-    dry = subprocess.run(["patch", "-p1", "--forward", "--batch", "--dry-run", "-d", str(root)],
-                         stdin=PATCH.open(), capture_output=True, text=True)
+    dry = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--dry-run", "-d", str(root)],
+        stdin=PATCH.open(),
+        capture_output=True,
+        text=True,
+    )
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "offset" not in dry.stdout and "fuzz" not in dry.stdout, dry.stdout
-    real = subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(root)],
-                          stdin=PATCH.open(), capture_output=True, text=True)
+    real = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "-d", str(root)],
+        stdin=PATCH.open(),
+        capture_output=True,
+        text=True,
+    )
     assert real.returncode == 0, real.stdout + real.stderr
     assert not list(root.rglob("*.rej"))
     # Applying twice is refused: the patch is not already in the pristine source.
-    again = subprocess.run(["patch", "-p1", "--forward", "--batch", "--dry-run", "-d", str(root)],
-                           stdin=PATCH.open(), capture_output=True, text=True)
+    again = subprocess.run(
+        ["patch", "-p1", "--forward", "--batch", "--dry-run", "-d", str(root)],
+        stdin=PATCH.open(),
+        capture_output=True,
+        text=True,
+    )
     assert again.returncode != 0

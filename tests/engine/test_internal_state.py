@@ -16,8 +16,9 @@ def test_valid_update_takes_effect_next_round():
     for i in range(3):
         eng.add(500_000, rid=f"L{i}")
     assert eng.step() == {"L0": 8192}
-    out = h.set_internal_state(eng, long_prefill_token_threshold=4096, long_prefill_mode="ceiling",
-                               schedule_policy="srpt")
+    out = h.set_internal_state(
+        eng, long_prefill_token_threshold=4096, long_prefill_mode="ceiling", schedule_policy="srpt"
+    )
     assert out.updated and out.reason is None
     assert settings(eng) == (4096, "ceiling", "srpt")
     assert eng.step() == {"L0": 4096, "L1": 4096}
@@ -27,16 +28,22 @@ def test_valid_update_takes_effect_next_round():
     assert eng.s.num_partial_prefills() == 2
 
 
-@pytest.mark.parametrize("update, reason", [
-    ({"long_prefill_token_threshold": 5000}, "multiple of the page size"),
-    ({"long_prefill_token_threshold": 16384}, "<= chunked_prefill_size 8192"),
-    ({"long_prefill_token_threshold": -1}, "0 (off) or positive"),
-    ({"long_prefill_token_threshold": "4096"}, "must be an integer"),
-    ({"long_prefill_mode": "median"}, "long_prefill_mode must be one of"),
-    ({"schedule_policy": "lof"}, "schedule_policy can be switched"),
-    ({"long_prefill_token_threshold": 4096, "long_prefill_mode": "bogus"}, "long_prefill_mode"),
-    ({"long_prefill_token_threshold": 4096, "pp_max_micro_batch_size": 8}, "cannot be combined"),
-])
+@pytest.mark.parametrize(
+    "update, reason",
+    [
+        ({"long_prefill_token_threshold": 5000}, "multiple of the page size"),
+        ({"long_prefill_token_threshold": 16384}, "<= chunked_prefill_size 8192"),
+        ({"long_prefill_token_threshold": -1}, "0 (off) or positive"),
+        ({"long_prefill_token_threshold": "4096"}, "must be an integer"),
+        ({"long_prefill_mode": "median"}, "long_prefill_mode must be one of"),
+        ({"schedule_policy": "lof"}, "schedule_policy can be switched"),
+        ({"long_prefill_token_threshold": 4096, "long_prefill_mode": "bogus"}, "long_prefill_mode"),
+        (
+            {"long_prefill_token_threshold": 4096, "pp_max_micro_batch_size": 8},
+            "cannot be combined",
+        ),
+    ],
+)
 def test_invalid_update_is_refused_with_reason_and_changes_nothing(update, reason):
     eng = h.make_engine(chunked_prefill_size=8192, page_size=16, threshold=2048)
     before = settings(eng)

@@ -6,14 +6,18 @@ import harness as h
 import pytest
 
 
-@pytest.mark.parametrize("engine", [
-    {},
-    {"threshold": 2048},
-    {"threshold": 2048, "mode": "floor"},
-    {"threshold": 1024, "policy": "srpt"},
-    {"threshold": 1024, "mode": "floor", "policy": "srpt"},
-    {"threshold": 512, "page_size": 16},
-], ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "stock")
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {},
+        {"threshold": 2048},
+        {"threshold": 2048, "mode": "floor"},
+        {"threshold": 1024, "policy": "srpt"},
+        {"threshold": 1024, "mode": "floor", "policy": "srpt"},
+        {"threshold": 512, "page_size": 16},
+    ],
+    ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "stock",
+)
 def test_runs_to_completion_without_leaks(engine):
     eng = h.make_engine(chunked_prefill_size=4096, **engine)
     reqs = [eng.add(n) for n in (60_000, 70, 9_000, 25_000, 4_096, 1)]
@@ -27,8 +31,11 @@ def test_runs_to_completion_without_leaks(engine):
         assert max(len(a) for a in eng.rounds) >= 2, "several prefills never ran together"
 
 
-@pytest.mark.parametrize("engine", [{}, {"threshold": 2048}, {"threshold": 2048, "mode": "floor"}],
-                         ids=["stock", "ceiling", "floor"])
+@pytest.mark.parametrize(
+    "engine",
+    [{}, {"threshold": 2048}, {"threshold": 2048, "mode": "floor"}],
+    ids=["stock", "ceiling", "floor"],
+)
 def test_abort_mid_prefill_releases_everything(engine):
     eng = h.make_engine(chunked_prefill_size=4096, **engine)
     long_a = eng.add(50_000, rid="a")
@@ -66,8 +73,11 @@ def test_threshold_change_mid_run_drains_partials_and_matches_budget():
     assert eng.s.partial_reqs == [] and eng.s.chunked_req is None
 
 
-@pytest.mark.parametrize("engine", [{}, {"threshold": 1024}, {"threshold": 1024, "mode": "floor"}],
-                         ids=["stock", "ceiling", "floor"])
+@pytest.mark.parametrize(
+    "engine",
+    [{}, {"threshold": 1024}, {"threshold": 1024, "mode": "floor"}],
+    ids=["stock", "ceiling", "floor"],
+)
 def test_retraction_of_partial_prefills_then_completion(engine):
     """`pause_generation(mode="retract")` (used around weight updates) retracts every
     partial prefill like stock's chunked request, and they complete after resuming."""
@@ -84,8 +94,9 @@ def test_retraction_of_partial_prefills_then_completion(engine):
     s.hisparse_coordinator = None
     s.max_queued_requests = None
     s.kv_events_publisher = SimpleNamespace(publish_kv_events=lambda: None)
-    s.metrics_reporter = SimpleNamespace(last_gen_throughput=0.0,
-                                         current_scheduler_metrics_enabled=False)
+    s.metrics_reporter = SimpleNamespace(
+        last_gen_throughput=0.0, current_scheduler_metrics_enabled=False
+    )
     s.pause_generation(PauseGenerationReqInput(mode="retract"))
     assert len(s.waiting_queue) == 3
     assert s.chunked_req is None and getattr(s, "partial_reqs", []) == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client import REGISTRY
-
 from sglang.srt.managers import long_prefill as lp
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
@@ -15,22 +14,43 @@ def args(**kw):
 
 
 def test_cli_flags_parse():
-    a = prepare_server_args(["--model-path", "dummy", "--long-prefill-token-threshold", "4096",
-                             "--long-prefill-mode", "floor", "--schedule-policy", "srpt",
-                             "--srpt-aging-tokens-per-s", "512"])
-    assert (a.long_prefill_token_threshold, a.long_prefill_mode, a.schedule_policy,
-            a.srpt_aging_tokens_per_s) == (4096, "floor", "srpt", 512.0)
+    a = prepare_server_args(
+        [
+            "--model-path",
+            "dummy",
+            "--long-prefill-token-threshold",
+            "4096",
+            "--long-prefill-mode",
+            "floor",
+            "--schedule-policy",
+            "srpt",
+            "--srpt-aging-tokens-per-s",
+            "512",
+        ]
+    )
+    assert (
+        a.long_prefill_token_threshold,
+        a.long_prefill_mode,
+        a.schedule_policy,
+        a.srpt_aging_tokens_per_s,
+    ) == (4096, "floor", "srpt", 512.0)
     defaults = prepare_server_args(["--model-path", "dummy"])
     assert (defaults.long_prefill_token_threshold, defaults.long_prefill_mode) == (0, "ceiling")
 
 
-@pytest.mark.parametrize("kw, reason", [
-    ({"long_prefill_token_threshold": 4096, "pp_size": 2}, "pipeline parallelism"),
-    ({"long_prefill_token_threshold": 4096, "disaggregation_mode": "prefill"}, "disaggregation"),
-    ({"schedule_policy": "srpt", "pp_size": 2}, "pipeline parallelism"),
-    ({"long_prefill_token_threshold": 100}, "multiple of the page size"),
-    ({"long_prefill_token_threshold": 16384}, "<= chunked_prefill_size"),
-])
+@pytest.mark.parametrize(
+    "kw, reason",
+    [
+        ({"long_prefill_token_threshold": 4096, "pp_size": 2}, "pipeline parallelism"),
+        (
+            {"long_prefill_token_threshold": 4096, "disaggregation_mode": "prefill"},
+            "disaggregation",
+        ),
+        ({"schedule_policy": "srpt", "pp_size": 2}, "pipeline parallelism"),
+        ({"long_prefill_token_threshold": 100}, "multiple of the page size"),
+        ({"long_prefill_token_threshold": 16384}, "<= chunked_prefill_size"),
+    ],
+)
 def test_start_up_refuses_unsupported_combinations(kw, reason):
     with pytest.raises(ValueError, match=reason):
         lp.check_long_prefill_server_args(args(**kw))

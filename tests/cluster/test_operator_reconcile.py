@@ -480,6 +480,29 @@ def test_spec_change_needing_new_pods_rolls_the_deployment(cluster: localkube.Cl
     assert any("rolling the engine pods" in m for m in messages), messages
 
 
+def test_phase_follows_the_engine_deployment(cluster: localkube.Cluster, operator: Operator) -> None:
+    """No Deployment controller runs here: write the Deployment's status as it would."""
+    ns = namespace(cluster, "readiness")
+    apply(cluster, ns, fixed_sd("engines"))
+    eventually(lambda: reconciled(cluster, ns, "engines"), deadline_s=DEADLINE_S, what="engines reconciled")
+    generation = must_get(cluster, "deployment", "engines", ns)["metadata"]["generation"]
+    available = {"observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
+                 "availableReplicas": 1}  # fmt: skip
+    cluster.kubectl("patch", "deployment", "engines", f"--namespace={ns}", "--subresource=status",
+                    "--type=merge", "-p", json.dumps({"status": available}))  # fmt: skip
+
+    def ready() -> dict[str, Any]:
+        sd = must_get(cluster, "sd", "engines", ns)
+        assert sd["status"]["phase"] == "Ready", sd["status"]
+        return sd
+
+    sd = eventually(ready, deadline_s=DEADLINE_S, what="phase Ready")
+    assert sd["status"]["readyReplicas"] == 1 and condition(sd, "Ready")["reason"] == "Available"
+    assert "EnginesReady" in {e["reason"] for e in events(cluster, ns, "engines")}
+    row = cluster.kubectl("get", "sd", "engines", f"--namespace={ns}").stdout.splitlines()[1]
+    assert row.split()[:4] == ["engines", "4096", "2", "ceiling"] and " Ready " in row
+
+
 # -- a PodMonitor when Prometheus Operator is installed ----------------------------------------
 
 POD_MONITOR_CRD = """

@@ -337,6 +337,7 @@ INVALID = [
     ("HiCache ratio and size", {"engine": {"hicache": {"enabled": True, "ratio": 2, "sizeGB": 100}}}, "set only one of ratio or sizeGB"),
     ("max concurrency beyond pages", {"engine": {"chunkedPrefillSize": 128}, "tuning": {"threshold": 64, "maxConcurrency": 4}}, "spec.tuning.maxConcurrency must be <="),
     ("canaries beyond replicas", {"replicas": 1, "tuning": {"mode": "Auto", "rollout": {"canaryReplicas": 2}}, "prometheus": {"url": "http://p:9090"}}, "spec.tuning.rollout.canaryReplicas must be <= spec.replicas"),
+    ("env value and Secret", {"engine": {"env": [{"name": "A", "value": "1", "secretKeyRef": {"name": "s"}}]}}, "spec.engine.env: an entry takes value or secretKeyRef, not both"),
     ("negative replicas", {"replicas": -1}, "spec.replicas"),
     ("TP 0", {"engine": {"tensorParallelSize": 0}}, "spec.engine.tensorParallelSize"),
     ("C too small", {"engine": {"chunkedPrefillSize": 32}}, "spec.engine.chunkedPrefillSize"),

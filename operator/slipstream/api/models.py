@@ -79,6 +79,13 @@ class ResourceRequirements(Model):
 
 
 class EnvVar(Model):
+    model_config = _rules(
+        (
+            "!(has(self.value) && has(self.secretKeyRef))",
+            "spec.engine.env: an entry takes value or secretKeyRef, not both: remove one of them",
+        ),
+    )
+
     name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
     value: str | None = Field(default=None, max_length=32768, description="Literal value.")
     secret_key_ref: SecretKeyRef | None = Field(

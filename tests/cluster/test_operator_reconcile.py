@@ -458,6 +458,33 @@ def test_fixed_threshold_change_updates_configmap_and_status_not_the_pods(
     assert any("ConfigMap" in m and "threshold=2048" in m for m in messages), messages
 
 
+def test_auto_threshold_moved_in_status_reaches_the_configmap_not_the_pods(
+    cluster: localkube.Cluster, operator: Operator
+) -> None:
+    """In Auto the tuner writes the threshold it applied into status; new pods must start with it."""
+    ns = namespace(cluster, "auto-setting")
+    doc = fixed_sd("tuned")
+    doc["spec"]["tuning"]["mode"] = "Auto"
+    doc["spec"]["prometheus"] = {"url": "http://prometheus.monitoring:9090"}
+    apply(cluster, ns, doc)
+    eventually(lambda: reconciled(cluster, ns, "tuned"), deadline_s=DEADLINE_S, what="tuned reconciled")
+    before = must_get(cluster, "deployment", "tuned", ns)
+
+    cluster.kubectl("patch", "sd", "tuned", f"--namespace={ns}", "--subresource=status", "--type=merge",
+                    "-p", '{"status":{"threshold":1024,"mode":"floor"}}')  # fmt: skip
+
+    def followed() -> None:
+        data = must_get(cluster, "configmap", "tuned-engine-setting", ns)["data"]
+        assert (data["threshold"], data["mode"]) == ("1024", "floor"), data
+        assert must_get(cluster, "sd", "tuned", ns)["status"]["concurrency"] == 8
+
+    eventually(followed, deadline_s=DEADLINE_S, what="ConfigMap and concurrency follow status")
+    after = must_get(cluster, "deployment", "tuned", ns)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    messages = [e["message"] for e in events(cluster, ns, "tuned") if e["reason"] == "Updated"]
+    assert any("threshold=1024 mode=floor" in m for m in messages), messages
+
+
 def test_spec_change_needing_new_pods_rolls_the_deployment(cluster: localkube.Cluster, operator: Operator) -> None:
     ns = namespace(cluster, "rolling")
     apply(cluster, ns, fixed_sd("llama"))

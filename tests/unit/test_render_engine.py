@@ -185,3 +185,11 @@ def test_the_operator_never_imports_torch_or_sglang() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang')))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_status_changed_keeps_only_differing_fields() -> None:
+    sd = make(status_={"threshold": 4096, "concurrency": 2, "mode": "ceiling", "schedulePolicy": "fcfs"})
+    moved = models.EngineSetting(threshold=1024, mode="floor")
+    assert status.changed(sd, status.setting_patch(sd, objects.current_setting(sd))) == {}
+    assert status.changed(sd, status.setting_patch(sd, moved)) == {"threshold": 1024, "concurrency": 8, "mode": "floor"}
+    assert status.changed(sd, {"readyReplicas": None}) == {}

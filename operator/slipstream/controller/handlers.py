@@ -3,8 +3,9 @@
 One reconcile function serves create, update and resume: it computes every owned object
 from the spec (`objects`), applies them server-side in a worker thread (`kube`), records an
 Event per object it created or changed, and writes status (`status`). A timer refreshes
-readiness from the engine Deployment. Deletion needs no handler work: owner references
-let the garbage collector remove the owned objects.
+readiness from the engine Deployment and keeps the ConfigMap at the current setting (in
+Auto the tuner moves it in status, which fires no update handler). Deletion needs no
+handler work: owner references let the garbage collector remove the owned objects.
 """
 
 from __future__ import annotations
@@ -96,6 +97,19 @@ def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
     return Outcome(setting, changes, rolled, deployment, problem)
 
 
+def sync_setting(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
+    """Blocking. Brings the ConfigMap to the current setting (in Auto, the tuner moves it
+    in status; no spec change, so no update handler, follows)."""
+    setting = objects.current_setting(sd)
+    desired = objects.configmap(sd, setting)
+    current = kube.get("v1", "ConfigMap", sd.metadata.namespace, desired["metadata"]["name"])
+    if current is not None and current.get("data") == desired["data"]:
+        return Outcome(setting)
+    _, _, change = kube.apply(desired)
+    changes: list[tuple[str, str, str]] = [("ConfigMap", desired["metadata"]["name"], change)] if change else []
+    return Outcome(setting, changes)
+
+
 def change_message(kind: str, name: str, change: str, sd: models.ServingDeployment, outcome: Outcome) -> str:
     message = f"{change.capitalize()} {kind} {name}"
     if kind == "Deployment" and outcome.rolled:
@@ -121,6 +135,12 @@ def register(
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
 
+    def record_changes(body: kopf.Body, sd: models.ServingDeployment, outcome: Outcome) -> None:
+        for kind, name, change in outcome.changes:
+            OBJECT_CHANGES.labels(kind, change).inc()
+            kopf.event(body, type="Normal", reason=change.capitalize(),
+                       message=change_message(kind, name, change, sd, outcome))  # fmt: skip
+
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         # The same credentials as `kube`: in-cluster ServiceAccount, else $KUBECONFIG.
@@ -145,10 +165,7 @@ def register(
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
         outcome = await asyncio.to_thread(apply_objects, kube, sd)
-        for kind, name, change in outcome.changes:
-            OBJECT_CHANGES.labels(kind, change).inc()
-            kopf.event(body, type="Normal", reason=change.capitalize(),
-                       message=change_message(kind, name, change, sd, outcome))  # fmt: skip
+        record_changes(body, sd, outcome)
         conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
         patch.status.update(status.patch(sd, outcome.setting, conditions, outcome.deployment))
         if outcome.problem is not None:
@@ -170,18 +187,22 @@ def register(
         sd = models.ServingDeployment.model_validate(dict(body))
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
+        outcome = await asyncio.to_thread(sync_setting, kube, sd)
+        record_changes(body, sd, outcome)
         deployment = await asyncio.to_thread(
             kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
         )
         conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
-        if conditions == sd.status.conditions:
-            return
         was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
         now = next(c for c in conditions if c.type == status.READY)
         if was != now.status:
             reason = "EnginesReady" if now.status == "True" else "EnginesNotReady"
             kopf.event(body, type="Normal", reason=reason, message=now.message)
-        patch.status.update(status.readiness_patch(conditions, deployment))
+        patch.status.update(
+            status.changed(
+                sd, {**status.setting_patch(sd, outcome.setting), **status.readiness_patch(conditions, deployment)}
+            )
+        )
 
     @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:

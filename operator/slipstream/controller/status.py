@@ -97,10 +97,22 @@ def patch(
 ) -> dict[str, Any]:
     """The status fields the controller owns (tuner-owned fields are left alone)."""
     return {
+        **setting_patch(sd, setting),
+        "observedGeneration": sd.metadata.generation,
+        **readiness_patch(conditions, deployment),
+    }
+
+
+def setting_patch(sd: models.ServingDeployment, setting: models.EngineSetting) -> dict[str, Any]:
+    return {
         "threshold": setting.threshold,
         "concurrency": engine_args.concurrency(sd.spec.engine.chunked_prefill_size, setting.threshold),
         "mode": setting.mode,
         "schedulePolicy": setting.schedule_policy,
-        "observedGeneration": sd.metadata.generation,
-        **readiness_patch(conditions, deployment),
     }
+
+
+def changed(sd: models.ServingDeployment, fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields whose value differs from the status now (None: absent)."""
+    current = sd.status.to_k8s()
+    return {key: value for key, value in fields.items() if current.get(key) != value}

@@ -20,7 +20,7 @@ ETCD_VERSION=v3.6.16
 HELM_VERSION=v3.22.0
 BIN_TAG="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 # Release date of k8s.io/kubernetes v1.36.3 on the module proxy: a fixed
-# buildDate keeps rebuilds byte-for-byte comparable.
+# buildDate makes every rebuild report the same version info.
 K8S_BUILD_DATE=2026-07-22T18:07:38Z
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

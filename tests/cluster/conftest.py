@@ -25,10 +25,14 @@ T = TypeVar("T")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[localkube.Cluster]:
     """A running local control plane, stopped at the end of the session."""
     workdir = tmp_path_factory.mktemp("localkube")
+    missing: str | None = None
     try:
         started = localkube.Cluster.start(workdir)
     except localkube.BinariesMissingError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        missing = str(exc)
+    if missing is not None:
+        # Outside the except block, so the report is this one line, not a chain.
+        pytest.fail(missing, pytrace=False)
     with started:
         yield started
 

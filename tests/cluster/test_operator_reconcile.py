@@ -283,6 +283,10 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
 ) -> None:
     name, tp, chunk, threshold, concurrency = EXPECTED[example]
     ns = namespace(cluster, f"ex-{name}")
+    doc = yaml.safe_load(EXAMPLES[example].read_text())
+    key = doc["spec"]["engine"].get("adminApiKeySecretRef")
+    if key:  # as the example's comment tells the user to
+        cluster.kubectl("create", "secret", "generic", key["name"], "--from-literal=api-key=k3y", f"--namespace={ns}")
     cluster.kubectl("apply", f"--namespace={ns}", "-f", str(EXAMPLES[example]))
 
     sd = eventually(lambda: reconciled(cluster, ns, name), deadline_s=DEADLINE_S, what=f"{name} reconciled")

@@ -56,6 +56,13 @@ def test_start_up_refuses_unsupported_combinations(kw, reason):
         lp.check_long_prefill_server_args(args(**kw))
 
 
+def test_launch_check_refuses_before_anything_starts():
+    # Engine._launch_subprocesses calls check_server_args() first thing.
+    a = args(long_prefill_token_threshold=4096, pp_size=2)
+    with pytest.raises(ValueError, match="not supported with pipeline parallelism"):
+        a.check_server_args()
+
+
 def test_start_up_accepts_supported_settings():
     lp.check_long_prefill_server_args(args(long_prefill_token_threshold=4096))
     lp.check_long_prefill_server_args(args(pp_size=2))  # threshold 0: stock, any deployment

@@ -70,6 +70,10 @@ else
     fi
     touch "$patched.tmp/.applied"
     mv "$patched.tmp" "$patched"
+    # Copies made for earlier versions of the patch are no longer used.
+    for old in "$env_dir"/patched-*; do
+        [[ "$old" == "$patched" || ! -d "$old" ]] || rm -rf "$old"
+    done
 fi
 ln -sfn "$patched" "$env_dir/patched"
 echo "$env_dir"

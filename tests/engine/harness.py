@@ -44,10 +44,11 @@ from sglang.srt.mem_cache.allocator import (
     TokenToKVPoolAllocator,
     paged,
 )
+from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # noqa: F401 (tests)
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import release_kv_cache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: F401
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 

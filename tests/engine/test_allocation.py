@@ -112,7 +112,7 @@ def test_threshold_zero_equals_stock_on_every_case(pristine):
             ],
             "engine": {"chunked_prefill_size": 4096, "page_size": 16},
         },
-        "srpt": {
+        "lpm": {
             "requests": [
                 {"rid": "a", "need": 20_000},
                 {"rid": "b", "need": 300},

@@ -107,3 +107,19 @@ def test_retraction_of_partial_prefills_then_completion(engine):
     assert all(r.finished() for r in reqs)
     assert eng.slots_free() == eng.slots_free_at_start
     assert eng.kv_free() == eng.kv_free_at_start
+
+
+def test_partial_prefills_cache_their_computed_prefix():
+    """Each partial's computed chunks go into the radix cache, as stock does for its one
+    chunked request: a later request with the same prompt finds them."""
+    eng = h.make_engine(chunked_prefill_size=4096, threshold=1024)
+    reqs = [eng.add(20_000) for _ in range(3)]
+    for _ in range(3):
+        eng.step()
+    # Rounds 1 and 2 gave each partial 1024 tokens; round 3 stashed round 2's chunk.
+    for r in reqs:
+        assert len(r.prefix_indices) == 2048
+        match = eng.s.tree_cache.match_prefix(
+            h.MatchPrefixParams(key=h.RadixKey(token_ids=r.origin_input_ids[:5000]))
+        )
+        assert len(match.device_indices) == 2048

@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(VENV)/bin/slipstream bench --workload builtin:multi-tenant --plot out/bench-cdf.png
 
-# Pinned etcd, kube-apiserver, kube-controller-manager, kubectl and helm, built
-# from the Go module proxy into ~/.cache/slipstream/bin/ (reused when present).
+# Pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+# kwok and helm, built from the Go module proxy into ~/.cache/slipstream/bin/
+# (reused when present).
 .PHONY: kube-bins
 kube-bins:
 	bash scripts/build-kube.sh

@@ -1,5 +1,6 @@
 // Wrapper module that builds the pinned Kubernetes control-plane binaries
-// (kube-apiserver, kube-controller-manager, kubectl) from the Go module proxy.
+// (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) from the
+// Go module proxy.
 // k8s.io/kubernetes points its staging modules at ./staging with replace
 // directives, which only apply inside that repo; here each one is replaced
 // by its published tag of the same release instead. Built by
@@ -185,6 +186,7 @@ require (
 tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
 )
 

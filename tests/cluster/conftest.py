@@ -1,6 +1,7 @@
-"""The cluster tier: a real kube-apiserver (with etcd and controller manager).
+"""The cluster tier: a real kube-apiserver (with etcd, controller manager and scheduler)
+and kwok-simulated GPU nodes on which the pods of Deployments become Running and Ready.
 
-The `cluster` fixture is session-scoped: start-up costs ~10-20 s, so every
+The `cluster` fixture is session-scoped: start-up costs ~7-15 s, so every
 test shares one control plane and isolates itself by namespace or name.
 Missing binaries FAIL the tier instead of skipping it, because a skipped tier
 reads as green in CI while testing nothing.

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from conftest import eventually, processes_mentioning
 from slipstream import localkube
-from slipstream.localkube import binaries
+from slipstream.localkube import binaries, nodes
 
 
 def test_apiserver_and_kubectl_report_the_pinned_release(cluster: localkube.Cluster) -> None:
@@ -21,6 +23,14 @@ def test_apiserver_and_kubectl_report_the_pinned_release(cluster: localkube.Clus
     assert server["major"] == "1" and server["minor"] == "36"
     client = json.loads(cluster.kubectl("version", "--client", "-o", "json").stdout)
     assert client["clientVersion"]["gitVersion"] == binaries.K8S_VERSION
+    scheduler = subprocess.run(
+        [str(cluster.bin_dir / "kube-scheduler"), "--version"], capture_output=True, text=True
+    )
+    assert scheduler.stdout.split() == ["Kubernetes", binaries.K8S_VERSION], scheduler
+    kwok = subprocess.run(
+        [str(cluster.bin_dir / "kwok"), "--version"], capture_output=True, text=True
+    )
+    assert kwok.stdout.startswith(f"kwok version {binaries.KWOK_VERSION} "), kwok
 
 
 def test_server_listens_on_loopback_only(cluster: localkube.Cluster) -> None:
@@ -109,6 +119,95 @@ def test_owned_object_is_garbage_collected_after_its_owner(cluster: localkube.Cl
     cluster.kubectl("get", "configmap", "bystander", f"--namespace={ns}")
 
 
+def test_nodes_are_ready_with_eight_gpus_each(cluster: localkube.Cluster) -> None:
+    listed = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    assert sorted(n["metadata"]["name"] for n in listed) == sorted(cluster.node_names)
+    assert len(listed) == nodes.NODE_COUNT >= 5
+    products = sorted({n["metadata"]["labels"]["nvidia.com/gpu.product"] for n in listed})
+    assert products == ["NVIDIA-A100-SXM4-80GB", "NVIDIA-H200"]
+    for node in listed:
+        ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert ready["Ready"] == "True", node["status"]["conditions"]
+        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        assert node["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
+        assert not node["spec"].get("taints"), node["spec"]
+
+
+def test_deployment_pods_are_scheduled_and_become_ready(cluster: localkube.Cluster) -> None:
+    """Deployment -> ReplicaSet -> pods -> scheduler -> kwok: Ready, with GPUs placed by request."""
+    ns = "workload-check"
+    cluster.kubectl("create", "namespace", ns)
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "gpu-app", "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "gpu-app"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpu-app"}},
+                "spec": {
+                    "containers": [{
+                        "name": "app", "image": "never-pulled:1",
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                    }],
+                },
+            },
+        },
+    }  # fmt: skip
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment))
+    cluster.kubectl("rollout", "status", "deployment/gpu-app", f"--namespace={ns}", "--timeout=60s")
+
+    def ready_pods() -> list[dict[str, Any]]:
+        pods = json.loads(cluster.kubectl("get", "pods", f"--namespace={ns}", "-o", "json").stdout)
+        items = pods["items"]
+        assert len(items) == 2, [p["metadata"]["name"] for p in items]
+        for pod in items:
+            conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+            assert pod["status"]["phase"] == "Running" and conditions.get("Ready") == "True", pod[
+                "status"
+            ]
+        return items
+
+    pods = eventually(ready_pods, deadline_s=60, what="two Ready pods")
+    placed = [pod["spec"]["nodeName"] for pod in pods]
+    assert set(placed) <= set(cluster.node_names)
+    assert len(set(placed)) == 2, f"8 GPUs each must land on two different nodes: {placed}"
+    assert all(pod["status"]["podIP"].startswith("10.244.") for pod in pods)
+    status = json.loads(
+        cluster.kubectl("get", "deployment", "gpu-app", f"--namespace={ns}", "-o", "json").stdout
+    )["status"]
+    assert status["availableReplicas"] == status["readyReplicas"] == 2
+
+    # Deleting the namespace deletes the pods through kwok (no kubelet to confirm them).
+    cluster.kubectl("delete", "namespace", ns, "--timeout=120s")
+
+
+def test_a_pod_asking_for_more_gpus_than_a_node_has_stays_pending(
+    cluster: localkube.Cluster,
+) -> None:
+    ns = "unschedulable-check"
+    cluster.kubectl("create", "namespace", ns)
+    cluster.kubectl(
+        "run", "too-big", "--image=never-pulled:1", f"--namespace={ns}",
+        "--overrides", json.dumps({"spec": {"containers": [{
+            "name": "too-big", "image": "never-pulled:1",
+            "resources": {"limits": {"nvidia.com/gpu": "16"}},
+        }]}}),
+    )  # fmt: skip
+
+    def unschedulable() -> None:
+        pod = json.loads(
+            cluster.kubectl("get", "pod", "too-big", f"--namespace={ns}", "-o", "json").stdout
+        )
+        conditions = {c["type"]: c for c in pod["status"].get("conditions", [])}
+        assert conditions.get("PodScheduled", {}).get("reason") == "Unschedulable", pod["status"]
+        assert "nvidia.com/gpu" in conditions["PodScheduled"]["message"]
+
+    eventually(unschedulable, deadline_s=60, what="the scheduler reporting too few GPUs")
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def test_helm_runs_against_the_cluster(cluster: localkube.Cluster) -> None:
     version = cluster.helm("version", "--short").stdout.strip()
     assert version.startswith(binaries.HELM_VERSION), version
@@ -123,9 +222,13 @@ def test_failed_command_error_shows_stderr(cluster: localkube.Cluster) -> None:
 
 def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
     workdir = tmp_path / "own-cluster"
-    with localkube.Cluster.start(workdir) as own:
+    one_node = (dataclasses.replace(nodes.DEFAULT_POOLS[0], prefix="solo-", count=1),)
+    with localkube.Cluster.start(workdir, node_pools=one_node) as own:
+        assert own.node_names == ["solo-0"]
         pids = own.pids
-        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager"}
+        assert set(pids) == {
+            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+        }  # fmt: skip
         own.kubectl("get", "namespaces")
         for pid in pids.values():
             os.kill(pid, 0)  # alive while running
@@ -142,7 +245,7 @@ def test_component_crash_reports_its_log_and_cleans_up(tmp_path: Path) -> None:
     real = localkube.default_bin_dir()
     fake = tmp_path / "bin"
     fake.mkdir()
-    for name in binaries.REQUIRED:
+    for name in (*binaries.REQUIRED, binaries.KWOK_STAGES):
         (fake / name).symlink_to(real / name)
     (fake / "kube-apiserver").unlink()
     (fake / "kube-apiserver").write_text(

@@ -2,8 +2,10 @@
 run as a process with a token of the chart's ServiceAccount (so the chart's RBAC is what is
 tested), and the examples, invalid specs, Secrets, updates, deletion and restarts.
 
-The control plane has no nodes and no Deployment controller: pods never run. What is
-checked is what the operator writes and what the apiserver accepts or refuses.
+The control plane runs the deployment and replicaset controllers, the scheduler and kwok
+with simulated 8-GPU nodes: the engine Deployments get real ReplicaSets and pods, scheduled
+by their GPU requests and reported Running and Ready by kwok (no container runs). Rollouts,
+pods kept across in-place changes, and readiness are observed, not written by hand.
 """
 
 from __future__ import annotations
@@ -176,6 +178,41 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
+def rolled_out(cluster: localkube.Cluster, ns: str, name: str) -> dict[str, Any]:
+    """The engine Deployment once its controller has rolled out its latest spec, all pods available."""
+    dep = must_get(cluster, "deployment", name, ns)
+    status, want = dep.get("status", {}), dep["spec"]["replicas"]
+    assert status.get("observedGeneration") == dep["metadata"]["generation"], status
+    counts = [status.get(key, 0) for key in ("replicas", "updatedReplicas", "readyReplicas", "availableReplicas")]
+    assert counts == [want] * 4, f"want {want} of each, got {counts}: {status}"
+    progressing = {c["type"]: c.get("reason") for c in status.get("conditions", [])}.get("Progressing")
+    assert progressing == "NewReplicaSetAvailable", status  # what `kubectl rollout status` waits for
+    return dep
+
+
+def replica_sets(cluster: localkube.Cluster, ns: str, name: str) -> dict[str, dict[str, Any]]:
+    """The ReplicaSets owned by Deployment ``name``, by name."""
+    items = json.loads(cluster.kubectl("get", "replicasets", f"--namespace={ns}", "-o", "json").stdout)["items"]
+    return {
+        rs["metadata"]["name"]: rs
+        for rs in items
+        if any(o["kind"] == "Deployment" and o["name"] == name for o in rs["metadata"].get("ownerReferences", []))
+    }
+
+
+def engine_pods(cluster: localkube.Cluster, ns: str, name: str) -> dict[str, dict[str, Any]]:
+    """The engine pods of ServingDeployment ``name`` that are not being deleted, by name."""
+    items = json.loads(cluster.kubectl(
+        "get", "pods", f"--namespace={ns}", f"--selector=serving.slipstream.dev/name={name}", "-o", "json"
+    ).stdout)["items"]  # fmt: skip
+    return {p["metadata"]["name"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def pod_identities(cluster: localkube.Cluster, ns: str, name: str) -> dict[str, str]:
+    """{pod name: uid} of the engine pods: equal before and after means no pod was replaced."""
+    return {pod: p["metadata"]["uid"] for pod, p in engine_pods(cluster, ns, name).items()}
+
+
 # -- the chart ---------------------------------------------------------------------------
 
 
@@ -292,7 +329,7 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     sd = eventually(lambda: reconciled(cluster, ns, name), deadline_s=DEADLINE_S, what=f"{name} reconciled")
     assert sd["status"]["threshold"] == threshold and sd["status"]["concurrency"] == concurrency
     assert condition(sd, "Reconciled")["status"] == "True"
-    assert sd["status"]["phase"] == "Progressing"  # no nodes: the engines never become available
+    assert sd["status"]["phase"] in ("Progressing", "Ready")
 
     dep = must_get(cluster, "deployment", name, ns)
     args = container(dep)["args"]
@@ -306,7 +343,10 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     managed = json.loads(cluster.kubectl(
         "get", "deployment", name, f"--namespace={ns}", "-o", "json", "--show-managed-fields"
     ).stdout)["metadata"]["managedFields"]
-    assert [(f["manager"], f["operation"]) for f in managed] == [("slipstream", "Apply")]
+    # The operator only server-side applies; the Deployment controller writes status and
+    # the revision annotation under its own name.
+    others = {(f["manager"], f["operation"]) for f in managed} - {("kube-controller-manager", "Update")}
+    assert others == {("slipstream", "Apply")}, managed
     cm = must_get(cluster, "configmap", f"{name}-engine-setting", ns)
     assert cm["data"]["threshold"] == str(threshold)
     svc = must_get(cluster, "service", name, ns)
@@ -325,6 +365,21 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
         assert 'slipstream_reconciles_total{result="ok"}' in response.read().decode()
     assert "Forbidden" not in operator.log(), "the chart's RBAC is short of something"
+
+    # The engines fit the simulated GPU nodes their nodeSelector picks, and become Ready.
+    def ready() -> dict[str, Any]:
+        sd = must_get(cluster, "sd", name, ns)
+        assert sd["status"]["phase"] == "Ready", sd["status"]
+        return sd
+
+    eventually(ready, deadline_s=DEADLINE_S, what=f"{name} engines Ready")
+    dep = rolled_out(cluster, ns, name)
+    pods = engine_pods(cluster, ns, name)
+    assert len(pods) == dep["spec"]["replicas"]
+    selector = dep["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"]
+    for pod in pods.values():
+        node = must_get(cluster, "node", pod["spec"]["nodeName"], "default")  # cluster-scoped
+        assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == selector
 
 
 # -- the apiserver refuses invalid specs, naming the field --------------------------------
@@ -443,7 +498,9 @@ def test_fixed_threshold_change_updates_configmap_and_status_not_the_pods(
     ns = namespace(cluster, "threshold-change")
     apply(cluster, ns, fixed_sd("kimi"))
     eventually(lambda: reconciled(cluster, ns, "kimi"), deadline_s=DEADLINE_S, what="kimi reconciled")
-    before = must_get(cluster, "deployment", "kimi", ns)
+    before = eventually(lambda: rolled_out(cluster, ns, "kimi"), deadline_s=DEADLINE_S, what="kimi rolled out")
+    sets_before, pods_before = set(replica_sets(cluster, ns, "kimi")), pod_identities(cluster, ns, "kimi")
+    assert len(sets_before) == 1 and len(pods_before) == 1, (sets_before, pods_before)
 
     cluster.kubectl("patch", "sd", "kimi", f"--namespace={ns}", "--type=merge", "-p", '{"spec":{"tuning":{"threshold":2048}}}')
 
@@ -454,10 +511,13 @@ def test_fixed_threshold_change_updates_configmap_and_status_not_the_pods(
         return sd
 
     eventually(moved, deadline_s=DEADLINE_S, what="threshold 2048 applied")
-    after = must_get(cluster, "deployment", "kimi", ns)
+    after = rolled_out(cluster, ns, "kimi")
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert after["spec"]["template"] == before["spec"]["template"]
+    # No rollout: no new ReplicaSet, and the very same pods (names and uids) keep serving.
+    assert set(replica_sets(cluster, ns, "kimi")) == sets_before
+    assert pod_identities(cluster, ns, "kimi") == pods_before
     messages = [e["message"] for e in events(cluster, ns, "kimi") if e["reason"] == "Updated"]
     assert any("ConfigMap" in m and "threshold=2048" in m for m in messages), messages
 
@@ -472,7 +532,8 @@ def test_auto_threshold_moved_in_status_reaches_the_configmap_not_the_pods(
     doc["spec"]["prometheus"] = {"url": "http://prometheus.monitoring:9090"}
     apply(cluster, ns, doc)
     eventually(lambda: reconciled(cluster, ns, "tuned"), deadline_s=DEADLINE_S, what="tuned reconciled")
-    before = must_get(cluster, "deployment", "tuned", ns)
+    before = eventually(lambda: rolled_out(cluster, ns, "tuned"), deadline_s=DEADLINE_S, what="tuned rolled out")
+    pods_before = pod_identities(cluster, ns, "tuned")
 
     cluster.kubectl("patch", "sd", "tuned", f"--namespace={ns}", "--subresource=status", "--type=merge",
                     "-p", '{"status":{"threshold":1024,"mode":"floor"}}')  # fmt: skip
@@ -485,6 +546,7 @@ def test_auto_threshold_moved_in_status_reaches_the_configmap_not_the_pods(
     eventually(followed, deadline_s=DEADLINE_S, what="ConfigMap and concurrency follow status")
     after = must_get(cluster, "deployment", "tuned", ns)
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert pod_identities(cluster, ns, "tuned") == pods_before
     messages = [e["message"] for e in events(cluster, ns, "tuned") if e["reason"] == "Updated"]
     assert any("threshold=1024 mode=floor" in m for m in messages), messages
 
@@ -493,7 +555,9 @@ def test_spec_change_needing_new_pods_rolls_the_deployment(cluster: localkube.Cl
     ns = namespace(cluster, "rolling")
     apply(cluster, ns, fixed_sd("llama"))
     eventually(lambda: reconciled(cluster, ns, "llama"), deadline_s=DEADLINE_S, what="llama reconciled")
-    before = must_get(cluster, "deployment", "llama", ns)
+    before = eventually(lambda: rolled_out(cluster, ns, "llama"), deadline_s=DEADLINE_S, what="llama rolled out")
+    (old_set,) = replica_sets(cluster, ns, "llama")
+    old_pods = pod_identities(cluster, ns, "llama")
 
     cluster.kubectl("patch", "sd", "llama", f"--namespace={ns}", "--type=merge", "-p",
                     '{"spec":{"engine":{"image":"engine:2","tensorParallelSize":4}}}')  # fmt: skip
@@ -508,20 +572,40 @@ def test_spec_change_needing_new_pods_rolls_the_deployment(cluster: localkube.Cl
     assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
     assert flag(container(after)["args"], "--tp-size") == "4"
     assert after["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+    # The Deployment controller rolls it: a new ReplicaSet with the new template takes over,
+    # the old one is scaled to zero, and new pods (4 GPUs each) replace the old ones.
+    def new_set_took_over() -> tuple[dict[str, Any], dict[str, Any]]:
+        rolled_out(cluster, ns, "llama")
+        sets = replica_sets(cluster, ns, "llama")
+        assert set(sets) - {old_set}, f"no new ReplicaSet yet: {sorted(sets)}"
+        (new_name,) = set(sets) - {old_set}
+        old, new = sets[old_set], sets[new_name]
+        assert (old["spec"]["replicas"], old["status"].get("replicas", 0)) == (0, 0), old["status"]
+        assert new["status"].get("readyReplicas") == new["spec"]["replicas"] == 1, new["status"]
+        pods = engine_pods(cluster, ns, "llama")
+        assert set(pods).isdisjoint(old_pods), f"old pods still there: {sorted(pods)}"
+        return new, pods
+
+    new, pods = eventually(new_set_took_over, deadline_s=DEADLINE_S, what="the new ReplicaSet rolled out")
+    assert container(new)["image"] == "engine:2" and flag(container(new)["args"], "--tp-size") == "4"
+    assert container(new)["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    (pod,) = pods.values()
+    assert pod["metadata"]["ownerReferences"][0]["name"] == new["metadata"]["name"]
+    assert pod["spec"]["containers"][0]["image"] == "engine:2" and pod["status"]["phase"] == "Running"
+    assert pod["metadata"]["uid"] not in old_pods.values()
     messages = [e["message"] for e in events(cluster, ns, "llama") if e["reason"] == "Updated"]
     assert any("rolling the engine pods" in m for m in messages), messages
 
 
 def test_phase_follows_the_engine_deployment(cluster: localkube.Cluster, operator: Operator) -> None:
-    """No Deployment controller runs here: write the Deployment's status as it would."""
+    """The engine Deployment becomes Available on its own (kwok runs its pod); the phase follows."""
     ns = namespace(cluster, "readiness")
     apply(cluster, ns, fixed_sd("engines"))
     eventually(lambda: reconciled(cluster, ns, "engines"), deadline_s=DEADLINE_S, what="engines reconciled")
-    generation = must_get(cluster, "deployment", "engines", ns)["metadata"]["generation"]
-    available = {"observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
-                 "availableReplicas": 1}  # fmt: skip
-    cluster.kubectl("patch", "deployment", "engines", f"--namespace={ns}", "--subresource=status",
-                    "--type=merge", "-p", json.dumps({"status": available}))  # fmt: skip
+    dep = eventually(lambda: rolled_out(cluster, ns, "engines"), deadline_s=DEADLINE_S, what="engines available")
+    available = {c["type"]: c["status"] for c in dep["status"]["conditions"]}
+    assert available["Available"] == "True", dep["status"]
 
     def ready() -> dict[str, Any]:
         sd = must_get(cluster, "sd", "engines", ns)
@@ -598,7 +682,19 @@ def test_delete_garbage_collects_the_owned_objects(cluster: localkube.Cluster, o
 def test_operator_restart_changes_nothing_that_was_right(cluster: localkube.Cluster, operator: Operator) -> None:
     ns = namespace(cluster, "restart")
     apply(cluster, ns, fixed_sd("steady"))
-    sd = eventually(lambda: reconciled(cluster, ns, "steady"), deadline_s=DEADLINE_S, what="steady reconciled")
+    eventually(lambda: reconciled(cluster, ns, "steady"), deadline_s=DEADLINE_S, what="steady reconciled")
+
+    def settled() -> dict[str, Any]:
+        # Compare from the steady state: the engines Ready, so neither the Deployment
+        # controller nor the operator's readiness update changes anything afterwards.
+        rolled_out(cluster, ns, "steady")
+        sd = reconciled(cluster, ns, "steady")
+        assert sd["status"]["phase"] == "Ready", sd["status"]
+        assert "EnginesReady" in {e["reason"] for e in events(cluster, ns, "steady")}
+        return sd
+
+    sd = eventually(settled, deadline_s=DEADLINE_S, what="steady engines Ready")
+    pods = pod_identities(cluster, ns, "steady")
     owned = [("deployment", "steady"), ("service", "steady"), ("configmap", "steady-engine-setting")]
     versions = {kind: must_get(cluster, kind, name, ns)["metadata"]["resourceVersion"] for kind, name in owned}
     seen_events = len(events(cluster, ns, "steady"))
@@ -615,3 +711,4 @@ def test_operator_restart_changes_nothing_that_was_right(cluster: localkube.Clus
     assert again["status"] == sd["status"]
     assert again["metadata"]["generation"] == sd["metadata"]["generation"]
     assert len(events(cluster, ns, "steady")) == seen_events
+    assert pod_identities(cluster, ns, "steady") == pods

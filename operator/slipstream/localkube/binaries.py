@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 K8S_VERSION = "v1.36.3"
-"""The Kubernetes release of kube-apiserver, kube-controller-manager and kubectl."""
+"""The Kubernetes release of kube-apiserver, kube-controller-manager, kube-scheduler
+and kubectl."""
 
 ETCD_VERSION = "v3.6.16"
 """The etcd release (the 3.6 line that Kubernetes 1.36 is tested against)."""
@@ -19,7 +20,10 @@ ETCD_VERSION = "v3.6.16"
 HELM_VERSION = "v3.22.0"
 """The helm release used to install the chart."""
 
-BIN_TAG = f"k8s-{K8S_VERSION}_etcd-{ETCD_VERSION}_helm-{HELM_VERSION}"
+KWOK_VERSION = "v0.8.0"
+"""The kwok release that simulates the nodes and runs (pretends to run) their pods."""
+
+BIN_TAG = f"k8s-{K8S_VERSION}_etcd-{ETCD_VERSION}_helm-{HELM_VERSION}_kwok-{KWOK_VERSION}"
 """Cache sub-directory: names every version so a bump builds a fresh directory.
 
 Must equal ``BIN_TAG`` in scripts/build-kube.sh (a cluster test checks it).
@@ -28,8 +32,20 @@ Must equal ``BIN_TAG`` in scripts/build-kube.sh (a cluster test checks it).
 BIN_DIR_ENV = "SLIPSTREAM_KUBE_BIN"
 """Environment variable that overrides the binary directory (script and library)."""
 
-REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "helm")
+REQUIRED = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
 """Every binary a Cluster runs or offers."""
+
+KWOK_STAGES = "kwok-stages.yaml"
+"""kwok's default stages, which the build copies next to the binaries (kwok
+itself has none built in): nodes become Ready, pods Running and Ready."""
 
 BUILD_HINT = "run `bash scripts/build-kube.sh` (or `make kube-bins`) from the repo root"
 
@@ -53,6 +69,8 @@ def require(bin_dir: Path) -> None:
     FileNotFoundError from deep inside process start-up.
     """
     missing = [name for name in REQUIRED if not os.access(bin_dir / name, os.X_OK)]
+    if not (bin_dir / KWOK_STAGES).is_file():
+        missing.append(KWOK_STAGES)
     if missing:
         raise BinariesMissingError(
             f"control-plane binaries missing from {bin_dir}: {', '.join(missing)}; {BUILD_HINT}"

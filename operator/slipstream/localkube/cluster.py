@@ -1,27 +1,46 @@
 """A real Kubernetes control plane on loopback ports, for tests and the demo.
 
-``Cluster.start(workdir)`` brings up etcd, kube-apiserver and
-kube-controller-manager (in that order, each polled healthy before the next
-starts), writes an admin kubeconfig, and returns a handle with kubectl/helm
-helpers. ``stop()`` (or leaving the ``with`` block) shuts them down in reverse
-order and leaves no process behind. There are no nodes: objects are stored,
-validated, authorized and garbage-collected exactly as on a real cluster, but
-no pod ever runs.
+``Cluster.start(workdir)`` brings up etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler and kwok (in that order, each polled
+healthy before the next starts), registers simulated GPU nodes and waits until
+kwok reports them Ready, writes an admin kubeconfig, and returns a handle with
+kubectl/helm helpers. ``stop()`` (or leaving the ``with`` block) shuts them
+down in reverse order and leaves no process behind.
+
+Objects are stored, validated, authorized and garbage-collected exactly as on
+a real cluster, and workloads go through the real path: the deployment and
+replicaset controllers create pods, the scheduler binds them to nodes by their
+requests (GPUs included), and kwok, acting as every node's kubelet, marks them
+Running and Ready without running a container. Rollouts and Deployment
+availability are therefore real; anything that needs a process in the pod
+(probes, logs, exec, traffic) is not.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import shutil
 import ssl
 import subprocess
 import time
+import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from slipstream.localkube import binaries, components, health, kubeconfig, pki, ports, processes
+from slipstream.localkube import (
+    binaries,
+    components,
+    health,
+    kubeconfig,
+    nodes,
+    pki,
+    ports,
+    processes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +53,19 @@ levels and CRD informers takes ~5-15 s on a loaded two-core CI machine."""
 
 CONTROLLER_MANAGER_READY_S = 60.0
 """Deadline for the controller manager's /healthz."""
+
+SCHEDULER_READY_S = 60.0
+"""Deadline for the scheduler's /readyz (informer caches synced)."""
+
+KWOK_READY_S = 60.0
+"""Deadline for kwok's /healthz; it first waits for the apiserver itself."""
+
+NODES_READY_S = 60.0
+"""Deadline for every registered node to be Ready (kwok) and untainted (node
+lifecycle controller); ~1-2 s when idle."""
+
+NODE_POLL_S = 0.2
+"""Seconds between reads of the node list while waiting for Ready."""
 
 START_ATTEMPTS = 3
 """Start-ups retried when a component lost the race for its port (see ports)."""
@@ -48,6 +80,10 @@ TOKEN_DURATION = "24h"
 ADMIN_USER = "localkube-admin"
 ADMIN_GROUP = "system:masters"
 CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+SCHEDULER_USER = "system:kube-scheduler"
+KWOK_USER = "kwok-controller"
+"""kwok stands in for every node's kubelet and more (it writes node and pod status,
+leases, pod deletions): like kwokctl's set-up it gets cluster-admin rights."""
 
 
 class Cluster:
@@ -74,8 +110,10 @@ class Cluster:
         kubeconfig_path: Path,
         ca_pem: bytes,
         running: list[processes.Component],
+        node_names: list[str] | None = None,
     ) -> None:
         """Wrap already running components; use Cluster.start() to make one."""
+        self._node_names = list(node_names or [])
         self.workdir = workdir
         self.bin_dir = bin_dir
         self.server = server
@@ -89,10 +127,18 @@ class Cluster:
     # -- life cycle ---------------------------------------------------------
 
     @classmethod
-    def start(cls, workdir: Path, bin_dir: Path | None = None) -> Cluster:
+    def start(
+        cls,
+        workdir: Path,
+        bin_dir: Path | None = None,
+        *,
+        node_pools: Sequence[nodes.NodePool] = nodes.DEFAULT_POOLS,
+    ) -> Cluster:
         """Start a cluster whose files live in ``workdir`` (created if missing).
 
-        ``bin_dir`` defaults to default_bin_dir(). Raises BinariesMissingError
+        ``bin_dir`` defaults to default_bin_dir(). The simulated 8-GPU
+        nodes of ``node_pools`` (see localkube.nodes) are Ready when this
+        returns; with none, pods stay Pending. Raises BinariesMissingError
         if the binaries are not built, and ComponentError (with the failing
         component's log tail) if a component exits or is not healthy in time.
         The result is also a context manager that stops the cluster on exit.
@@ -104,7 +150,7 @@ class Cluster:
         certs, ca = _make_certs(workdir / "pki")
         for attempt in range(1, START_ATTEMPTS + 1):
             try:
-                return cls._start_once(workdir, bin_dir, certs, ca)
+                return cls._start_once(workdir, bin_dir, certs, ca, tuple(node_pools))
             except processes.ComponentError as exc:
                 if ports.ADDRESS_IN_USE not in str(exc) or attempt == START_ATTEMPTS:
                     raise
@@ -113,9 +159,14 @@ class Cluster:
 
     @classmethod
     def _start_once(
-        cls, workdir: Path, bin_dir: Path, certs: components.Certs, ca: pki.CertificateAuthority
+        cls,
+        workdir: Path,
+        bin_dir: Path,
+        certs: components.Certs,
+        ca: pki.CertificateAuthority,
+        node_pools: tuple[nodes.NodePool, ...],
     ) -> Cluster:
-        port_list = ports.free_ports(4)
+        port_list = ports.free_ports(6)
         port = components.Ports(*port_list)
         server = f"https://{ports.LOOPBACK}:{port.apiserver}"
         logs = workdir / "logs"
@@ -134,14 +185,16 @@ class Cluster:
             *,
             context: ssl.SSLContext | None = None,
             expect: str | None = None,
-        ) -> None:
+            env: dict[str, str] | None = None,
+        ) -> processes.Component:
             """Start one component and wait until its health endpoint says ready."""
-            component = processes.Component(name, argv, logs / f"{name}.log")
+            component = processes.Component(name, argv, logs / f"{name}.log", env=env)
             running.append(component)
             health.wait_healthy(
                 component, url, deadline_s=deadline_s, context=context, expect=expect
             )
             log.info("localkube: %s healthy after %.1fs", name, time.monotonic() - t0)
+            return component
 
         def cert_kubeconfig(name: str, user: str, client: pki.KeyPair) -> Path:
             return kubeconfig.write(
@@ -155,6 +208,9 @@ class Cluster:
 
         admin = ca.issue("admin", ADMIN_USER, organization=ADMIN_GROUP, client=True)
         kcm_client = ca.issue("controller-manager-client", CONTROLLER_MANAGER_USER, client=True)
+        scheduler_client = ca.issue("scheduler-client", SCHEDULER_USER, client=True)
+        kwok_client = ca.issue("kwok-client", KWOK_USER, organization=ADMIN_GROUP, client=True)
+        admin_context = _client_context(certs.ca, admin)
         try:
             launch(
                 "etcd",
@@ -168,7 +224,7 @@ class Cluster:
                 components.apiserver(bin_dir, workdir / "apiserver", certs, port),
                 f"{server}/readyz",
                 APISERVER_READY_S,
-                context=_client_context(certs.ca, admin),
+                context=admin_context,
             )
             admin_kubeconfig = cert_kubeconfig("admin", ADMIN_USER, admin)
             kcm_kubeconfig = cert_kubeconfig(
@@ -181,17 +237,81 @@ class Cluster:
                 CONTROLLER_MANAGER_READY_S,
                 context=_client_context(certs.ca, None),
             )
+            scheduler_kubeconfig = cert_kubeconfig("scheduler", SCHEDULER_USER, scheduler_client)
+            scheduler_config = workdir / "scheduler-config.json"
+            scheduler_config.write_text(components.scheduler_config(scheduler_kubeconfig))
+            launch(
+                "kube-scheduler",
+                components.scheduler(bin_dir, scheduler_config, scheduler_kubeconfig, certs, port),
+                f"https://{ports.LOOPBACK}:{port.scheduler}/readyz",
+                SCHEDULER_READY_S,
+                context=_client_context(certs.ca, None),
+            )
+            kwok_home = workdir / "kwok-home"
+            kwok_home.mkdir(exist_ok=True)
+            kwok = launch(
+                "kwok",
+                components.kwok(bin_dir, cert_kubeconfig("kwok", KWOK_USER, kwok_client), port),
+                f"http://{ports.LOOPBACK}:{port.kwok}/healthz",
+                KWOK_READY_S,
+                # kwok also reads ~/.kwok/kwok.yaml when it exists: a HOME of its
+                # own keeps a developer's kwok configuration out of the tests.
+                env={**os.environ, "HOME": str(kwok_home)},
+            )
+            cluster = cls(
+                workdir=workdir,
+                bin_dir=bin_dir,
+                server=server,
+                kubeconfig_path=admin_kubeconfig,
+                ca_pem=ca.cert_pem,
+                running=running,
+                node_names=nodes.names(node_pools),
+            )
         except BaseException:
             _stop_all(running)
             raise
-        return cls(
-            workdir=workdir,
-            bin_dir=bin_dir,
-            server=server,
-            kubeconfig_path=admin_kubeconfig,
-            ca_pem=ca.cert_pem,
-            running=running,
+        try:
+            cluster._register_nodes(node_pools, kwok, admin_context)
+        except BaseException:
+            cluster.stop()
+            raise
+        log.info(
+            "localkube: %d node(s) Ready after %.1fs",
+            len(cluster.node_names),
+            time.monotonic() - t0,
         )
+        return cluster
+
+    def _register_nodes(
+        self,
+        pools: tuple[nodes.NodePool, ...],
+        kwok: processes.Component,
+        context: ssl.SSLContext,
+    ) -> None:
+        """Create the simulated nodes and wait until each one is Ready and untainted."""
+        if not self._node_names:
+            return
+        self.kubectl("create", "-f", "-", input=json.dumps(nodes.list_manifest(pools)))
+        url = f"{self.server}/api/v1/nodes"
+        deadline = time.monotonic() + NODES_READY_S
+        waiting = list(self._node_names)
+        while True:
+            kwok.check_alive()
+            try:
+                with urllib.request.urlopen(
+                    url, timeout=health.REQUEST_TIMEOUT_S, context=context
+                ) as response:
+                    waiting = nodes.not_schedulable(json.load(response), self._node_names)
+            except (OSError, ssl.SSLError) as exc:  # a slow answer: ask again
+                log.debug("localkube: listing nodes: %s", exc)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise kwok.failure(
+                    f"node(s) {', '.join(waiting)} not Ready and untainted"
+                    f" within {NODES_READY_S:.0f}s"
+                )
+            time.sleep(NODE_POLL_S)
 
     def stop(self) -> None:
         """Stop every component, newest first; safe to call more than once."""
@@ -214,6 +334,11 @@ class Cluster:
     def pids(self) -> dict[str, int]:
         """Process ids of the running components by name (empty once stopped)."""
         return {component.name: component.pid for component in self._components}
+
+    @property
+    def node_names(self) -> list[str]:
+        """Names of the simulated nodes kwok manages (see localkube.nodes)."""
+        return list(self._node_names)
 
     @property
     def log_dir(self) -> Path:
@@ -313,6 +438,9 @@ def _make_certs(directory: Path) -> tuple[components.Certs, pki.CertificateAutho
             "controller-manager-serving",
             "kube-controller-manager",
             server_hosts=(ports.LOOPBACK, "localhost"),
+        ),
+        scheduler_serving=ca.issue(
+            "scheduler-serving", "kube-scheduler", server_hosts=(ports.LOOPBACK, "localhost")
         ),
         service_account=pki.service_account_keys(directory),
     )

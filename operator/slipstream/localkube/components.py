@@ -1,4 +1,4 @@
-"""Command lines of etcd, kube-apiserver and kube-controller-manager.
+"""Command lines of etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok.
 
 Kept apart from the start-up sequence so the flags of each component can be
 read (and reviewed) in one place, each with the reason it is set.
@@ -6,14 +6,25 @@ read (and reviewed) in one place, each with the reason it is set.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from slipstream.localkube import pki
+from slipstream.localkube import binaries, pki
 from slipstream.localkube.ports import LOOPBACK
 
 SERVICE_CIDR = "10.0.0.0/24"
-"""Service cluster-IP range; only allocated from, never routed (there are no nodes)."""
+"""Service cluster-IP range; only allocated from, never routed (the nodes are simulated)."""
+
+POD_CIDR = "10.244.0.0/16"
+"""Range kwok hands pod IPs out of; apart from SERVICE_CIDR, and never routed either."""
+
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+"""Annotation marking the nodes kwok manages (the kwok documentation's convention):
+kwok leaves any other node alone."""
+
+KWOK_LEASE_DURATION_S = 40
+"""Node lease duration kwok renews (kubelet's default, and kwokctl's)."""
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 """Issuer (and default audience) of service-account tokens, as on a real cluster."""
@@ -34,6 +45,9 @@ FRONT_PROXY_CLIENT = "front-proxy-client"
 """CN of the certificate the apiserver presents when proxying to aggregated APIs."""
 
 CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "node-lifecycle-controller",
     "serviceaccount-token-controller",
     "serviceaccount-controller",
     "garbage-collector-controller",
@@ -41,11 +55,20 @@ CONTROLLERS = (
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
 )
-"""Controllers the controller manager runs. Owner-reference garbage collection,
-namespace deletion and service-account tokens are what tests rely on; the
-``default`` ServiceAccount, kube-root-ca.crt and the aggregated admin/edit/view
-roles make namespaces look like a real cluster's. Workload controllers are
-left out: with no nodes nothing would run the pods they create."""
+"""Controllers the controller manager runs. The deployment and replicaset
+controllers turn the operator's Deployments into ReplicaSets and pods, which
+kube-scheduler binds to kwok's simulated nodes and kwok reports Running and
+Ready: rollouts and readiness are observed, not written by hand. The node
+lifecycle controller lifts the ``node.kubernetes.io/not-ready`` taint that the
+apiserver's TaintNodesByCondition admission puts on every new node, once kwok
+reports the node Ready (as on a real cluster; without it no pod schedules), and
+watches kwok's node leases. Owner-reference
+garbage collection, namespace deletion and service-account tokens are what tests
+rely on too; the ``default`` ServiceAccount, kube-root-ca.crt and the aggregated
+admin/edit/view roles make namespaces look like a real cluster's. The other
+workload controllers (StatefulSet, Job, DaemonSet, ...) and the endpoint,
+taint-eviction and pod-GC controllers are left out: nothing here uses them, and each
+one is informers and CPU on a two-core machine."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +79,8 @@ class Ports:
     etcd_peer: int
     apiserver: int
     controller_manager: int
+    scheduler: int
+    kwok: int
 
 
 @dataclass(frozen=True)
@@ -66,6 +91,7 @@ class Certs:
     apiserver: pki.KeyPair
     front_proxy_client: pki.KeyPair
     controller_manager_serving: pki.KeyPair
+    scheduler_serving: pki.KeyPair
     service_account: pki.KeyPair
 
 
@@ -150,4 +176,61 @@ def controller_manager(bin_dir: Path, kubeconfig: Path, certs: Certs, ports: Por
         f"--service-account-private-key-file={certs.service_account.key}",
         f"--root-ca-file={certs.ca.cert}",
         "--v=1",
+    ]
+
+
+def scheduler_config(kubeconfig: Path) -> str:
+    """KubeSchedulerConfiguration (JSON) for scheduler(): its kubeconfig, no leader election.
+
+    The config file is the supported way; the ``--kubeconfig``/``--leader-elect``
+    flags are deprecated in kube-scheduler.
+    """
+    config = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        # One scheduler per cluster, as for the controller manager.
+        "leaderElection": {"leaderElect": False},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def scheduler(
+    bin_dir: Path, config: Path, kubeconfig: Path, certs: Certs, ports: Ports
+) -> list[str]:
+    """kube-scheduler with its default plugins, serving /readyz on loopback."""
+    return [
+        str(bin_dir / "kube-scheduler"),
+        f"--config={config}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={ports.scheduler}",
+        f"--tls-cert-file={certs.scheduler_serving.cert}",
+        f"--tls-private-key-file={certs.scheduler_serving.key}",
+        "--v=1",
+    ]
+
+
+def kwok(bin_dir: Path, kubeconfig: Path, ports: Ports) -> list[str]:
+    """kwok as a controller against this apiserver, simulating the annotated nodes.
+
+    kwok acts as the kubelet of every node carrying KWOK_NODE_ANNOTATION: it
+    keeps the node Ready (status and lease heartbeats) and moves the pods bound
+    to it through the stages in ``kwok-stages.yaml`` (kwok's defaults: Running
+    and Ready at once, deleted when asked), without running any container.
+    """
+    key, value = KWOK_NODE_ANNOTATION
+    return [
+        str(bin_dir / "kwok"),
+        f"--kubeconfig={kubeconfig}",
+        f"--config={bin_dir / binaries.KWOK_STAGES}",
+        f"--manage-nodes-with-annotation-selector={key}={value}",
+        f"--node-lease-duration-seconds={KWOK_LEASE_DURATION_S}",
+        f"--cidr={POD_CIDR}",
+        # Plain HTTP on loopback: /healthz for the start-up poll, nothing else.
+        f"--server-address={LOOPBACK}:{ports.kwok}",
+        # At INFO kwok logs every lease renewal of every node (one line per node
+        # every 10 s); warnings and errors are what a failed test needs.
+        "--v=WARN",
     ]

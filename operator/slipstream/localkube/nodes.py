@@ -39,16 +39,18 @@ class NodePool:
 
 
 DEFAULT_POOLS = (
-    NodePool("kwok-h200-", 6, "NVIDIA-H200", cpu="224", memory="2Ti"),
+    NodePool("kwok-h200-", 8, "NVIDIA-H200", cpu="224", memory="2Ti"),
     NodePool("kwok-a100-", 3, "NVIDIA-A100-SXM4-80GB", cpu="96", memory="1152Gi"),
 )
 """The nodes a cluster starts with, shaped like 8xH200 and 8xA100 (p4de) hosts.
 
 The examples select their GPU by product: Kimi K3 (2 pods x 8 H200) and DeepSeek
-(1 x 8 H200) take three whole H200 nodes, Llama 70B (3 pods x 4 A100) one
-A100 node and half of two more. The other cluster tests' one-GPU engines
-select nothing and are spread over all nodes by the scheduler; the spare nodes
-leave room for them before the examples are applied."""
+(1 x 8 H200) need three whole H200 nodes, Llama 70B (3 pods x 4 A100) at least
+4 free GPUs on each of three A100 nodes (or 8 on one). The other cluster tests'
+one-GPU engines select nothing, and the scheduler places them by its scores,
+which favour the larger H200 hosts: with 8 H200 nodes, three stay whole for the
+examples even if five such engines land on five different H200 nodes first
+(three are applied before the examples today)."""
 
 NODE_COUNT = sum(pool.count for pool in DEFAULT_POOLS)
 """Number of nodes in DEFAULT_POOLS."""

@@ -10,6 +10,7 @@ from slipstream.sim.policies import EngineConfig
 from slipstream.sim.workload import Request, build
 
 PROFILE = profiles.load("kimi-k3-8xh200")
+MEMORY_FLOOR_S = PROFILE.weight_bytes / PROFILE.mem_bandwidth
 CFG = EngineConfig(chunked_prefill_size=8192, cache_tokens=200_000)
 POLICIES = ["stock", "ceiling:4096", "floor:2048", "ceiling:2048/srpt", "floor:4096/srpt",
             "stock/lpm", "sarathi:4096", "vllm:2048", "vllm:4096/srpt"]
@@ -31,7 +32,7 @@ def workload(rows):
     return build("random", reqs)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(rows=st.lists(request, min_size=1, max_size=25), policy=st.sampled_from(POLICIES))
 def test_every_request_is_served_no_faster_than_alone(rows, policy):
     w = workload(rows)
@@ -40,7 +41,10 @@ def test_every_request_is_served_no_faster_than_alone(rows, policy):
     for job in result.jobs:
         assert job.first_token_s > job.arrival_s
         assert job.need == 0
-        assert job.first_token_s - job.arrival_s >= job.solo_s * (1 - 1e-9)
+        # No faster than alone, but for one thing: alone, the last chunk of a prompt
+        # may be compute-bound where, sharing a pass, part of it rides under that
+        # pass's memory-bound floor; at most one weights read can be saved so.
+        assert job.first_token_s - job.arrival_s >= job.solo_s - MEMORY_FLOOR_S
         if job.req.output_tokens > 1:
             assert job.max_itl_s is not None and job.max_itl_s > 0
             assert job.finished_s >= job.first_token_s

@@ -3,7 +3,9 @@
 Slowdown (TTFT over the same request's TTFT alone on an idle engine with the same cache
 state) is the headline: a long cold prompt's TTFT is mostly its own prefill, which no
 scheduler can shorten, while a short request's TTFT behind it is mostly queueing. Its
-physical limit is 1.
+physical limit is 1. In the model it can dip a hair below: alone, a prompt's last chunk
+may be compute-bound, while in a shared pass part of it can ride under that pass's
+memory-bound floor (at most one weights read is saved so; tests/unit/test_engine.py).
 """
 
 from __future__ import annotations

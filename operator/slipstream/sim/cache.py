@@ -15,6 +15,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 
+def usable_hit(prompt_tokens: int, cached: int) -> int:
+    """Cached tokens a prompt can use: SGLang always computes at least its last token."""
+    return min(cached, prompt_tokens - 1)
+
+
 class _Tier:
     __slots__ = ("capacity", "used", "blocks")
 
@@ -65,6 +70,13 @@ class PrefixCache:
             else:
                 break
         return on_device, on_host
+
+    def admit(self, blocks: Sequence[int], sizes: Sequence[int], prompt_tokens: int
+              ) -> tuple[int, int]:
+        """A prompt's usable hit (refreshing recency) and how much of it is on the host tier."""
+        on_device, on_host = self.match(blocks, sizes)
+        cached = usable_hit(prompt_tokens, on_device + on_host)
+        return cached, max(0, cached - on_device)
 
     def peek(self, blocks: Sequence[int], sizes: Sequence[int]) -> int:
         """Tokens of the leading blocks cached on either tier, without touching recency."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slipstream.sim.admission import allocate, partials_first, srpt_key
-from slipstream.sim.cache import PrefixCache
+from slipstream.sim.cache import PrefixCache, usable_hit
 from slipstream.sim.cost import CostModel, chunk_pairs
 from slipstream.sim.policies import EngineConfig, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
@@ -46,7 +46,7 @@ class Job:
         self.seq = seq
         self.arrival_s = req.arrival_s
         self.cached_est = cached_est
-        self.need = req.prompt_tokens - min(cached_est, req.prompt_tokens - 1)
+        self.need = req.prompt_tokens - usable_hit(req.prompt_tokens, cached_est)
         self.offset = 0
         self.cached = 0
         self.host_tokens = 0
@@ -260,9 +260,7 @@ def simulate(
 def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
     """First allocation of a request: match its prefix for real; returns host tokens to load."""
     req = job.req
-    on_device, on_host = cache.match(req.blocks, req.block_sizes)
-    cached = min(on_device + on_host, req.prompt_tokens - 1)
-    job.host_tokens = max(0, cached - on_device)
+    cached, job.host_tokens = cache.admit(req.blocks, req.block_sizes, req.prompt_tokens)
     job.cached = job.offset = cached
     job.uncached = job.need = req.prompt_tokens - cached
     job.solo_s = cost.solo_prefill_s(cached, job.need, budget, job.host_tokens)
@@ -278,8 +276,8 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
     n = 0
     for job in queue.items:
         req = job.req
-        cached = cache.peek(req.blocks, req.block_sizes)
-        job.need = req.prompt_tokens - min(cached, req.prompt_tokens - 1)
+        job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
+                                                  cache.peek(req.blocks, req.block_sizes))
         n += 1
         room -= min(job.need, threshold) if threshold else job.need
         if room <= 0:

@@ -25,10 +25,9 @@ def solo_busy_s(workload: Workload, profile: Profile, config: EngineConfig) -> f
     for req in workload.requests:
         if req.warm_blocks:
             cache.insert(req.blocks[: req.warm_blocks], req.block_sizes[: req.warm_blocks])
-        on_device, on_host = cache.match(req.blocks, req.block_sizes)
-        cached = min(on_device + on_host, req.prompt_tokens - 1)
+        cached, host = cache.admit(req.blocks, req.block_sizes, req.prompt_tokens)
         total += cost.solo_prefill_s(cached, req.prompt_tokens - cached,
-                                     config.chunked_prefill_size, max(0, cached - on_device))
+                                     config.chunked_prefill_size, host)
         cache.insert(req.blocks, req.block_sizes)
     return total
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from slipstream.sim.admission import allocate, partials_first, srpt_key
 from slipstream.sim.cache import PrefixCache, usable_hit
 from slipstream.sim.cost import CostModel, chunk_pairs
-from slipstream.sim.policies import EngineConfig, Policy, RoundView, Setting
+from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.sim.queue import WaitQueue
 from slipstream.sim.workload import Request, Workload
@@ -110,6 +110,7 @@ def simulate(
     partials: list[Job] = []
     rounds: list[RoundRecord] = []
     settings: list[tuple[float, Setting]] = []
+    observed: list[FirstToken] | None = [] if policy.controller is not None else None
 
     # Decoding streams as aggregates.
     dec_heap: list[tuple[int, int, Job]] = []
@@ -164,8 +165,10 @@ def simulate(
             continue
 
         if policy.controller is not None and t >= policy.next_control_s:
+            assert observed is not None
             view = RoundView(t, tuple(j.need for j in queue.items),
-                             tuple(j.need for j in partials), n_dec)
+                             tuple(j.need for j in partials), n_dec, tuple(observed))
+            observed.clear()
             setting = policy.controller(view)
             policy.next_control_s = t + policy.interval_s
             if setting is not None:
@@ -243,6 +246,8 @@ def simulate(
         for job in done:
             job.first_token_s = t
             req = job.req
+            if observed is not None:
+                observed.append(FirstToken(req.tenant, job.arrival_s, t, req.prompt_tokens, job.uncached))
             cache.insert(req.blocks, req.block_sizes)
             if req.output_tokens > 1:
                 job.entry_step = step

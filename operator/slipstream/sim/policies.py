@@ -56,13 +56,31 @@ class Setting:
 
 
 @dataclass(frozen=True, slots=True)
+class FirstToken:
+    """One request whose first token came out: what the engine's metrics record of it."""
+
+    tenant: str
+    arrival_s: float
+    first_token_s: float
+    prompt_tokens: int
+    uncached_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class RoundView:
-    """What a controller sees at the start of a round (plain data)."""
+    """What a controller sees at the start of a round (plain data).
+
+    ``first_tokens`` are the requests whose first token came since the controller's last
+    call (what Prometheus's histograms would have gained); the other fields are the
+    engine's internal state, which no real controller can see: ``auto`` uses only
+    ``now_s`` and ``first_tokens``.
+    """
 
     now_s: float
     waiting_needs: tuple[int, ...]
     partial_needs: tuple[int, ...]
     decoding: int
+    first_tokens: tuple[FirstToken, ...] = ()
 
 
 class Controller(Protocol):
@@ -213,4 +231,4 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
     return policy
 
 
-__all__ = ["MODES", "ORDERS", "EngineConfig", "Policy", "PolicyError", "RoundView", "Setting", "parse"]
+__all__ = ["MODES", "ORDERS", "EngineConfig", "FirstToken", "Policy", "PolicyError", "RoundView", "Setting", "parse"]

@@ -116,7 +116,7 @@ observer's queries accept both spellings, this keeps what a person types in the 
 """
 
 
-def _static_job(index: int, target: StaticTarget) -> dict[str, Any]:
+def _static_job(index: int, target: StaticTarget, relabel: list[dict[str, Any]]) -> dict[str, Any]:
     labels = {
         "namespace": target.namespace,
         "pod": target.pod,
@@ -127,11 +127,11 @@ def _static_job(index: int, target: StaticTarget) -> dict[str, Any]:
         "job_name": f"static-{index}",
         "metrics_path": target.metrics_path,
         "static_configs": [{"targets": [target.address], "labels": labels}],
-        "metric_relabel_configs": [SGLANG_NAME_RELABEL],
+        "metric_relabel_configs": relabel,
     }
 
 
-def _pod_job(discovery: PodDiscovery) -> dict[str, Any]:
+def _pod_job(discovery: PodDiscovery, relabel: list[dict[str, Any]]) -> dict[str, Any]:
     sd: dict[str, Any] = {"role": "pod", "kubeconfig_file": str(discovery.kubeconfig)}
     if discovery.namespaces:
         sd["namespaces"] = {"names": list(discovery.namespaces)}
@@ -164,7 +164,7 @@ def _pod_job(discovery: PodDiscovery) -> dict[str, Any]:
             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
             {"source_labels": [name_meta], "target_label": "servingdeployment"},
         ],
-        "metric_relabel_configs": [SGLANG_NAME_RELABEL],
+        "metric_relabel_configs": relabel,
     }
 
 
@@ -173,14 +173,20 @@ def render_config(
     scrape_interval_s: float,
     static: Sequence[StaticTarget] = (),
     discovery: PodDiscovery | None = None,
+    normalize_sglang_names: bool = True,
 ) -> dict[str, Any]:
-    """The server's config as a dict (pure: tests read it, start() writes it as YAML)."""
+    """The server's config as a dict (pure: tests read it, start() writes it as YAML).
+
+    ``normalize_sglang_names=False`` stores names as scraped (``sglang_x`` from
+    prometheus_client over OpenMetrics), as a Prometheus without our relabeling would.
+    """
     if scrape_interval_s <= 0:
         raise ValueError(f"scrape_interval_s must be > 0, got {scrape_interval_s}")
     interval = _duration(scrape_interval_s)
-    jobs = [_static_job(i, t) for i, t in enumerate(static)]
+    relabel = [SGLANG_NAME_RELABEL] if normalize_sglang_names else []
+    jobs = [_static_job(i, t, relabel) for i, t in enumerate(static)]
     if discovery is not None:
-        jobs.append(_pod_job(discovery))
+        jobs.append(_pod_job(discovery, relabel))
     return {
         "global": {
             "scrape_interval": interval,
@@ -214,6 +220,7 @@ class PrometheusServer:
         ready_deadline_s: float = READY_DEADLINE_S,
         port: int | None = None,
         keep_data: bool = False,
+        normalize_sglang_names: bool = True,
     ) -> PrometheusServer:
         """Start a server whose files live in ``workdir``; return once /-/ready answers 200.
 
@@ -228,7 +235,12 @@ class PrometheusServer:
         config = workdir / "prometheus.yml"
         config.write_text(
             yaml.safe_dump(
-                render_config(scrape_interval_s=scrape_interval_s, static=static, discovery=discovery),
+                render_config(
+                    scrape_interval_s=scrape_interval_s,
+                    static=static,
+                    discovery=discovery,
+                    normalize_sglang_names=normalize_sglang_names,
+                ),
                 sort_keys=False,
             )
         )

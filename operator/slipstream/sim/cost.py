@@ -1,6 +1,6 @@
 """Roofline cost of one forward pass (one scheduler round).
 
-    time = overhead + max(compute, memory) + host load-back
+    time = overhead(kind of pass) + max(compute, memory) + host load-back
     compute = linear FLOPs of every token in the round / peak
             + attention FLOPs (each token against its whole context) / attention rate
     memory  = (weights + KV cache read by the round) / bandwidth
@@ -44,7 +44,7 @@ class CostModel:
         self.weights_s = profile.weight_bytes / profile.mem_bandwidth
         self.kv_s = profile.kv_bytes_per_token / profile.mem_bandwidth
         self.overhead_s = profile.overhead_s
-        self.overheads = (profile.overhead_s, profile.overhead_s, profile.overhead_s)
+        self.overheads = (profile.overhead_s, profile.decode_overhead_s, profile.mixed_overhead_s)
         """Fixed cost per kind of pass, indexed by PREFILL, DECODE, MIXED."""
         self.host_s = (
             profile.kv_bytes_per_token / profile.host_bandwidth if profile.host_bandwidth else 0.0

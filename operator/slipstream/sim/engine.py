@@ -106,6 +106,21 @@ class SimResult:
     passes: int
     rounds: list[RoundRecord] = field(default_factory=list)
     settings: list[tuple[float, Setting]] = field(default_factory=list)
+    busy_s: float = 0.0
+    """Seconds of every pass (prefill, decode and mixed)."""
+    step_gaps: list[float] = field(default_factory=list)
+    """Time from each decode step to the one before it..."""
+    step_weights: list[int] = field(default_factory=list)
+    """...and how many streams had that gap (those in both steps): every inter-token gap
+    of the run is one of these or one of ``entry_gaps``, without per-stream work."""
+    entry_gaps: list[float] = field(default_factory=list)
+    """Each stream's gap from its first token to its first decode step."""
+    kv_pool_tokens: int | None = None
+    """The KV pool the run had (None = unlimited)."""
+    peak_kv_tokens: int = 0
+    """Most KV tokens in use at once (running requests' context)."""
+    retractions: int = 0
+    """Decoding requests retracted because the pool ran out."""
 
 
 # The cache steps of a request's life, shared by the engine and rate.solo_busy_s.
@@ -187,6 +202,8 @@ class Engine:
         """Seconds of passes that carried prefill work."""
         self.prefill_tokens = 0
         self.passes = 0
+        self.busy_s = 0.0
+        """Seconds of every pass."""
         self._pending: deque[Job] = deque()
         self._arrived = 0
         self._partials: list[Job] = []
@@ -198,6 +215,10 @@ class Engine:
         self._dec_heap: list[tuple[int, int, Job]] = []
         self._dtimes: list[float] = []
         self._dgaps: list[float] = []
+        self._dweights: list[int] = []
+        self._entered = 0
+        """Streams that started decoding since the last decode step."""
+        self._entry_gaps: list[float] = []
 
     # ---- the API ---------------------------------------------------------------------
 
@@ -350,6 +371,7 @@ class Engine:
                 self.rounds.append(RoundRecord(t, t + dt, (), self.decoding))
             t += dt
             self.now_s = t
+            self.busy_s += dt
             self.passes += 1
             self._decode_step(t)
             if queue.items or self._partials or not self.decoding or t >= next_event or t > until_s:
@@ -393,6 +415,7 @@ class Engine:
         t += dt
         self.now_s = t
         self.prefill_busy_s += dt
+        self.busy_s += dt
         self.passes += 1
         if decoding_here:
             self._decode_step(t)
@@ -415,6 +438,7 @@ class Engine:
             job._times = self._dtimes
             heapq.heappush(self._dec_heap, (step + req.output_tokens - 1, job.seq, job))
             self.decoding += 1
+            self._entered += 1
             self._ctx_sum += req.prompt_tokens + 1
         else:
             job.finished_s = t
@@ -423,6 +447,8 @@ class Engine:
         """Every running stream got one more token at ``t``; retire the finished ones."""
         dtimes = self._dtimes
         self._dgaps.append(t - dtimes[-1] if dtimes else 0.0)
+        self._dweights.append(self.decoding - self._entered)
+        self._entered = 0
         dtimes.append(t)
         self._ctx_sum += self.decoding
         step = len(dtimes)
@@ -434,6 +460,7 @@ class Engine:
             last, _, job = heapq.heappop(heap)
             e = job.entry_step
             first_gap = dtimes[e] - job.first_token_s
+            self._entry_gaps.append(first_gap)
             rest = max(dgaps[e + 1 : last], default=0.0)
             job.max_itl_s = first_gap if first_gap > rest else rest
             job.finished_s = dtimes[last - 1]
@@ -446,7 +473,8 @@ class Engine:
         makespan = self.now_s - (reqs[0].arrival_s if reqs else 0.0)
         return SimResult(workload, self.policy.name, self.start_threshold, self.config,
                          self.profile, self.jobs, makespan, self.prefill_busy_s,
-                         self.prefill_tokens, self.passes, self.rounds, self.settings)
+                         self.prefill_tokens, self.passes, self.rounds, self.settings,
+                         self.busy_s, self._dgaps, self._dweights, self._entry_gaps)
 
 
 def simulate(

@@ -52,8 +52,12 @@ def policy_for(setting: Setting, config: EngineConfig) -> policies.Policy:
 
 
 def make_driver(setting: Setting, profile: Profile, config: EngineConfig) -> Driver:
-    """The twin engine for one simulated pod."""
-    return ReplayEngine(setting, profile, config)
+    """The twin engine for one simulated pod: the steppable Engine where the twin has it."""
+    steppable = getattr(engine, "Engine", None)
+    if steppable is None:
+        return ReplayEngine(setting, profile, config)
+    driven: Driver = steppable(policy_for(setting, config), profile, config)
+    return driven
 
 
 class ReplayJob:

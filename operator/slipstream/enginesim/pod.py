@@ -116,6 +116,15 @@ class SimPod:
         self._wake.set()
         return tracked
 
+    def abort(self, tracked: Tracked) -> bool:
+        """The client went away before its first token: drop the request if the twin has
+        not given it any tokens yet (as SGLang aborts it); True if it was dropped."""
+        abort = getattr(self.driver, "abort", None)
+        if tracked.first.is_set() or abort is None or not abort(tracked.rid):
+            return False
+        self._pending.remove(tracked)
+        return True
+
     def set_state(self, updates: dict[str, object]) -> str | None:
         """/set_internal_state: the refusal's reason, or None once applied to the twin."""
         live, reason = admin.apply_updates(self.live, updates, self.cfg.chunked_prefill_size,

@@ -172,11 +172,15 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
         labels = bodies.tenant_labels(request.headers.get(pod.cfg.labels_header), pod.cfg.allowed_labels)
         tracked = pod.submit(inc, labels)
         shape = shapes.Shapes(kind, tracked.rid, pod.cfg.model_name, inc)
-        if not inc.stream:
-            await _until(pod, tracked.done)
-            return web.json_response(shape.full(tracked.job.cached, tracked.e2e_s),
-                                     headers={TTFT_HEADER: f"{tracked.ttft_s:.6f}"})
-        return await _stream(request, pod, tracked, shape)
+        try:
+            if not inc.stream:
+                await _until(pod, tracked.done)
+                return web.json_response(shape.full(tracked.job.cached, tracked.e2e_s),
+                                         headers={TTFT_HEADER: f"{tracked.ttft_s:.6f}"})
+            return await _stream(request, pod, tracked, shape)
+        except asyncio.CancelledError:  # the client went away
+            pod.abort(tracked)
+            raise
 
     return handle
 

@@ -1,4 +1,5 @@
-"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``run`` (the operator).
+"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``run`` (the operator),
+``engine-sim`` (a simulated engine pod) and ``load`` (trace replay against engines).
 
 Every error is one line on stderr naming what is wrong (file:line and field for traces
 and specs) and exit status 2; nothing is written when a run fails.
@@ -16,8 +17,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream.enginesim import flags as enginesim_flags
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
-from slipstream.sim.workload import Workload, merge
+from slipstream.sim.workload import Workload
 
 DEFAULT_PROFILE = "kimi-k3-8xh200"
 DEFAULT_UTILIZATION = 0.7
@@ -95,6 +97,39 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="kopf peering object name (default: standalone)")
     run.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
     run.set_defaults(func=cmd_run)
+
+    esim = sub.add_parser("engine-sim", allow_abbrev=False,
+                          help="an HTTP server that behaves like the patched engine, driven by the twin",
+                          description="Takes an engine pod's launch_server flags; other "
+                          "launch_server flags are accepted and ignored (one stderr line).")
+    enginesim_flags.add_arguments(esim)
+    esim.set_defaults(func=cmd_engine_sim, takes_unknown=True)
+
+    load = sub.add_parser("load", help="replay traces against OpenAI-compatible servers, "
+                          "printing per-tenant TTFT as it goes")
+    load.add_argument("--trace", action="append", required=True, metavar="PATH",
+                      help="a Mooncake .jsonl or Azure .csv trace; repeat for more tenants")
+    load.add_argument("--tenant", action="append", default=[], metavar="NAME",
+                      help="tenant of the matching --trace (default: the file stem)")
+    load.add_argument("--target", action="append", required=True, metavar="URL",
+                      help="base URL of a server, e.g. http://127.0.0.1:30000; repeat to spread")
+    load.add_argument("--time-scale", type=float, default=1.0, metavar="S",
+                      help="trace seconds per wall second (match the engines' --time-scale)")
+    load.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+                      help="make arrivals X times as dense")
+    load.add_argument("--duration", type=float, metavar="S",
+                      help="stop sending after S wall seconds")
+    load.add_argument("--max-requests", type=int, metavar="N", help="send at most N requests")
+    load.add_argument("--header", action="append", default=[], metavar="K:V",
+                      help="extra HTTP header on every request (repeatable)")
+    load.add_argument("--model", default="default", help="model field of the requests")
+    load.add_argument("--prompt", choices=("words", "field"), default="words",
+                      help="words: a prompt of as many words as the trace's tokens (for real "
+                      "servers); field: a one-word prompt, sizes only in the slipstream field")
+    load.add_argument("--report-every", type=float, default=5.0, metavar="S",
+                      help="wall seconds between per-tenant TTFT lines")
+    load.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    load.set_defaults(func=cmd_load)
     return parser
 
 
@@ -102,18 +137,11 @@ def load_workload(args: argparse.Namespace) -> Loaded:
     chosen = [bool(args.scenario), bool(args.trace), bool(args.workload)]
     if sum(chosen) != 1:
         raise CliError("give exactly one of --scenario NAME, --trace PATH (repeatable), --workload SPEC")
-    if args.tenant and len(args.tenant) != len(args.trace):
-        raise CliError(f"--tenant given {len(args.tenant)} times for {len(args.trace)} --trace")
     profile_name = args.profile
     config = policies.EngineConfig()
     is_scenario = False
     if args.trace:
-        parts = [traces.load(path, args.tenant[k] if args.tenant else None, tenant_index=k + 1)
-                 for k, path in enumerate(args.trace)]
-        names = [w.name for w in parts]
-        if len(set(names)) != len(names):
-            raise CliError(f"two traces share the tenant name {names}: name them with --tenant")
-        workload = merge("+".join(names), parts) if len(parts) > 1 else parts[0]
+        workload = traces.load_many(args.trace, args.tenant)
         source_key, source = "traces", list(args.trace)
     else:
         loaded = spec.load_builtin(args.scenario) if args.scenario else spec.load(args.workload)
@@ -250,6 +278,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engine_sim(args: argparse.Namespace) -> int:
+    from slipstream.enginesim import server
+
+    return server.main(args, args.unknown)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from slipstream.enginesim import load
+
+    return load.main(args)
+
+
 def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[str, float]]:
     trace_span = workload.span_s * workload.rate_scale
     return {name: {"wall_s": wall, "x_real_time_trace": trace_span / wall,
@@ -259,7 +299,10 @@ def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_unknown", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.unknown = unknown
     try:
         return int(args.func(args))
     except (CliError, ValueError, OSError) as exc:

@@ -16,7 +16,9 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 7. the best differs from the current setting and its predicted gain clears the margin
    (relative ``min_gain`` and absolute ``min_gain_abs``): Move, with the recommendation's
    one-line reason. This holds even when no candidate meets every target: the best effort
-   still serves the tenants better, and the reason says which targets it misses;
+   still serves the tenants better, and the reason says which targets it misses. Also a
+   Move: the best is simpler than the current setting (less concurrency, fcfs, ceiling)
+   and predicts within ``simplify_tolerance`` of it (uniform traffic returns to off);
 8. no allowed candidate meets the targets and the long-prompt bound: ``Infeasible`` (the
    user's targets are out of reach of any setting; status says so);
 9. the best is the current setting: Hold ``AtBest``;
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
-from slipstream.tune.candidates import TuningSpec
+from slipstream.tune.candidates import TuningSpec, simplicity
 from slipstream.tune.recommend import Recommendation, describe
 
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
@@ -58,6 +60,11 @@ class GuardrailSettings:
     min_gain_abs: float = 0.5
     """Least absolute predicted improvement (slowdown units, or seconds for the TTFT
     objective): 20% of a slowdown of 1.5 is not worth a rollout."""
+    simplify_tolerance: float = 0.05
+    """Relative band (fraction) within which a simpler setting (less concurrency, fcfs,
+    ceiling) counts as predicting as well as the current one: the tuner then steps back to
+    it without a gain, so uniform traffic returns to off. Same band as the recommender's
+    ties; far below ``min_gain``, so stepping back and forth needs a real change of mix."""
     cooldown_s: float = 600.0
     """Least time between two steps, seconds (``spec.tuning.cooldownSeconds``): a step's
     effect must show in the metrics window before the next is judged."""
@@ -66,7 +73,7 @@ class GuardrailSettings:
     interval even with no cooldown."""
 
     def __post_init__(self) -> None:
-        if self.min_samples < 1 or self.min_gain < 0 or self.min_gain_abs < 0:
+        if self.min_samples < 1 or min(self.min_gain, self.min_gain_abs, self.simplify_tolerance) < 0:
             raise ValueError("min_samples must be >= 1 and the gain margins >= 0")
         if self.cooldown_s < 0 or self.interval_s <= 0:
             raise ValueError("cooldown_s must be >= 0 and interval_s > 0")
@@ -156,6 +163,9 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
     new = rec.best.objective(rec.objective)
     if best != state.current and cur - new >= settings.min_gain_abs and rec.gain >= settings.min_gain:
         return Move(state.current, best, rec.reason, rec)
+    if (best != state.current and new <= cur * (1 + settings.simplify_tolerance)
+            and simplicity(best, c) < simplicity(state.current, c)):
+        return Move(state.current, best, f"{rec.reason}; the simpler setting predicts as well", rec)
     if not rec.feasible:
         return Infeasible(f"no setting within concurrency {spec.min_concurrency}-{spec.max_concurrency} "
                           f"meets every target and the long-prompt bound: {rec.reason}", rec)

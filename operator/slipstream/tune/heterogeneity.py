@@ -16,8 +16,9 @@ queueing that comes from the *spread* of prefill costs, the part an admission or
 into [0, 1): 0 when every prompt costs the same (uniform traffic: nothing to gain from
 reordering), 0.5 for exponential sizes, and close to 1 when a few long cold prompts
 carry most of the prefill work (a 600K-token document among 2K-token chats). Weighting
-by cost rather than tokens makes attention's quadratic term count: a 100K-token prompt
-costs more than 50 times a 2K one.
+by cost rather than tokens counts what the engine actually spends: the fixed per-pass
+overhead makes short prompts dearer than their tokens, attention over the context makes
+long ones dearer (on kimi-k3-8xh200 a 2K prompt takes 0.12 s alone, a 100K one 4.7 s).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from slipstream.localkube import (
     binaries,
@@ -38,6 +39,7 @@ from slipstream.localkube import (
     kubeconfig,
     nodes,
     pki,
+    podcidr,
     ports,
     processes,
 )
@@ -111,9 +113,13 @@ class Cluster:
         ca_pem: bytes,
         running: list[processes.Component],
         node_names: list[str] | None = None,
+        pod_cidr: podcidr.PodCidrLease | None = None,
+        admin_context: ssl.SSLContext | None = None,
     ) -> None:
         """Wrap already running components; use Cluster.start() to make one."""
         self._node_names = list(node_names or [])
+        self._pod_cidr = pod_cidr
+        self._admin_context = admin_context
         self.workdir = workdir
         self.bin_dir = bin_dir
         self.server = server
@@ -148,13 +154,18 @@ class Cluster:
         workdir = workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         certs, ca = _make_certs(workdir / "pki")
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                return cls._start_once(workdir, bin_dir, certs, ca, tuple(node_pools))
-            except processes.ComponentError as exc:
-                if ports.ADDRESS_IN_USE not in str(exc) or attempt == START_ATTEMPTS:
-                    raise
-                log.warning("localkube: a port was taken, retrying start-up (%s)", attempt)
+        cidr = podcidr.lease()
+        try:
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    return cls._start_once(workdir, bin_dir, certs, ca, tuple(node_pools), cidr)
+                except processes.ComponentError as exc:
+                    if ports.ADDRESS_IN_USE not in str(exc) or attempt == START_ATTEMPTS:
+                        raise
+                    log.warning("localkube: a port was taken, retrying start-up (%s)", attempt)
+        except BaseException:
+            cidr.release()
+            raise
         raise AssertionError("unreachable")
 
     @classmethod
@@ -165,6 +176,7 @@ class Cluster:
         certs: components.Certs,
         ca: pki.CertificateAuthority,
         node_pools: tuple[nodes.NodePool, ...],
+        cidr: podcidr.PodCidrLease,
     ) -> Cluster:
         port_list = ports.free_ports(6)
         port = components.Ports(*port_list)
@@ -251,7 +263,9 @@ class Cluster:
             kwok_home.mkdir(exist_ok=True)
             kwok = launch(
                 "kwok",
-                components.kwok(bin_dir, cert_kubeconfig("kwok", KWOK_USER, kwok_client), port),
+                components.kwok(
+                    bin_dir, cert_kubeconfig("kwok", KWOK_USER, kwok_client), port, cidr.cidr
+                ),
                 f"http://{ports.LOOPBACK}:{port.kwok}/healthz",
                 KWOK_READY_S,
                 # kwok also reads ~/.kwok/kwok.yaml when it exists: a HOME of its
@@ -266,6 +280,8 @@ class Cluster:
                 ca_pem=ca.cert_pem,
                 running=running,
                 node_names=nodes.names(node_pools),
+                pod_cidr=cidr,
+                admin_context=admin_context,
             )
         except BaseException:
             _stop_all(running)
@@ -317,7 +333,11 @@ class Cluster:
         """Stop every component, newest first; safe to call more than once."""
         atexit.unregister(self.stop)
         running, self._components = self._components, []
-        _stop_all(running)
+        try:
+            _stop_all(running)
+        finally:
+            if self._pod_cidr is not None:
+                self._pod_cidr.release()
 
     def __enter__(self) -> Cluster:
         return self
@@ -341,11 +361,30 @@ class Cluster:
         return list(self._node_names)
 
     @property
+    def pod_cidr(self) -> str | None:
+        """The loopback range kwok gives pod IPs from (see localkube.podcidr)."""
+        return self._pod_cidr.cidr if self._pod_cidr is not None else None
+
+    @property
     def log_dir(self) -> Path:
         """Directory of the components' logs (one file each)."""
         return self.workdir / "logs"
 
     # -- clients ------------------------------------------------------------
+
+    def get_json(self, path: str, timeout_s: float = health.REQUEST_TIMEOUT_S) -> Any:
+        """GET ``path`` (e.g. ``/api/v1/pods``) from the apiserver as the admin; parsed JSON.
+
+        For the in-process helpers (the engine-pod runner, the load's target
+        list) that poll the apiserver often: a kubectl process per read would
+        cost more CPU than the rest of the loop on a two-core machine.
+        """
+        if self._admin_context is None:
+            raise RuntimeError("this Cluster handle has no admin credentials")
+        with urllib.request.urlopen(
+            f"{self.server}{path}", timeout=timeout_s, context=self._admin_context
+        ) as response:
+            return json.load(response)
 
     def kubectl(
         self,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream.localkube import supervisor
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
 from slipstream.sim.workload import Workload, merge
 
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="kopf peering object name (default: standalone)")
     run.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
     run.set_defaults(func=cmd_run)
+
+    supervisor.add_parser(sub)
     return parser
 
 
@@ -261,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except (CliError, ValueError, OSError) as exc:
+    except (CliError, supervisor.ClusterCommandError, ValueError, OSError) as exc:
         print(f"slipstream: error: {exc}", file=sys.stderr)
         return 2
 

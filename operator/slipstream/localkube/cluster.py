@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from slipstream.localkube import (
+    apiread,
     binaries,
     components,
     health,
@@ -119,7 +120,9 @@ class Cluster:
         """Wrap already running components; use Cluster.start() to make one."""
         self._node_names = list(node_names or [])
         self._pod_cidr = pod_cidr
-        self._admin_context = admin_context
+        self._reader = (
+            apiread.ApiReader(server, admin_context) if admin_context is not None else None
+        )
         self.workdir = workdir
         self.bin_dir = bin_dir
         self.server = server
@@ -372,19 +375,14 @@ class Cluster:
 
     # -- clients ------------------------------------------------------------
 
-    def get_json(self, path: str, timeout_s: float = health.REQUEST_TIMEOUT_S) -> Any:
+    def get_json(self, path: str) -> Any:
         """GET ``path`` (e.g. ``/api/v1/pods``) from the apiserver as the admin; parsed JSON.
 
-        For the in-process helpers (the engine-pod runner, the load's target
-        list) that poll the apiserver often: a kubectl process per read would
-        cost more CPU than the rest of the loop on a two-core machine.
+        For the in-process helpers that poll often (see localkube.apiread).
         """
-        if self._admin_context is None:
+        if self._reader is None:
             raise RuntimeError("this Cluster handle has no admin credentials")
-        with urllib.request.urlopen(
-            f"{self.server}{path}", timeout=timeout_s, context=self._admin_context
-        ) as response:
-            return json.load(response)
+        return self._reader.get_json(path)
 
     def kubectl(
         self,

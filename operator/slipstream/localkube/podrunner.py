@@ -427,25 +427,64 @@ class PodRunner:
                 for e in self._running.values()
             ]
 
-    def ready_urls(self, namespace: str, selector: Mapping[str, str]) -> list[str]:
-        """Base URLs of the ready simulators whose pods match ``selector`` in ``namespace``.
-
-        What kube-proxy would route a Service to: pods are listed through the
-        apiserver by the Service's selector, and the ready ones (simulator
-        answering /health) are kept.
-        """
-        query = urllib.parse.quote(",".join(f"{k}={v}" for k, v in sorted(selector.items())))
-        pods = self._get_json(f"/api/v1/namespaces/{namespace}/pods?labelSelector={query}")
-        uids = {p["metadata"]["uid"] for p in pods["items"]}
-        with self._lock:
-            return sorted(e.spec.url for u, e in self._running.items() if u in uids and e.ready)
-
     def _write_state(self) -> None:
         if self.state_path is None:
             return
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"simulators": self.simulators()}, indent=1))
         tmp.replace(self.state_path)
+
+
+class ServiceTargets:
+    """The ready engine pods behind a Service, as base URLs: the test's kube-proxy.
+
+    The apiserver refuses loopback addresses in EndpointSlices, so an engine
+    Service here has no endpoints. A call lists the pods matching the Service's
+    selector through the apiserver and keeps those that are Running with a
+    loopback IP and answer ``/health`` on their container port; the answer is
+    reused for ``refresh_s`` seconds, so the load generator may call it per
+    request. Works from any process (it needs no PodRunner).
+    """
+
+    def __init__(
+        self,
+        get_json: Callable[[str], Any],
+        namespace: str,
+        selector: Mapping[str, str],
+        *,
+        refresh_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._get_json = get_json
+        self.namespace = namespace
+        self.selector = dict(selector)
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._urls: list[str] = []
+        self._at: float | None = None
+
+    def __call__(self) -> list[str]:
+        now = self._clock()
+        if self._at is None or now - self._at >= self.refresh_s:
+            self._urls = self.refresh()
+            self._at = now
+        return list(self._urls)
+
+    def refresh(self) -> list[str]:
+        query = urllib.parse.quote(",".join(f"{k}={v}" for k, v in sorted(self.selector.items())))
+        pods = self._get_json(f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={query}")
+        urls = []
+        for pod in pods["items"]:
+            status = pod.get("status", {})
+            ip = status.get("podIP", "")
+            if pod["metadata"].get("deletionTimestamp") or status.get("phase") != "Running":
+                continue
+            if not is_loopback(ip):
+                continue
+            url = f"http://{ip}:{engine_port(pod['spec']['containers'][0])}"
+            if _healthy(url):
+                urls.append(url)
+        return sorted(urls)
 
 
 def _healthy(url: str) -> bool:

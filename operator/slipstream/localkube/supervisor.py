@@ -37,6 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from slipstream.localkube import processes
+
 if TYPE_CHECKING:  # the stack (and its crypto) is imported only by the commands that run it
     from slipstream.localkube import stack as stack_mod
 
@@ -98,16 +100,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # -- the supervisor -------------------------------------------------------------------------
@@ -321,7 +313,7 @@ def _kill_recorded(state: dict[str, Any]) -> list[str]:
     """SIGKILL every recorded process group still alive; return their names."""
     left = []
     for name, pid in state.get("pids", {}).items():
-        if int(pid) > 1 and group_alive(int(pid)):
+        if int(pid) > 1 and processes.group_alive(int(pid)):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
             left.append(name)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream.demo import driver
 from slipstream.localkube import supervisor
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
 from slipstream.sim.workload import Workload, merge
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     supervisor.add_parser(sub)
+    driver.add_parser(sub)
     return parser
 
 

@@ -375,14 +375,19 @@ class Cluster:
 
     # -- clients ------------------------------------------------------------
 
+    @property
+    def reader(self) -> apiread.ApiReader:
+        """The admin's apiserver reader (GET, parsed JSON)."""
+        if self._reader is None:
+            raise RuntimeError("this Cluster handle has no admin credentials")
+        return self._reader
+
     def get_json(self, path: str) -> Any:
         """GET ``path`` (e.g. ``/api/v1/pods``) from the apiserver as the admin; parsed JSON.
 
         For the in-process helpers that poll often (see localkube.apiread).
         """
-        if self._reader is None:
-            raise RuntimeError("this Cluster handle has no admin credentials")
-        return self._reader.get_json(path)
+        return self.reader.get_json(path)
 
     def kubectl(
         self,

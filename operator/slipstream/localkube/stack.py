@@ -49,6 +49,9 @@ list of every watched resource take ~5-20 s on a loaded two-core machine."""
 
 CRD_ESTABLISHED_S = "60s"
 
+SCRAPE_INTERVAL_S = 1.0
+"""Prometheus scrapes every engine each second: the loop's intervals are seconds."""
+
 
 class PrometheusServer(Protocol):
     """What the stack needs of localkube.prometheus's server handle."""
@@ -84,9 +87,11 @@ class StackOptions:
 class Stack:
     """A running stack; make one with Stack.start()."""
 
-    def __init__(self, cluster: cluster_mod.Cluster, options: StackOptions) -> None:
+    def __init__(self, cluster: cluster_mod.Cluster, options: StackOptions, *, owns_cluster: bool) -> None:
         self.cluster = cluster
         self.options = options
+        self.owns_cluster = owns_cluster
+        self._installed = False
         self.prometheus: PrometheusServer | None = None
         self.operator: processes.Component | None = None
         self.operator_kubeconfig: Path | None = None
@@ -95,13 +100,27 @@ class Stack:
     @classmethod
     def start(cls, workdir: Path, options: StackOptions | None = None) -> Stack:
         """Start every part in order; on any failure stop what started and re-raise."""
+        cluster = cluster_mod.Cluster.start(workdir)
+        try:
+            return cls.attach(cluster, options, owns_cluster=True)
+        except BaseException:
+            cluster.stop()
+            raise
+
+    @classmethod
+    def attach(
+        cls, cluster: cluster_mod.Cluster, options: StackOptions | None = None, *, owns_cluster: bool = False
+    ) -> Stack:
+        """Start the rest of the stack on a running cluster (the cluster tests' fixture).
+
+        ``stop()`` then leaves the cluster running unless ``owns_cluster``.
+        """
         options = options or StackOptions()
         t0 = time.monotonic()
-        cluster = cluster_mod.Cluster.start(workdir)
-        stack = cls(cluster, options)
+        stack = cls(cluster, options, owns_cluster=owns_cluster)
         try:
             if options.prometheus:
-                stack.prometheus = start_prometheus(cluster)
+                stack.prometheus = start_prometheus(cluster, options.engine_namespace)
                 log.info("stack: prometheus at %s", stack.prometheus.url)
             stack.runner = podrunner.PodRunner(
                 cluster.get_json,
@@ -124,6 +143,7 @@ class Stack:
 
     def install_chart(self) -> None:
         """``helm install`` the chart and wait for its CRDs to be served."""
+        self._installed = True
         sets = [f"--set={value}" for value in self.options.helm_values]
         self.cluster.helm(
             "install", RELEASE, str(self.options.chart),
@@ -133,6 +153,11 @@ class Stack:
             "wait", "--for=condition=Established", f"--timeout={CRD_ESTABLISHED_S}",
             "crd/servingdeployments.serving.slipstream.dev",
         )  # fmt: skip
+
+    def uninstall_chart(self) -> None:
+        """``helm uninstall`` (a shared cluster's next user installs its own)."""
+        self._installed = False
+        self.cluster.helm("uninstall", RELEASE, f"--namespace={RELEASE_NAMESPACE}", "--wait", check=False)
 
     def start_operator(self) -> None:
         """The operator as a process with the chart ServiceAccount's token; waits until healthy."""
@@ -165,12 +190,12 @@ class Stack:
     def stop(self) -> None:
         """Stop every part, newest first; safe to call more than once."""
         errors: list[BaseException] = []
-        for stop in (
-            self.stop_operator,
-            self._stop_runner,
-            self._stop_prometheus,
-            self.cluster.stop,
-        ):
+        steps = [self.stop_operator, self._stop_runner, self._stop_prometheus]
+        if self.owns_cluster:
+            steps.append(self.cluster.stop)
+        elif self._installed:
+            steps.append(self.uninstall_chart)
+        for stop in steps:
             try:
                 stop()
             except Exception as exc:  # noqa: BLE001 - stop the rest, then report
@@ -226,8 +251,13 @@ class Stack:
         }
 
 
-def start_prometheus(cluster: cluster_mod.Cluster) -> PrometheusServer:
-    """Prometheus scraping every engine pod of ``cluster`` each second (localkube.prometheus)."""
-    from slipstream.localkube import prometheus  # the observe part's server handle
+def start_prometheus(cluster: cluster_mod.Cluster, namespace: str | None) -> PrometheusServer:
+    """Prometheus finding the engine pods through the apiserver, scraping each every second."""
+    from slipstream.localkube import prometheus
 
-    return prometheus.start_for_cluster(cluster)  # type: ignore[no-any-return]
+    discovery = prometheus.PodDiscovery(
+        kubeconfig=cluster.kubeconfig, namespaces=(namespace,) if namespace else ()
+    )
+    return prometheus.PrometheusServer.start(
+        cluster.workdir / "prometheus", scrape_interval_s=SCRAPE_INTERVAL_S, discovery=discovery
+    )

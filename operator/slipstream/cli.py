@@ -18,7 +18,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream.demo import driver
 from slipstream.enginesim import flags as enginesim_flags
+from slipstream.localkube import supervisor
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
 from slipstream.sim.workload import Workload
 from slipstream.tune import auto, codec, observed, recommend
@@ -171,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wall seconds between per-tenant TTFT lines")
     load.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     load.set_defaults(func=cmd_load)
+    supervisor.add_parser(sub)
+    driver.add_parser(sub)
     return parser
 
 
@@ -466,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.unknown = unknown
     try:
         return int(args.func(args))
-    except (CliError, ValueError, OSError) as exc:
+    except (CliError, supervisor.ClusterCommandError, ValueError, OSError) as exc:
         print(f"slipstream: error: {exc}", file=sys.stderr)
         return 2
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -42,14 +43,25 @@ class Workload:
 
     def scaled(self, factor: float) -> Workload:
         """Arrivals ``factor`` times as dense (the clock runs ``factor`` times faster)."""
-        if factor <= 0:
-            raise ValueError(f"rate scale must be > 0, got {factor}")
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"rate scale must be a finite number > 0, got {factor}")
         reqs = tuple(replace(r, arrival_s=r.arrival_s / factor) for r in self.requests)
         return replace(self, requests=reqs, rate_scale=self.rate_scale * factor)
 
 
 def build(name: str, requests: Iterable[Request], description: str = "") -> Workload:
+    """A workload from requests in any order. Loaders name file and line of bad input; this
+    is the last guard for the two that would make the twin loop forever: a non-finite
+    arrival and a request id used twice (the engine keys its allocations by id)."""
     reqs = tuple(sorted(requests, key=lambda r: r.arrival_s))
+    seen: set[str] = set()
+    for r in reqs:
+        if not math.isfinite(r.arrival_s):
+            raise ValueError(f"{name}: request {r.rid!r}: arrival_s must be a finite number, "
+                             f"got {r.arrival_s}")
+        if r.rid in seen:
+            raise ValueError(f"{name}: request id {r.rid!r} is used twice; ids must be unique")
+        seen.add(r.rid)
     tenants = tuple(dict.fromkeys(r.tenant for r in reqs))
     return Workload(name, reqs, 1.0, description, tenants)
 

@@ -22,7 +22,7 @@ from slipstream.demo import driver
 from slipstream.enginesim import flags as enginesim_flags
 from slipstream.localkube import supervisor
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
-from slipstream.sim.workload import Workload
+from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
 from slipstream.tune import auto, codec, observed, recommend
 from slipstream.tune.candidates import TuningSpec
 from slipstream.tune.guardrails import GuardrailSettings
@@ -48,6 +48,10 @@ class Loaded:
     is_scenario: bool
     scale_note: str
     """How the rate scale was chosen; printed (stderr) once the run is known to be valid."""
+    target: float | None = None
+    """--target-utilization in effect (None: --rate-scale or the workload's own clock)."""
+    stock_busy: float | None = None
+    """Stock's simulated prefill busy fraction at the chosen scale, when it was fitted."""
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -67,12 +71,17 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--srpt-aging", type=float, metavar="TOKENS_PER_S",
                    help="aging of the srpt order: a request needing R tokens is never overtaken "
                    "by one arriving more than R/TOKENS_PER_S seconds after it (default 1024)")
+    p.add_argument("--align", choices=ALIGN_MODES, default="truncate",
+                   help="traces of different spans: cut all to the shortest (default) or tile "
+                   "the shorter ones to the longest; said on stderr")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--rate-scale", type=float, metavar="X",
                        help="make arrivals X times as dense")
     scale.add_argument("--target-utilization", type=float, metavar="U",
-                       help="pick the rate scale at which stock keeps the prefill budget U busy "
-                       f"(default {DEFAULT_UTILIZATION} for traces)")
+                       help="pick the rate scale at which stock's simulated prefill busy fraction "
+                       f"is U (default {DEFAULT_UTILIZATION} for traces), found by running stock")
+    p.add_argument("--utilization-tolerance", type=float, default=rate.DEFAULT_TOLERANCE,
+                   metavar="D", help="how close --target-utilization must come (default %(default)s)")
 
 
 def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
@@ -183,10 +192,21 @@ def load_workload(args: argparse.Namespace) -> Loaded:
     if sum(chosen) != 1:
         raise CliError("give exactly one of --scenario NAME, --trace PATH (repeatable), --workload SPEC")
     profile_name = args.profile
+    notes: list[str] = []
     config = policies.EngineConfig()
     is_scenario = False
     if args.trace:
-        workload = traces.load_many(args.trace, args.tenant)
+        if args.tenant and len(args.tenant) != len(args.trace):
+            raise CliError(f"--tenant given {len(args.tenant)} times for {len(args.trace)} --trace")
+        parts = [traces.load(path, args.tenant[k] if args.tenant else None, tenant_index=k + 1)
+                 for k, path in enumerate(args.trace)]
+        names = [w.name for w in parts]
+        if len(set(names)) != len(names):
+            raise CliError(f"two traces share the tenant name {names}: name them with --tenant")
+        aligned, align_note = align(parts, args.align)
+        if align_note:
+            notes.append(align_note)
+        workload = merge("+".join(names), aligned) if len(parts) > 1 else parts[0]
         source_key, source = "traces", list(args.trace)
     else:
         loaded = spec.load_builtin(args.scenario) if args.scenario else spec.load(args.workload)
@@ -204,19 +224,43 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         config = replace(config, srpt_aging_tokens_per_s=args.srpt_aging)
     profile = profiles.load(profile_name or DEFAULT_PROFILE)
     target = args.target_utilization
+    stock_busy = None
     if args.rate_scale is not None:
         workload = workload.scaled(args.rate_scale)
+        how = " (--rate-scale)"
     elif target is not None or args.trace:
         target = DEFAULT_UTILIZATION if target is None else target
-        workload = workload.scaled(rate.scale_for_utilization(workload, profile, config, target))
-    if target is not None:
-        how = f" (target prefill utilization {target:.2f})"
-    elif args.rate_scale is not None:
-        how = " (--rate-scale)"
+        workload, stock_busy, how = _fit_rate(workload, profile, config, target,
+                                              args.utilization_tolerance)
     else:
         how = " (the workload's own clock)"
-    note = f"rate scale: {workload.rate_scale:.4g}{how}"
-    return Loaded(workload, source_key, source, config, profile, is_scenario, note)
+    notes.append(f"rate scale: {workload.rate_scale:.4g}{how}")
+    return Loaded(workload, source_key, source, config, profile, is_scenario, "\n".join(notes),
+                  target, stock_busy)
+
+
+def stock_busy_fraction(workload: Workload, profile: profiles.Profile,
+                        config: policies.EngineConfig) -> float:
+    """Stock's simulated prefill busy fraction: prefill pass time over the makespan."""
+    result = engine.simulate(workload, policies.parse("stock", config), profile, config)
+    return result.prefill_busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
+
+
+def _fit_rate(workload: Workload, profile: profiles.Profile, config: policies.EngineConfig,
+              target: float, tolerance: float) -> tuple[Workload, float, str]:
+    """The workload at the scale where stock's simulated busy fraction meets the target."""
+    start = time.perf_counter()
+    guess = rate.scale_for_utilization(workload, profile, config, target)
+    fit = rate.fit_scale(target, guess,
+                         lambda x: stock_busy_fraction(workload.scaled(x), profile, config),
+                         tolerance)
+    wall = time.perf_counter() - start
+    runs = len(fit.runs)
+    how = (f" (target utilization {target:.2f} +- {tolerance:g}: stock's simulated prefill busy "
+           f"fraction {fit.busy:.3f}; {runs} stock run{'s' if runs > 1 else ''}, {wall:.1f} s)")
+    if not fit.converged:
+        how += f"; NOT within the tolerance after {runs} runs: the closest is used"
+    return workload.scaled(fit.scale), fit.busy, how
 
 
 def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
@@ -341,13 +385,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plots.ttft_cdfs(results, Path(args.plot), f"{loaded.workload.name}: TTFT per policy")
     if args.json:
         out = report.bench_json(loaded.workload.name, loaded.workload.rate_scale, summaries)
+        out["target_utilization"] = loaded.target
+        out["stock_busy_fraction"] = loaded.stock_busy
         if args.speed:
             out["speed"] = _speed_rows(loaded.workload, walls)
         print(json.dumps(out, indent=1))
         return 0
     print(f"workload {loaded.workload.name}: {n} requests, {len(loaded.workload.tenants)} tenant(s), "
-          f"rate scale {loaded.workload.rate_scale:.4g}, profile {loaded.profile.name}, "
-          f"C = {loaded.config.chunked_prefill_size}")
+          f"rate scale {loaded.workload.rate_scale:.4g}{_load_words(loaded)}, "
+          f"profile {loaded.profile.name}, C = {loaded.config.chunked_prefill_size}")
     print(report.comparison_table(summaries))
     print(report.column_legend())
     for name, summary in summaries.items():
@@ -433,6 +479,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.time:
         print(f"time: {elapsed:.3f} s for {len(rec.predictions)} candidates on one core")
     return 0
+
+
+def _load_words(loaded: Loaded) -> str:
+    if loaded.target is None or loaded.stock_busy is None:
+        return ""
+    return (f" (target utilization {loaded.target:.2f}, stock's simulated prefill busy "
+            f"fraction {loaded.stock_busy:.3f})")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -42,6 +42,14 @@ class EngineConfig:
     """Device prefix-cache capacity in tokens (KV pool left for the radix cache)."""
     host_cache_tokens: int = 0
     """HiCache host-tier capacity in tokens; 0 = no host tier."""
+    kv_pool_tokens: int | None = None
+    """KV pool in tokens; None = the profile's (HBM less weights and activations), 0 = no
+    memory limit (the twin before it modelled memory)."""
+    max_running_requests: int = 2048
+    """SGLang's ``--max-running-requests``: its default is pool / context length x 512
+    clamped to 2048..4096, so 2048 for any pool under four context lengths."""
+    max_partial_prefills: int = 8
+    """``--max-partial-prefills`` of the patched engine: most partial prefills at once."""
     srpt_aging_tokens_per_s: float = DEFAULT_SRPT_AGING_TOKENS_PER_S
     """Aging of the srpt order, uncached tokens per second of waiting (see admission)."""
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from slipstream.sim import engine, metrics, policies, profiles
@@ -89,16 +89,19 @@ def test_max_running_requests_bounds_the_decode_batch():
 
 
 request = st.tuples(
-    st.floats(min_value=0, max_value=20, allow_nan=False),
-    st.integers(min_value=1, max_value=30_000),
-    st.integers(min_value=1, max_value=3000),
+    st.floats(min_value=0, max_value=120, allow_nan=False),
+    st.integers(min_value=1, max_value=8000),
+    st.integers(min_value=1, max_value=6000),
     st.integers(min_value=0, max_value=3),
 )
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)
-@given(rows=st.lists(request, min_size=1, max_size=20), policy=st.sampled_from(POLICIES),
-       pool=st.integers(min_value=40_000, max_value=120_000))
+@example(rows=[(20.0 * k, 2000, 5000, 0) for k in range(6)], policy="stock", pool=20_000)
+@example(rows=[(20.0 * k, 2000, 5000, 1) for k in range(6)], policy="ceiling:2048/srpt",
+         pool=20_000)
+@given(rows=st.lists(request, min_size=1, max_size=30), policy=st.sampled_from(POLICIES),
+       pool=st.integers(min_value=15_000, max_value=50_000))
 def test_simulate_terminates_within_a_bound_and_never_exceeds_the_pool(rows, policy, pool):
     """Every pass prefills or decodes at least one token, and a retraction costs at most
     a request's context again: passes <= sum(prompt + output) x (1 + retractions)."""

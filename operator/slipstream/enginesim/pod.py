@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -59,15 +60,23 @@ class Tracked:
 
 
 def engine_config(cfg: flags.SimConfig) -> EngineConfig:
+    """The twin's fixed settings from the engine flags (the twin's defaults elsewhere)."""
     base = EngineConfig()
-    return EngineConfig(
+    out = dataclasses.replace(
+        base,
         chunked_prefill_size=cfg.chunked_prefill_size,
         page_size=cfg.page_size,
-        max_prefill_tokens=base.max_prefill_tokens,
         cache_tokens=cfg.cache_tokens if cfg.cache_tokens is not None else base.cache_tokens,
-        host_cache_tokens=base.host_cache_tokens,
         srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
     )
+    return with_max_partials(out, cfg.max_partial_prefills)
+
+
+def with_max_partials(config: EngineConfig, n: int) -> EngineConfig:
+    """``config`` with the partials cap, where the twin models it (INTERFACES B)."""
+    if "max_partial_prefills" in {f.name for f in dataclasses.fields(config)}:
+        return dataclasses.replace(config, max_partial_prefills=n)  # type: ignore[call-arg]
+    return config
 
 
 class SimPod:
@@ -130,9 +139,13 @@ class SimPod:
         live, reason = admin.apply_updates(self.live, updates, self.cfg.chunked_prefill_size,
                                            self.cfg.page_size)
         if reason is None:
-            self.driver.advance(self.clock.now())
+            d = self.driver
+            d.advance(self.clock.now())
             self.live = live
-            self.driver.apply(self._setting())
+            d.apply(self._setting())
+            config = getattr(d, "config", None)
+            if isinstance(config, EngineConfig):  # the steppable Engine reads it every pass
+                d.config = with_max_partials(config, live.max_partial_prefills)  # type: ignore[attr-defined]
             self._wake.set()
         return reason
 
@@ -140,7 +153,7 @@ class SimPod:
         d = self.driver
         d.advance(self.clock.now())
         self.metrics.scheduler(d.decoding, d.waiting, d.partials, self.live.threshold,
-                               self.live.mode, self.live.schedule_policy)
+                               self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills)
         return self.metrics.exposition()
 
     def step(self) -> float:

@@ -28,8 +28,14 @@ demo: venv
 kube-bins:
 	bash scripts/build-kube.sh
 
+# Pinned Prometheus server (Debian's package prometheus=2.42.0+ds-5+deb12u1, apt-get);
+# prints "cached" when it is installed. Tests start their own server on a free port.
+.PHONY: prometheus
+prometheus:
+	bash scripts/install-prometheus.sh
+
 # Everything CI runs: set-up of every tier, then all tests.
-test: venv kube-bins engine-test
+test: venv kube-bins prometheus engine-test
 	$(PY) -m pytest tests --ignore=tests/engine
 
 # Real sglang 0.5.18 scheduler code on CPU, patched and pristine (separate cached env).

@@ -256,6 +256,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"rate scale {loaded.workload.rate_scale:.4g}, profile {loaded.profile.name}, "
           f"C = {loaded.config.chunked_prefill_size}")
     print(report.comparison_table(summaries))
+    print(report.column_legend())
     for name, summary in summaries.items():
         print()
         print(report.policy_table(name, summary))

@@ -128,8 +128,7 @@ class SimPod:
     def abort(self, tracked: Tracked) -> bool:
         """The client went away before its first token: drop the request if the twin has
         not given it any tokens yet (as SGLang aborts it); True if it was dropped."""
-        abort = getattr(self.driver, "abort", None)
-        if tracked.first.is_set() or abort is None or not abort(tracked.rid):
+        if tracked.first.is_set() or not self.driver.abort(tracked.rid):
             return False
         self._pending.remove(tracked)
         return True

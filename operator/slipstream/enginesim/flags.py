@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,6 +202,17 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
         cache_tokens=ns.cache_tokens,
         admin_api_key_file=ns.admin_api_key_file,
     )
+
+
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand_env(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """``$(VAR)`` references expanded from the environment, as the kubelet does for a
+    container's args (a pod's launch args use them for the tuned setting); references to
+    unset variables stay as written, also as the kubelet does."""
+    env = os.environ if environ is None else environ
+    return [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
 
 
 def ignored_flags(extra: list[str]) -> list[str]:

@@ -30,8 +30,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest request body accepted: a 1M-token prompt as token ids fits; more is refused."""
 TTFT_HEADER = "X-Slipstream-TTFT-S"
 """Response header with the request's TTFT in twin seconds (exact; tests and tools read it)."""
-STREAM_INTERVAL_S = 0.02
-"""Wall seconds between SSE chunks while a stream decodes."""
+STREAM_INTERVAL_S = 0.05
+"""Wall seconds between SSE chunks while a stream decodes (bounds wake-ups per stream)."""
 
 log = logging.getLogger("slipstream.enginesim")
 POD = web.AppKey("pod", SimPod)

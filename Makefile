@@ -16,9 +16,15 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --progress-bar on -e '.[dev]'
 	@touch $(STAMP)
 
-# The main job on an embedded default: every scheduler policy on the built-in
-# multi-tenant workload, side by side (later: the full local closed-loop demo).
-demo: venv
+# The main job: a local control plane, Prometheus and the operator (helm-installed),
+# a ServingDeployment in mode Auto on simulated engines, traffic in phases, and the
+# threshold following it live; writes out/demo-timeline.png and stops everything.
+# Reuses a running `slipstream cluster up`.
+demo: venv kube-bins
+	$(VENV)/bin/slipstream demo --plot out/demo-timeline.png
+
+# The twin's benchmark: every scheduler policy on the built-in multi-tenant workload.
+bench: venv
 	$(VENV)/bin/slipstream bench --workload builtin:multi-tenant --plot out/bench-cdf.png
 
 # Pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,

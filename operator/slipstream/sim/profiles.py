@@ -9,6 +9,8 @@ with a ``source`` field saying where every number comes from.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -102,12 +104,23 @@ OPTIONAL_FIELDS = frozenset(f.name for f in fields(Profile)) - {
 """Fields a profile file may leave out (older files and the calibration probe's output)."""
 
 
-def from_dict(data: dict[str, object], origin: str = "<dict>") -> Profile:
-    """Build a profile from parsed JSON, naming the missing or unknown field on error."""
+def _key_line(text: str | None, key: str) -> str:
+    """``:N`` with the line of ``"key":`` in the JSON text, or "" when unknown."""
+    if text is None:
+        return ""
+    match = re.search(r'"' + re.escape(key) + r'"\s*:', text)
+    return f":{text.count(chr(10), 0, match.start()) + 1}" if match else ""
+
+
+def from_dict(data: dict[str, object], origin: str = "<dict>", text: str | None = None) -> Profile:
+    """Build a profile from parsed JSON, naming the missing or unknown field on error
+    (with its line when the JSON ``text`` is given). Numbers must be finite: Python's json
+    reads NaN and Infinity, and a NaN cost would make every comparison false."""
     known = {f.name for f in fields(Profile)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{origin}: unknown profile field(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{origin}{_key_line(text, unknown[0])}: unknown profile field(s) "
+                         f"{unknown}; known: {sorted(known)}")
     kwargs: dict[str, object] = {}
     for f in fields(Profile):
         if f.name not in data:
@@ -118,15 +131,17 @@ def from_dict(data: dict[str, object], origin: str = "<dict>") -> Profile:
         if f.type == "str":
             if not isinstance(value, str):
                 raise ValueError(f"{origin}: profile field {f.name!r} must be a string")
-        elif not isinstance(value, int | float) or isinstance(value, bool):
-            raise ValueError(f"{origin}: profile field {f.name!r} must be a number, got {value!r}")
+        elif not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{origin}{_key_line(text, f.name)}: profile field {f.name!r} must be a "
+                             f"finite number, got {value!r}")
         else:
             value = float(value)
         kwargs[f.name] = value
     try:
         return Profile(**kwargs)  # type: ignore[arg-type]
     except ValueError as exc:
-        raise ValueError(f"{origin}: {exc}") from None
+        field = next((f.name for f in fields(Profile) if f"{f.name} must" in str(exc)), "")
+        raise ValueError(f"{origin}{_key_line(text, field) if field else ''}: {exc}") from None
 
 
 def builtin_names() -> list[str]:
@@ -141,13 +156,16 @@ def load(name_or_path: str) -> Profile:
         if not path.is_file():
             raise ValueError(f"profile file {name_or_path} does not exist")
         try:
-            data = json.loads(path.read_text())
+            text = path.read_text()
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name_or_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        return from_dict(data, origin=name_or_path)
+        if not isinstance(data, dict):
+            raise ValueError(f"{name_or_path}: a profile is a JSON object")
+        return from_dict(data, origin=name_or_path, text=text)
     if name_or_path not in builtin_names():
         raise ValueError(
             f"unknown profile {name_or_path!r}: use one of {builtin_names()} or a JSON file path"
         )
     text = (resources.files("slipstream.sim") / "profiles" / f"{name_or_path}.json").read_text()
-    return from_dict(json.loads(text), origin=f"builtin:{name_or_path}")
+    return from_dict(json.loads(text), origin=f"builtin:{name_or_path}", text=text)

@@ -60,8 +60,12 @@ def load_mooncake(
             if not isinstance(obj, dict):
                 raise TraceError(f"{where}: expected a JSON object per line")
             ts = obj.get("timestamp")
-            if isinstance(ts, bool) or not isinstance(ts, int | float) or ts < 0:
-                raise TraceError(f"{where}: field 'timestamp' must be a number >= 0 (ms)")
+            if (isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)
+                    or ts < 0):
+                # json reads NaN, Infinity and 1e400 (= inf) as floats: refuse them here, or
+                # the twin's clock would never reach the request
+                raise TraceError(f"{where}: field 'timestamp' must be a finite number >= 0 (ms), "
+                                 f"got {ts!r}")
             n_in = _int_field(obj, "input_length", where)
             n_out = _int_field(obj, "output_length", where)
             if n_in == 0:

@@ -383,3 +383,31 @@ def test_oversized_bodies_get_413_with_or_without_a_length() -> None:
             assert r.status == 200
 
     asyncio.run(with_sim(check))
+
+
+def test_a_failing_twin_answers_500_and_unhealthy_never_hangs() -> None:
+    async def run() -> None:
+        from enginesim_util import config
+
+        running = await server.start(config())
+        pod = running.pod
+
+        def broken(until_s: float) -> None:
+            raise RuntimeError("engine stalled")
+
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+                async with s.post(running.url + "/v1/completions", json={"prompt": "a b"}) as r:
+                    assert r.status == 200
+                pod.driver.advance = broken  # type: ignore[method-assign]
+                for stream in (False, True):
+                    body = {"prompt": "a b", "stream": stream}
+                    async with s.post(running.url + "/v1/completions", json=body) as r:
+                        assert r.status == 500
+                        assert "engine stalled" in (await r.json())["message"]
+                async with s.get(running.url + "/health") as r:
+                    assert r.status == 503
+        finally:
+            await running.close()
+
+    asyncio.run(run())

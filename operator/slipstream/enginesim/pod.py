@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -23,6 +24,13 @@ from slipstream.enginesim.metrics import EngineMetrics
 from slipstream.sim import profiles
 from slipstream.sim.policies import EngineConfig, Setting
 from slipstream.sim.workload import Request
+
+log = logging.getLogger("slipstream.enginesim")
+
+
+class TwinFailed(RuntimeError):
+    """The twin raised; the simulated engine serves no more requests."""
+
 
 MAX_TICK_S = 0.05
 """Longest wall sleep of the pump while requests are in flight (a new arrival wakes it)."""
@@ -96,6 +104,8 @@ class SimPod:
         self._ids = itertools.count()
         self._pump: asyncio.Task[None] | None = None
         self.served = 0
+        self.failure: str | None = None
+        """Why the twin stopped (then /health is 503 and requests get 500), else None."""
 
     def _setting(self) -> Setting:
         return Setting(self.live.threshold, self.live.mode, self.live.schedule_policy)
@@ -110,8 +120,18 @@ class SimPod:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
 
+    def fail(self, reason: str) -> None:
+        """Stop serving: every waiting client is released (and answered with an error)."""
+        self.failure = reason
+        for t in self._pending:
+            t.first.set()
+            t.done.set()
+        self._pending = []
+
     def submit(self, inc: Incoming, labels: dict[str, str]) -> Tracked:
-        """A request arriving now (twin time)."""
+        """A request arriving now (twin time); TwinFailed once the twin has failed."""
+        if self.failure is not None:
+            raise TwinFailed(self.failure)
         now = self.clock.now()
         rid = f"{next(self._ids):08x}"
         # The twin takes arrivals from its own clock on: one arriving during a pass in
@@ -192,7 +212,12 @@ class SimPod:
 
     async def _run(self) -> None:
         while True:
-            due = self.step()
+            try:
+                due = self.step()
+            except Exception as exc:  # a twin bug must not leave clients waiting forever
+                log.exception("engine-sim: the twin failed; refusing requests from now on")
+                self.fail(f"the simulated engine failed: {type(exc).__name__}: {exc}")
+                return
             if self._pending:
                 wait = MAX_TICK_S if math.isinf(due) else self.clock.wall_until(due)
                 wait = min(MAX_TICK_S, max(MIN_TICK_S, wait))

@@ -148,6 +148,18 @@ def test_without_a_key_no_setting_can_change() -> None:
     asyncio.run(with_sim(check, key=None))
 
 
+def test_prompts_over_the_context_length_are_refused_as_sglang_does() -> None:
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        async with s.post(url + "/v1/completions", json={"prompt": "a " * 100}) as r:
+            assert r.status == 400
+            assert (await r.json())["message"] == (
+                "The input (100 tokens) is longer than the model's context length (100 tokens).")
+        async with s.post(url + "/v1/completions", json={"prompt": "a " * 99}) as r:
+            assert r.status == 200
+
+    asyncio.run(with_sim(check, "--context-length", "100"))
+
+
 def test_the_operators_admin_client_drives_the_simulator() -> None:
     async def check(url: str, s: aiohttp.ClientSession) -> None:
         client = admin_client.AdminClient(url, KEY)

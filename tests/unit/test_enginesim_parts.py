@@ -87,6 +87,8 @@ def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) 
     key = tmp_path / "key"
     key.write_text("from-file\n")
     assert parse("--admin-api-key-file", str(key), env={"SLIPSTREAM_ADMIN_API_KEY": "e"}).admin_api_key == "from-file"
+    assert parse("--admin-api-key", "argv").admin_api_key == "argv"
+    assert parse("--admin-api-key", "argv", env={"SLIPSTREAM_ADMIN_API_KEY": "e"}).admin_api_key == "e"
     key.write_text("")
     with pytest.raises(flags.FlagError, match="is empty"):
         parse("--admin-api-key-file", str(key))

@@ -127,6 +127,7 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         "port": cfg.port,
         "chunked_prefill_size": cfg.chunked_prefill_size,
         "page_size": cfg.page_size,
+        "context_length": cfg.context_length,
         "tokenizer_metrics_custom_labels_header": cfg.labels_header,
         "tokenizer_metrics_allowed_custom_labels": list(cfg.allowed_labels) or None,
         "enable_metrics": cfg.enable_metrics,

@@ -174,6 +174,7 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
     async def handle(request: web.Request) -> web.StreamResponse:
         pod = request.app[POD]
         inc = parse(await read_json(request))
+        bodies.check_context(inc, pod.cfg.context_length)
         labels = bodies.tenant_labels(request.headers.get(pod.cfg.labels_header), pod.cfg.allowed_labels)
         tracked = pod.submit(inc, labels)
         shape = shapes.Shapes(kind, tracked.rid, pod.cfg.model_name, inc)

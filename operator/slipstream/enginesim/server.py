@@ -28,8 +28,7 @@ from slipstream.enginesim.pod import SimPod, Tracked, TwinFailed
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest request body accepted: a 1M-token prompt as token ids fits; more is refused."""
-TTFT_HEADER = "X-Slipstream-TTFT-S"
-"""Response header with the request's TTFT in twin seconds (exact; tests and tools read it)."""
+TTFT_HEADER = shapes.TTFT_HEADER
 STREAM_INTERVAL_S = 0.05
 """Wall seconds between SSE chunks while a stream decodes (bounds wake-ups per stream)."""
 

@@ -430,3 +430,36 @@ def test_a_failing_twin_answers_500_and_unhealthy_never_hangs() -> None:
             await running.close()
 
     asyncio.run(run())
+
+
+def test_random_and_mutated_bodies_never_get_a_500() -> None:
+    """A seeded fuzz over HTTP: random bytes and valid bodies with bytes flipped."""
+    import random
+
+    rng = random.Random(7)
+    valid = [json.dumps({"prompt": "a b c", "max_tokens": 2}).encode(),
+             json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode(),
+             json.dumps({"server_args": {"long_prefill_token_threshold": 2048}}).encode()]
+    paths = ["/v1/completions", "/v1/chat/completions", "/generate", "/set_internal_state",
+             "/slipstream/faults"]
+
+    def mutate(data: bytes) -> bytes:
+        out = bytearray(data)
+        for _ in range(rng.randint(1, 3)):
+            out[rng.randrange(len(out))] = rng.randrange(256)
+        return bytes(out)
+
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        for _ in range(60):
+            data = (rng.randbytes(rng.randint(0, 64)) if rng.random() < 0.5
+                    else mutate(rng.choice(valid)))
+            path = rng.choice(paths)
+            async with s.post(url + path, data=data, headers=ADMIN) as r:
+                assert r.status in (200, 400), (path, data, r.status)
+                await r.json()
+            if path == "/slipstream/faults":  # keep the engine answering normally
+                async with s.post(url + path, json={"admin": "ok", "metrics": "ok", "ttft_multiplier": 1},
+                                  headers=ADMIN) as r:
+                    assert r.status == 200
+
+    asyncio.run(with_sim(check, "--time-scale", "50"))

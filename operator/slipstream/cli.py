@@ -517,6 +517,9 @@ def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["engine-sim"]:  # an engine pod's args, with the kubelet's $(VAR) expansion
+        argv = enginesim_flags.expand_env(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_unknown", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

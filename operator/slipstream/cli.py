@@ -371,6 +371,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         out = {"best": recommend.policy_name(rec.best.setting), "feasible": rec.feasible,
                "heterogeneity": rec.heterogeneity, "reason": rec.reason,
                "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
+               "burst": rec.burst, "fit_error": rec.fit_error,
                "candidates": {recommend.policy_name(p.setting): {
                    "concurrency": p.concurrency, "allowed": p.allowed,
                    "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
@@ -386,7 +387,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         return 0
     print(f"{snap.deployment}: {snap.requests:.0f} first tokens in {snap.window_s:.0f} s, "
           f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
-          f"{len(rec.predictions)} candidates")
+          f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
+          f"(fit error {rec.fit_error:.2f})")
     print(f"{'candidate':22s} {'K':>2s} {'worst p99 slowdown':>18s} {'worst p99 TTFT s':>16s} "
           f"{'longest p99 slowdown':>20s}  ok")
     for p in sorted(rec.predictions, key=lambda p: p.objective(rec.objective)):

@@ -154,6 +154,18 @@ def test_recommender_honours_min_concurrency_and_reports_unattainable_targets():
     assert rec.current.allowed is False  # off is concurrency 1, below the bound
 
 
+def test_twin_is_fitted_to_the_observed_ttft_of_the_current_setting():
+    calm = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
+    assert calm.burst <= 2  # Poisson arrivals nearly give the observed 0.3 s already
+    slow = snapshot(TenantWindow("chat", 4.0, histogram_of([6.0] * 1200, buckets.TTFT_SECONDS),
+                                 tokens([2000.0] * 1200), 0.0))
+    bursty = recommend.recommend(slow, OFF, SPEC, PROFILE)
+    assert bursty.burst > calm.burst
+    assert bursty.fit_error < recommend.recommend(
+        slow, OFF, SPEC, PROFILE, settings=recommend.RecommenderSettings(bursts=(1,))).fit_error
+    assert bursty.current.worst_tenant_ttft_p99_s > calm.current.worst_tenant_ttft_p99_s
+
+
 def test_recommendation_fits_a_control_interval():
     snap = heterogeneous()
     start = time.perf_counter()
@@ -178,7 +190,8 @@ def test_snapshot_codec_round_trips():
 # -- guardrails ---------------------------------------------------------------------------------
 
 GUARD = GuardrailSettings(min_samples=50, min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60)
-HET_REC = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)
+HET_REC = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE,
+                              settings=recommend.RecommenderSettings(bursts=(1,)))
 UNI_REC = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
 
 
@@ -231,7 +244,8 @@ def test_hysteresis_holds_below_the_margin():
                 if p.setting != HET_REC.best.setting and p.allowed
                 and p.worst_tenant_slowdown_p99 <= HET_REC.best.worst_tenant_slowdown_p99 * 1.15
                 and p.setting.order == "srpt" and p.setting.threshold)
-    rec = recommend.recommend(heterogeneous(), near, SPEC, PROFILE)
+    poisson = recommend.RecommenderSettings(bursts=(1,))  # the same twin workload as HET_REC's
+    rec = recommend.recommend(heterogeneous(), near, SPEC, PROFILE, settings=poisson)
     assert rec.best.setting != near
     d = decide(heterogeneous(), rec, TunerState(near))
     assert isinstance(d, Hold) and d.reason == guardrails.BELOW_MARGIN

@@ -1,4 +1,6 @@
-"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``recommend`` (the tuner), ``run`` (the operator).
+"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``recommend`` (the
+tuner), ``run`` (the operator), ``engine-sim`` (a simulated engine pod) and ``load`` (trace
+replay against engines).
 
 Every error is one line on stderr naming what is wrong (file:line and field for traces
 and specs) and exit status 2; nothing is written when a run fails.
@@ -16,8 +18,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream.demo import driver
+from slipstream.enginesim import flags as enginesim_flags
+from slipstream.localkube import supervisor
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
-from slipstream.sim.workload import Workload, merge
+from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
 from slipstream.tune import auto, codec, observed, recommend
 from slipstream.tune.candidates import TuningSpec
 from slipstream.tune.guardrails import GuardrailSettings
@@ -43,6 +48,10 @@ class Loaded:
     is_scenario: bool
     scale_note: str
     """How the rate scale was chosen; printed (stderr) once the run is known to be valid."""
+    target: float | None = None
+    """--target-utilization in effect (None: --rate-scale or the workload's own clock)."""
+    stock_busy: float | None = None
+    """Stock's simulated prefill busy fraction at the chosen scale, when it was fitted."""
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -62,12 +71,17 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--srpt-aging", type=float, metavar="TOKENS_PER_S",
                    help="aging of the srpt order: a request needing R tokens is never overtaken "
                    "by one arriving more than R/TOKENS_PER_S seconds after it (default 1024)")
+    p.add_argument("--align", choices=ALIGN_MODES, default="truncate",
+                   help="traces of different spans: cut all to the shortest (default) or tile "
+                   "the shorter ones to the longest; said on stderr")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--rate-scale", type=float, metavar="X",
                        help="make arrivals X times as dense")
     scale.add_argument("--target-utilization", type=float, metavar="U",
-                       help="pick the rate scale at which stock keeps the prefill budget U busy "
-                       f"(default {DEFAULT_UTILIZATION} for traces)")
+                       help="pick the rate scale at which stock's simulated prefill busy fraction "
+                       f"is U (default {DEFAULT_UTILIZATION} for traces), found by running stock")
+    p.add_argument("--utilization-tolerance", type=float, default=rate.DEFAULT_TOLERANCE,
+                   metavar="D", help="how close --target-utilization must come (default %(default)s)")
 
 
 def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
@@ -135,6 +149,41 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--peering", help="kopf peering object name (default: standalone)")
     run.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
     run.set_defaults(func=cmd_run)
+
+    esim = sub.add_parser("engine-sim", allow_abbrev=False,
+                          help="an HTTP server that behaves like the patched engine, driven by the twin",
+                          description="Takes an engine pod's launch_server flags; other "
+                          "launch_server flags are accepted and ignored (one stderr line).")
+    enginesim_flags.add_arguments(esim)
+    esim.set_defaults(func=cmd_engine_sim, takes_unknown=True)
+
+    load = sub.add_parser("load", help="replay traces against OpenAI-compatible servers, "
+                          "printing per-tenant TTFT as it goes")
+    load.add_argument("--trace", action="append", required=True, metavar="PATH",
+                      help="a Mooncake .jsonl or Azure .csv trace; repeat for more tenants")
+    load.add_argument("--tenant", action="append", default=[], metavar="NAME",
+                      help="tenant of the matching --trace (default: the file stem)")
+    load.add_argument("--target", action="append", required=True, metavar="URL",
+                      help="base URL of a server, e.g. http://127.0.0.1:30000; repeat to spread")
+    load.add_argument("--time-scale", type=float, default=1.0, metavar="S",
+                      help="trace seconds per wall second (match the engines' --time-scale)")
+    load.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+                      help="make arrivals X times as dense")
+    load.add_argument("--duration", type=float, metavar="S",
+                      help="stop sending after S wall seconds")
+    load.add_argument("--max-requests", type=int, metavar="N", help="send at most N requests")
+    load.add_argument("--header", action="append", default=[], metavar="K:V",
+                      help="extra HTTP header on every request (repeatable)")
+    load.add_argument("--model", default="default", help="model field of the requests")
+    load.add_argument("--prompt", choices=("words", "field"), default="words",
+                      help="words: a prompt of as many words as the trace's tokens (for real "
+                      "servers); field: a one-word prompt, sizes only in the slipstream field")
+    load.add_argument("--report-every", type=float, default=5.0, metavar="S",
+                      help="wall seconds between per-tenant TTFT lines")
+    load.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    load.set_defaults(func=cmd_load)
+    supervisor.add_parser(sub)
+    driver.add_parser(sub)
     return parser
 
 
@@ -142,18 +191,22 @@ def load_workload(args: argparse.Namespace) -> Loaded:
     chosen = [bool(args.scenario), bool(args.trace), bool(args.workload)]
     if sum(chosen) != 1:
         raise CliError("give exactly one of --scenario NAME, --trace PATH (repeatable), --workload SPEC")
-    if args.tenant and len(args.tenant) != len(args.trace):
-        raise CliError(f"--tenant given {len(args.tenant)} times for {len(args.trace)} --trace")
     profile_name = args.profile
+    notes: list[str] = []
     config = policies.EngineConfig()
     is_scenario = False
     if args.trace:
+        if args.tenant and len(args.tenant) != len(args.trace):
+            raise CliError(f"--tenant given {len(args.tenant)} times for {len(args.trace)} --trace")
         parts = [traces.load(path, args.tenant[k] if args.tenant else None, tenant_index=k + 1)
                  for k, path in enumerate(args.trace)]
         names = [w.name for w in parts]
         if len(set(names)) != len(names):
             raise CliError(f"two traces share the tenant name {names}: name them with --tenant")
-        workload = merge("+".join(names), parts) if len(parts) > 1 else parts[0]
+        aligned, align_note = align(parts, args.align)
+        if align_note:
+            notes.append(align_note)
+        workload = merge("+".join(names), aligned) if len(parts) > 1 else parts[0]
         source_key, source = "traces", list(args.trace)
     else:
         loaded = spec.load_builtin(args.scenario) if args.scenario else spec.load(args.workload)
@@ -171,19 +224,43 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         config = replace(config, srpt_aging_tokens_per_s=args.srpt_aging)
     profile = profiles.load(profile_name or DEFAULT_PROFILE)
     target = args.target_utilization
+    stock_busy = None
     if args.rate_scale is not None:
         workload = workload.scaled(args.rate_scale)
+        how = " (--rate-scale)"
     elif target is not None or args.trace:
         target = DEFAULT_UTILIZATION if target is None else target
-        workload = workload.scaled(rate.scale_for_utilization(workload, profile, config, target))
-    if target is not None:
-        how = f" (target prefill utilization {target:.2f})"
-    elif args.rate_scale is not None:
-        how = " (--rate-scale)"
+        workload, stock_busy, how = _fit_rate(workload, profile, config, target,
+                                              args.utilization_tolerance)
     else:
         how = " (the workload's own clock)"
-    note = f"rate scale: {workload.rate_scale:.4g}{how}"
-    return Loaded(workload, source_key, source, config, profile, is_scenario, note)
+    notes.append(f"rate scale: {workload.rate_scale:.4g}{how}")
+    return Loaded(workload, source_key, source, config, profile, is_scenario, "\n".join(notes),
+                  target, stock_busy)
+
+
+def stock_busy_fraction(workload: Workload, profile: profiles.Profile,
+                        config: policies.EngineConfig) -> float:
+    """Stock's simulated prefill busy fraction: prefill pass time over the makespan."""
+    result = engine.simulate(workload, policies.parse("stock", config), profile, config)
+    return result.prefill_busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
+
+
+def _fit_rate(workload: Workload, profile: profiles.Profile, config: policies.EngineConfig,
+              target: float, tolerance: float) -> tuple[Workload, float, str]:
+    """The workload at the scale where stock's simulated busy fraction meets the target."""
+    start = time.perf_counter()
+    guess = rate.scale_for_utilization(workload, profile, config, target)
+    fit = rate.fit_scale(target, guess,
+                         lambda x: stock_busy_fraction(workload.scaled(x), profile, config),
+                         tolerance)
+    wall = time.perf_counter() - start
+    runs = len(fit.runs)
+    how = (f" (target utilization {target:.2f} +- {tolerance:g}: stock's simulated prefill busy "
+           f"fraction {fit.busy:.3f}; {runs} stock run{'s' if runs > 1 else ''}, {wall:.1f} s)")
+    if not fit.converged:
+        how += f"; NOT within the tolerance after {runs} runs: the closest is used"
+    return workload.scaled(fit.scale), fit.busy, how
 
 
 def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
@@ -308,14 +385,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plots.ttft_cdfs(results, Path(args.plot), f"{loaded.workload.name}: TTFT per policy")
     if args.json:
         out = report.bench_json(loaded.workload.name, loaded.workload.rate_scale, summaries)
+        out["target_utilization"] = loaded.target
+        out["stock_busy_fraction"] = loaded.stock_busy
         if args.speed:
             out["speed"] = _speed_rows(loaded.workload, walls)
         print(json.dumps(out, indent=1))
         return 0
     print(f"workload {loaded.workload.name}: {n} requests, {len(loaded.workload.tenants)} tenant(s), "
-          f"rate scale {loaded.workload.rate_scale:.4g}, profile {loaded.profile.name}, "
-          f"C = {loaded.config.chunked_prefill_size}")
+          f"rate scale {loaded.workload.rate_scale:.4g}{_load_words(loaded)}, "
+          f"profile {loaded.profile.name}, C = {loaded.config.chunked_prefill_size}")
     print(report.comparison_table(summaries))
+    print(report.column_legend())
     for name, summary in summaries.items():
         print()
         print(report.policy_table(name, summary))
@@ -403,12 +483,31 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_words(loaded: Loaded) -> str:
+    if loaded.target is None or loaded.stock_busy is None:
+        return ""
+    return (f" (target utilization {loaded.target:.2f}, stock's simulated prefill busy "
+            f"fraction {loaded.stock_busy:.3f})")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     # Imported here: the twin's commands must not pay for (or need) kopf and kubernetes.
     from slipstream.controller import main as controller
 
     controller.run(args.namespace, args.peering, args.liveness)
     return 0
+
+
+def cmd_engine_sim(args: argparse.Namespace) -> int:
+    from slipstream.enginesim import server
+
+    return server.main(args, args.unknown)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from slipstream.enginesim import load
+
+    return load.main(args)
 
 
 def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -420,10 +519,13 @@ def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_unknown", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.unknown = unknown
     try:
         return int(args.func(args))
-    except (CliError, ValueError, OSError) as exc:
+    except (CliError, supervisor.ClusterCommandError, ValueError, OSError) as exc:
         print(f"slipstream: error: {exc}", file=sys.stderr)
         return 2
 

@@ -14,7 +14,8 @@ Steps (each a function below, plain data between them):
    per-tenant p99 TTFT target and keep the longest prompts' slowdown within the bound,
    the one with the least objective (default: the worst tenant's p99 slowdown, TTFT over
    the same request's TTFT alone). Candidates within ``tie_tolerance`` of the least are
-   ties, won by the simplest (least concurrency, fcfs, ceiling): uniform traffic, where
+   ties, won by the preferred (least concurrency, then srpt, fcfs, lpm, then ceiling;
+   ``candidates.preference``): uniform traffic, where
    every candidate predicts the same, stays at off.
 
 A target is *attainable* when the tenant's own p99 TTFT alone (its prompts' prefill on an
@@ -41,7 +42,7 @@ from slipstream.sim.metrics import percentile
 from slipstream.sim.policies import EngineConfig, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
-from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, simplicity
+from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, preference
 from slipstream.tune.heterogeneity import heterogeneity
 from slipstream.tune.twin_workload import synthesize
 
@@ -64,7 +65,7 @@ class RecommenderSettings:
     """What is minimised: the worst tenant's p99 slowdown (default: fair to short and long
     prompts alike), or the worst tenant's p99 TTFT (seconds)."""
     tie_tolerance: float = 0.05
-    """Relative band (fraction) within which candidates count as equal and the simplest wins:
+    """Relative band (fraction) within which candidates count as equal and the preferred wins:
     the twin's figures on a 300-request sample are not finer than that."""
     long_prompt_slowdown_max: float = 10.0
     """Absolute part of the long-prompt bound (slowdown, dimensionless): the longest decile
@@ -214,7 +215,7 @@ def choose(predictions: Sequence[Prediction], bound: float, settings: Recommende
     pool = ok or [p for p in allowed if p.within_long_bound] or allowed
     least = min(p.objective(settings.objective) for p in pool)
     ties = [p for p in pool if p.objective(settings.objective) <= least * (1 + settings.tie_tolerance)]
-    best = min(ties, key=lambda p: simplicity(p.setting, chunked_prefill_size))
+    best = min(ties, key=lambda p: preference(p.setting, chunked_prefill_size))
     return best, bool(ok)
 
 

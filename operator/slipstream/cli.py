@@ -309,6 +309,14 @@ def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: boo
     return result, tuner
 
 
+def _tuner_json(tuner: auto.TwinAuto) -> dict[str, object]:
+    """auto's changes for ``--json``: when, from, to and why (policy names)."""
+    return {"decisions": len(tuner.decisions),
+            "changes": [{"at_s": round(at, 3), "from": recommend.policy_name(m.from_),
+                         "to": recommend.policy_name(m.to), "reason": m.reason}
+                        for at, m in tuner.moves()]}
+
+
 def _print_moves(name: str, tuner: auto.TwinAuto | None) -> None:
     if tuner is None:
         return
@@ -346,7 +354,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             plots.ttft_cdfs({args.policy: result}, Path(args.plot), loaded.workload.name)
     if args.json:
-        print(json.dumps(report.simulate_json(result, loaded.source_key, loaded.source), indent=1))
+        out = report.simulate_json(result, loaded.source_key, loaded.source)
+        if tuner is not None:
+            out["tuner"] = _tuner_json(tuner)
+        print(json.dumps(out, indent=1))
     else:
         print(f"{loaded.workload.name} under {result.policy} ({loaded.profile.name}, "
               f"C = {loaded.config.chunked_prefill_size})")
@@ -385,6 +396,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plots.ttft_cdfs(results, Path(args.plot), f"{loaded.workload.name}: TTFT per policy")
     if args.json:
         out = report.bench_json(loaded.workload.name, loaded.workload.rate_scale, summaries)
+        if tuners:
+            out["tuner"] = {name: _tuner_json(t) for name, t in tuners.items()}
         out["target_utilization"] = loaded.target
         out["stock_busy_fraction"] = loaded.stock_busy
         if args.speed:

@@ -110,6 +110,8 @@ def test_bench_runs_auto_on_the_builtin_workload(capsys):
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"stock", "auto"}
+    changes = out["tuner"]["auto"]["changes"]
+    assert changes and changes[0]["from"] == "stock" and changes[0]["reason"].startswith("heterogeneity")
     assert out["policies"]["auto"]["worst_tenant_slowdown_p99"] < out["policies"]["stock"]["worst_tenant_slowdown_p99"]
 
 

@@ -37,6 +37,6 @@ time is passed in). Modules, in the order a decision flows:
   simulate/bench --policy auto``).
 - ``codec``: snapshot <-> JSON-able dict (``slipstream recommend --snapshot FILE.json``).
 
-How long: one recommendation (45 candidates, 300 synthetic requests) takes ~0.4 s on one
-core (``slipstream recommend --snapshot FILE.json --time``).
+How long: one recommendation (45 candidates, 300 synthetic requests, the burst fit) takes
+0.17 s of CPU (``slipstream recommend --snapshot FILE.json --time``).
 """

@@ -45,6 +45,23 @@ class EngineConfig:
     srpt_aging_tokens_per_s: float = DEFAULT_SRPT_AGING_TOKENS_PER_S
     """Aging of the srpt order, uncached tokens per second of waiting (see admission)."""
 
+    def __post_init__(self) -> None:
+        # Messages start with the field's name: spec.py points at that field's line.
+        for name in ("chunked_prefill_size", "page_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be an integer > 0, got {value!r}")
+        for name in ("cache_tokens", "host_cache_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        m = self.max_prefill_tokens
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
+            raise ValueError(f"max_prefill_tokens must be an integer > 0, got {m!r}")
+        aging = self.srpt_aging_tokens_per_s
+        if not aging > 0 or aging == float("inf"):
+            raise ValueError(f"srpt_aging_tokens_per_s must be a finite number > 0, got {aging!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class Setting:
@@ -216,8 +233,9 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
             raise PolicyError(f"policy {name!r}: the token count must be > 0")
     if kind == "auto" and controller is None:
         raise PolicyError(
-            "policy 'auto' needs a controller (the closed-loop tuner) plugged in; "
-            "use a fixed policy such as 'floor:4096/srpt' until the tuner is available"
+            "policy 'auto' needs a controller (the closed-loop tuner) plugged in: the "
+            "slipstream CLI plugs in slipstream.tune's; in Python pass controller="
+            "slipstream.tune.auto.TwinAuto(...)"
         )
     try:
         policy = REGISTRY[kind](arg, cfg)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from slipstream.sim.admission import AdmissionRule, Candidate, allocate, partials_first, srpt_key
@@ -114,3 +116,109 @@ def test_partials_first_except_srpt_ceiling():
     assert partials_first(AdmissionRule(C, 4096, "floor"), "srpt")
     assert partials_first(AdmissionRule(C, 0), "srpt")
     assert not partials_first(AdmissionRule(C, 4096, "ceiling"), "srpt")
+
+
+# ---- memory: the KV reservation rule (kv_free, max_partials) ---------------------------
+
+ISSUE = AdmissionRule(8192, 2048, "ceiling", max_prefill_tokens=None)
+"""The issue's reproduction: C = 8192, T = 2048, ceiling, page 1."""
+
+
+def test_without_kv_free_or_max_partials_the_rule_is_unchanged():
+    waiting = THREE_LONG + [Candidate("s", 900)]
+    rule = AdmissionRule(C, 2048, "ceiling")
+    assert allocate(rule, [], waiting) == allocate(rule, [], waiting, kv_free=None,
+                                                    max_partials=None)
+    assert allocate(rule, [], waiting) == {"a": 2048, "b": 2048, "c": 2048, "s": 900}
+
+
+def test_a_new_request_needs_its_whole_need_beside_the_partials_remainder():
+    # Pool 40,000, three 30,000-token prompts: only A fits; B would over-commit.
+    waiting = [Candidate("a", 30_000), Candidate("b", 30_000), Candidate("c", 30_000)]
+    assert allocate(ISSUE, [], waiting, kv_free=40_000) == {"a": 2048}
+    # Next round: A's remainder (27,952) is reserved, so B still does not fit.
+    assert allocate(ISSUE, [Candidate("a", 27_952)], waiting[1:], kv_free=40_000 - 2048) == {
+        "a": 2048
+    }
+
+
+def test_a_short_request_is_admitted_beside_a_reserved_partial():
+    # free 37,952; A's remainder 27,952 (2048 this round): a 5,000-token prompt fits.
+    got = allocate(ISSUE, [Candidate("a", 27_952)], [Candidate("s", 5_000)], kv_free=37_952)
+    assert got == {"a": 2048, "s": 2048}
+    # 10,000 does not: 10,000 + 1 page + 25,904 >= 37,952 - 2,049.
+    got = allocate(ISSUE, [Candidate("a", 27_952)], [Candidate("s", 10_000)], kv_free=37_952)
+    assert got == {"a": 2048}
+
+
+def test_the_boundary_is_stocks_strict_check_plus_the_reservation():
+    # kv_left = 10,000; need + out + page + reserve must stay below it.
+    rule = AdmissionRule(C, 0, max_prefill_tokens=None)
+    assert allocate(rule, [], [Candidate("a", 9_998)], kv_free=10_000) == {"a": 8192}
+    assert allocate(rule, [], [Candidate("a", 9_999)], kv_free=10_000) == {}
+
+
+@dataclass(frozen=True)
+class WithOut:
+    rid: str
+    need: int
+    out_reserve: int
+
+
+def test_out_reserve_counts_in_the_check_and_in_the_charge():
+    rule = AdmissionRule(C, 0, max_prefill_tokens=None)
+    assert allocate(rule, [], [WithOut("a", 1000, 8999)], kv_free=10_000) == {}
+    assert allocate(rule, [], [WithOut("a", 1000, 8998)], kv_free=10_000) == {"a": 1000}
+    # a (finishing) charges 1000 + 1 + 4000 = 5001; b needs 4997 + 1 + 1 < 4999: no.
+    got = allocate(rule, [], [WithOut("a", 1000, 4000), WithOut("b", 4997, 1)], kv_free=10_000)
+    assert got == {"a": 1000}
+
+
+def test_partials_are_never_refused_for_memory():
+    got = allocate(ISSUE, [Candidate("a", 9_000), Candidate("b", 100)], [Candidate("w", 10)],
+                   kv_free=0)
+    assert got == {"a": 2048, "b": 100}
+
+
+def test_srpt_a_refused_short_request_does_not_stall_the_partials():
+    # The issue's stall: A and B hold 16,384 each; W (8,000) sorts first but does not fit
+    # beside their reserved remainders; A and B are still served.
+    merged = [Candidate("w", 8_000), Candidate("a", 13_616), Candidate("b", 13_616)]
+    got = allocate(ISSUE, [], merged, kv_free=7_232, partial_rids={"a", "b"})
+    assert got == {"a": 2048, "b": 2048}
+    # Without partial_rids (today's twin call) they count as new and are refused too.
+    assert allocate(ISSUE, [], merged, kv_free=7_232) == {}
+
+
+def test_srpt_merged_partials_keep_todays_allocation_without_memory():
+    merged = [Candidate("w", 1_000), Candidate("a", 13_616), Candidate("b", 13_616),
+              Candidate("x", 50_000)]
+    assert allocate(ISSUE, [], merged, partial_rids={"a", "b"}) == allocate(ISSUE, [], merged)
+
+
+def test_max_partials_bounds_new_partials_and_ends_new_admissions():
+    four = [Candidate(r, 100_000) for r in "abcd"] + [Candidate("s", 100)]
+    assert allocate(ISSUE, [], four, max_partials=2) == {"a": 2048, "b": 2048}
+    # A request that finishes this round is not a partial: the bound does not stop it.
+    assert allocate(ISSUE, [Candidate("p", 50_000)], [Candidate("s", 100)],
+                    max_partials=1) == {"p": 2048, "s": 100}
+    # A partial finishing this round frees its place.
+    assert allocate(ISSUE, [Candidate("p", 1_000)], [Candidate("n", 50_000)],
+                    max_partials=1) == {"p": 1000, "n": 2048}
+
+
+def test_stock_with_memory_checks_new_requests_after_the_last_chunk():
+    rule = AdmissionRule(C, 0, max_prefill_tokens=None)
+    got = allocate(rule, [Candidate("p", 1_000)], [Candidate("n", 20_000)], kv_free=22_000)
+    assert got == {"p": 1000, "n": 7192}
+    got = allocate(rule, [Candidate("p", 1_000)], [Candidate("n", 21_000)], kv_free=22_000)
+    assert got == {"p": 1000}
+
+
+def test_memory_is_charged_in_pages():
+    rule = AdmissionRule(2048, 1024, "ceiling", page_size=16, max_prefill_tokens=None)
+    # a: 1001 -> charges 1008 + 16; b's check: 1001 + 16 + 0 < 3000 - 1024 = 1976.
+    got = allocate(rule, [], [Candidate("a", 1001), Candidate("b", 1001)], kv_free=3_000)
+    assert got == {"a": 1001, "b": 1001}
+    got = allocate(rule, [], [Candidate("a", 1001), Candidate("b", 1001)], kv_free=2_041)
+    assert got == {"a": 1001}

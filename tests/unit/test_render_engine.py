@@ -59,11 +59,21 @@ def test_hicache_admin_key_and_extra_args() -> None:
     assert flag(args, "--hicache-size") == "512" and "--hicache-ratio" not in args
     assert flag(args, "--hicache-write-policy") == "write_through"
     assert flag(args, "--hicache-storage-backend") == "file"
-    assert flag(args, "--admin-api-key") == "$(SLIPSTREAM_ADMIN_API_KEY)"
+    assert not [a for a in args if "admin-api-key" in a or "ADMIN_API_KEY" in a], "the key never goes in argv"
     assert "--trust-remote-code" in args and flag(args, "--context-length") == "131072"
     assert args[-1] == "--disable-cuda-graph"
     env = {e["name"]: e for e in container(sd)["env"]}
     assert env["SLIPSTREAM_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "admin", "key": "api-key"}
+
+
+def test_without_a_secret_in_the_spec_the_engines_take_the_generated_one() -> None:
+    sd = make()
+    env = {e["name"]: e for e in container(sd)["env"]}
+    assert env["SLIPSTREAM_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "kimi-admin-key", "key": "api-key"}
+    assert not [a for a in container(sd)["args"] if "admin" in a]
+    secret = objects.admin_key_secret(sd, "s3cret")
+    assert secret["metadata"]["name"] == "kimi-admin-key" and secret["stringData"] == {"api-key": "s3cret"}
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "ServingDeployment"
 
 
 def test_pod_template_takes_the_setting_from_the_configmap() -> None:

@@ -170,8 +170,10 @@ class Engine(Model):
     hicache: HiCache = _section(HiCache, "Hierarchical cache settings.")
     admin_api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret holding the admin API key (--admin-api-key) the operator uses for "
-        "/set_internal_state.",
+        description="Secret holding the engines' admin API key (they get it as env "
+        "SLIPSTREAM_ADMIN_API_KEY, never as an argument); the operator uses it for "
+        "/set_internal_state. Unset: the operator generates one into an owned Secret "
+        "<name>-admin-key (key api-key).",
     )
     extra_args: list[str] = Field(
         default_factory=list, max_length=128, description="More launch_server arguments, appended verbatim."
@@ -317,11 +319,32 @@ class Decision(Model):
     reason: str = Field(max_length=1024, description="Why, in a sentence.")
 
 
+RolloutPhase = Literal["Idle", "Canary", "Analysis", "Promoting", "RollingBack"]
+"""Idle: nothing in flight; Canary: the candidate is being set on the canary pods;
+Analysis: canaries run it and are compared with the baseline pods; Promoting: every pod is
+being moved to it; RollingBack: pods on the candidate are being returned to the baseline."""
+
+
 class RolloutStatus(Model):
-    phase: Literal["Idle", "Canary", "Analysis", "Promoting", "RollingBack"] = "Idle"
-    candidate: EngineSetting | None = None
+    """The rollout's state, persisted so that a restarted operator resumes it."""
+
+    phase: RolloutPhase = "Idle"
+    candidate: EngineSetting | None = Field(default=None, description="The setting being rolled out (or the last one).")
+    baseline: EngineSetting | None = Field(
+        default=None, description="The fleet's setting before this rollout: what a rollback returns to."
+    )
+    reason: str | None = Field(default=None, max_length=1024, description="Why the candidate was chosen.")
     canary_pods: list[str] = Field(default_factory=list, max_length=64)
-    started_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    started_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="When the current phase began."
+    )
+    attempts: int = Field(default=0, ge=0, description="Rounds of admin calls issued in the current phase.")
+    result: Literal["Promoted", "RolledBack"] | None = Field(
+        default=None, description="How the last rollout ended (phase Idle)."
+    )
+    finished_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="When the last rollout ended."
+    )
     message: str | None = Field(default=None, max_length=1024)
 
 

@@ -84,6 +84,19 @@ def configmap(sd: models.ServingDeployment, setting: models.EngineSetting) -> di
     }
 
 
+def admin_key_secret(sd: models.ServingDeployment, key: str) -> dict[str, Any]:
+    """The generated admin-key Secret (only when the spec names none); owned, so it goes
+    with the ServingDeployment. Created once and never rewritten: the key must not change
+    under running engines."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(sd, engine_args.admin_key_secret_name(sd.metadata.name)),
+        "type": "Opaque",
+        "stringData": {engine_args.ADMIN_KEY_SECRET_KEY: key},
+    }
+
+
 def _quantities(values: dict[str, int | str]) -> dict[str, str]:
     return {name: str(value) for name, value in values.items()}
 
@@ -95,14 +108,13 @@ def _env(sd: models.ServingDeployment) -> list[dict[str, Any]]:
         {"name": var, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
         for var, key in engine_args.SETTING_ENV
     ]
-    if engine.admin_api_key_secret_ref is not None:
-        ref = engine.admin_api_key_secret_ref
-        env.append(
-            {
-                "name": engine_args.ADMIN_API_KEY_ENV,
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-            }
-        )
+    ref = engine_args.admin_key_ref(sd.metadata.name, engine)
+    env.append(
+        {
+            "name": engine_args.ADMIN_API_KEY_ENV,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+        }
+    )
     for var in engine.env:
         if var.secret_key_ref is not None:
             ref = var.secret_key_ref

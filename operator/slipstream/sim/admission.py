@@ -20,6 +20,24 @@ threshold (0 = off, SGLang 0.5.18 as shipped), P the page size and M stock's
 3. Floor mode only: what is left of the budget goes to the partial prefills, oldest
    first, so a lone long request uses the whole budget (work-conserving).
 
+Memory (``kv_free`` given; None = unlimited, the rule above unchanged). A NEW request
+(one getting tokens for the first time) is admitted only if its whole remaining need fits
+beside the unbuilt remainder of every partial prefill: with K = ``kv_free`` (available +
+evictable KV tokens less stock's reservation for the running decodes), R = the partials'
+remaining uncached tokens, page-rounded, less what this round already gives them, and
+``charged`` = what this round's chunks have charged so far (each ``ceil_page(take) + P``,
+plus the request's ``out_reserve`` when the chunk finishes its prefill, as SGLang's
+``_update_prefill_budget`` charges), the request needs
+``need + out_reserve + P + R < K - charged`` (stock's ``total_tokens >= rem_total_tokens``
+check, strict, with R added). A refused request ends new admissions for the round (stock's
+NO_TOKEN), as does ``K - charged <= 0`` after an admission; partial prefills are never
+refused for memory, their remainder being reserved, so no allocation can fail, and under
+srpt in ceiling mode a partial sorted after a refused request is still served: no order
+starves work that already holds KV. A new request truncated into a partial adds its
+unbuilt remainder to R.
+Partials (``max_partials`` given): a new request that would be left partial after this
+round is refused (ending new admissions) while ``max_partials`` partials are unfinished.
+
 With T = 0 this is exactly stock: one chunked request holds the whole budget until it
 finishes.
 
@@ -28,14 +46,16 @@ request under fcfs and lpm (they are the oldest), with T = 0 (stock's chunked re
 always goes first) and in floor mode (a partial keeps its guaranteed T, which is what
 stops long prompts from starving under srpt). Under srpt in ceiling mode they have no
 precedence: the caller passes ``partials=[]`` and one list of every candidate sorted by
-``srpt_key`` (a partial keyed by its remaining tokens), so a short arrival may take a
-round's budget from a long prompt in progress: shortest remaining prefill first.
+``srpt_key`` (a partial keyed by its remaining tokens), naming the partials in it with
+``partial_rids``, so a short arrival may take a round's budget from a long prompt in
+progress (shortest remaining prefill first), for at most need / aging seconds (the aging
+bound of ``srpt_key``), never because of memory.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -122,48 +142,110 @@ def srpt_key(arrival_s: float, need: int, aging_tokens_per_s: float) -> float:
     return arrival_s + need / aging_tokens_per_s
 
 
+def _ceil(tokens: int, page: int) -> int:
+    return -(-tokens // page) * page
+
+
 def allocate(
     rule: AdmissionRule,
     partials: Sequence[HasNeed],
     waiting: Sequence[HasNeed],
     budget: int | None = None,
+    *,
+    kv_free: int | None = None,
+    max_partials: int | None = None,
+    partial_rids: Collection[str] = (),
 ) -> dict[str, int]:
     """Tokens each request prefills this round (requests given nothing are absent).
 
     ``partials`` are the partial prefills in progress, oldest first; ``waiting`` is the
     queue already sorted by the admission order. Dict order is admission order.
     ``budget`` overrides C for this round (mixed batching subtracts the decode tokens).
+    ``kv_free``: KV tokens free for this round's prefill (available + evictable, less
+    stock's reservation for running decodes); None = unlimited (no memory check).
+    ``max_partials``: most partial prefills at once (engine ``--max-partial-prefills``);
+    None = unbounded. ``partial_rids``: the rids in ``waiting`` that are partial prefills
+    in progress (srpt in ceiling mode, where the caller merges them into one order).
+    A candidate may carry ``out_reserve`` (KV tokens charged for its output when its
+    prefill finishes, SGLang's clipped ``max_new_tokens``); absent = 0.
     """
     page = rule.page_size
     rem = rule.chunked_prefill_size if budget is None else budget
     rem_input = sys.maxsize if rule.max_prefill_tokens is None else rule.max_prefill_tokens
     cap = rule.threshold if rule.threshold > 0 else sys.maxsize
+    limited = kv_free is not None
+    kv_left = kv_free if kv_free is not None else 0
+    running = set(partial_rids)
+    # R: unbuilt remainder of every partial (page-rounded), and how many are unfinished.
+    reserve = 0
+    unfinished = 0
+    for c in (*partials, *(c for c in waiting if c.rid in running)):
+        reserve += _ceil(c.need, page)
+        unfinished += 1
+    new_open = True  # new admissions still allowed this round
     alloc: dict[str, int] = {}
 
-    for c in partials:
+    def charge(c: HasNeed, take: int, prior: int) -> None:
+        nonlocal rem, rem_input, kv_left
+        # SGLang charges whole pages (PrefillAdder._update_prefill_budget).
+        rem -= _ceil(take, page)
+        rem_input -= _ceil(take, page)
+        if limited:
+            done = prior + take == c.need
+            kv_left -= _ceil(take, page) + page + (getattr(c, "out_reserve", 0) if done else 0)
+
+    def serve_partial(c: HasNeed) -> int:
+        nonlocal reserve, unfinished
         take = min(c.need, cap, rem)
         if take < c.need:
             take = take // page * page
         if take > 0:
             alloc[c.rid] = take
-            # SGLang charges whole pages (PrefillAdder._update_prefill_budget).
-            rem -= -(-take // page) * page
-            rem_input -= -(-take // page) * page
+            charge(c, take, 0)
+            reserve -= _ceil(c.need, page) - _ceil(c.need - take, page)
+            if take == c.need:
+                unfinished -= 1
+        return take
+
+    for c in partials:
+        serve_partial(c)
 
     for c in waiting:
         if rem <= 0:
             break
+        if c.rid in running:
+            # srpt/ceiling: a partial in the merged order (never refused for memory).
+            if serve_partial(c) < min(c.need, cap):
+                break
+            continue
+        if not new_open:
+            continue
         want = min(c.need, cap)
         take = want if want <= rem else rem // page * page
         if take <= 0:
             break
+        if (limited and c.need + getattr(c, "out_reserve", 0) + page + reserve >= kv_left) or (
+            max_partials is not None and take < c.need and unfinished >= max_partials
+        ):
+            # Stock's NO_TOKEN (or the partials bound): no more new requests this round;
+            # partials later in a merged srpt order still run.
+            new_open = False
+            if not running:
+                break
+            continue
         alloc[c.rid] = take
-        rem -= -(-take // page) * page
-        rem_input -= -(-take // page) * page
+        charge(c, take, 0)
+        if take < c.need:
+            reserve += _ceil(c.need - take, page)
+            unfinished += 1
         if take < want or rem_input <= 0:
             # Truncated by the budget, or max_prefill_tokens used up: with chunked
             # prefill on, stock checks rem_input_tokens only after an admission.
             break
+        if limited and kv_left <= 0:
+            new_open = False
+            if not running:
+                break
 
     if rule.mode == "floor" and rule.threshold > 0 and rem > 0:
         needs = {c.rid: c.need for c in partials}

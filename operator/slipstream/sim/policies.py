@@ -233,8 +233,9 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
             raise PolicyError(f"policy {name!r}: the token count must be > 0")
     if kind == "auto" and controller is None:
         raise PolicyError(
-            "policy 'auto' needs a controller (the closed-loop tuner) plugged in; "
-            "use a fixed policy such as 'floor:4096/srpt' until the tuner is available"
+            "policy 'auto' needs a controller (the closed-loop tuner) plugged in: the "
+            "slipstream CLI plugs in slipstream.tune's; in Python pass controller="
+            "slipstream.tune.auto.TwinAuto(...)"
         )
     try:
         policy = REGISTRY[kind](arg, cfg)

@@ -38,11 +38,34 @@ class Profile:
     mem_bandwidth: float
     """Device memory bandwidth, bytes/s, summed over the tensor-parallel group."""
     overhead_s: float
-    """Fixed cost of one forward pass (launches, scheduling, collectives), seconds."""
+    """Fixed cost of one prefill (extend) pass: launches, scheduling, collectives, seconds."""
     host_bandwidth: float = 0.0
     """Host-to-device bytes/s for HiCache load-back; 0 = no host tier."""
+    overhead_source: str = ""
+    """Where ``overhead_s`` comes from."""
+    decode_overhead_s: float = -1.0
+    """Fixed cost of one decode-only pass (CUDA graphs in SGLang); absent = ``overhead_s``."""
+    decode_overhead_source: str = ""
+    mixed_overhead_s: float = -1.0
+    """Fixed cost of a pass carrying prefill chunks and decodes together (an extend batch,
+    no CUDA graph); absent = ``overhead_s``."""
+    mixed_overhead_source: str = ""
+    hbm_bytes: float = 0.0
+    """Device memory of the tensor-parallel group, bytes; 0 = no KV pool limit."""
+    activation_bytes: float = 0.0
+    """Memory SGLang keeps out of the KV pool for activations and CUDA graphs, bytes."""
+    kv_pool_bytes_per_token: float = 0.0
+    """Pool bytes one token of context takes over the whole group (MLA under tensor
+    parallelism keeps a full copy on every device); absent = ``kv_bytes_per_token``."""
+    memory_source: str = ""
+    """Where the KV pool's numbers come from."""
 
     def __post_init__(self) -> None:
+        for name in ("decode_overhead_s", "mixed_overhead_s"):
+            if getattr(self, name) == -1.0:  # absent: the prefill pass's overhead
+                object.__setattr__(self, name, self.overhead_s)
+        if not self.kv_pool_bytes_per_token:
+            object.__setattr__(self, "kv_pool_bytes_per_token", self.kv_bytes_per_token)
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float | int) and value < 0:
@@ -54,9 +77,31 @@ class Profile:
             raise ValueError(
                 f"profile {self.name!r}: attn_flops_per_s must be > 0 when attn_flops_per_pair is set"
             )
+        _ = self.kv_pool_tokens  # refuses a pool that HBM cannot hold
+
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """Tokens of KV the pool holds: HBM less weights and activations; None = unlimited."""
+        if not self.hbm_bytes:
+            return None
+        free = self.hbm_bytes - self.weight_bytes - self.activation_bytes
+        if free < self.kv_pool_bytes_per_token:
+            raise ValueError(
+                f"profile {self.name!r}: hbm_bytes {self.hbm_bytes:.4g} leaves no KV pool after "
+                f"weight_bytes {self.weight_bytes:.4g} and activation_bytes "
+                f"{self.activation_bytes:.4g}"
+            )
+        return int(free // self.kv_pool_bytes_per_token)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
+
+
+OPTIONAL_FIELDS = frozenset(f.name for f in fields(Profile)) - {
+    "name", "description", "source", "flops_per_token", "peak_flops", "attn_flops_per_pair",
+    "attn_flops_per_s", "weight_bytes", "kv_bytes_per_token", "mem_bandwidth", "overhead_s",
+}
+"""Fields a profile file may leave out (older files and the calibration probe's output)."""
 
 
 def _key_line(text: str | None, key: str) -> str:
@@ -79,7 +124,7 @@ def from_dict(data: dict[str, object], origin: str = "<dict>", text: str | None 
     kwargs: dict[str, object] = {}
     for f in fields(Profile):
         if f.name not in data:
-            if f.name == "host_bandwidth":
+            if f.name in OPTIONAL_FIELDS:
                 continue
             raise ValueError(f"{origin}: profile field {f.name!r} is missing")
         value = data[f.name]

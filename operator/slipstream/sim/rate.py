@@ -15,8 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from slipstream.sim.cache import PrefixCache
-from slipstream.sim.cost import CostModel
+from slipstream.sim.engine import solo_replay
 from slipstream.sim.policies import EngineConfig
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
@@ -24,17 +23,7 @@ from slipstream.sim.workload import Workload
 
 def solo_busy_s(workload: Workload, profile: Profile, config: EngineConfig) -> float:
     """Seconds of prefill the workload needs, each request alone, cache replayed in order."""
-    cost = CostModel(profile)
-    cache = PrefixCache(config.cache_tokens, config.host_cache_tokens)
-    total = 0.0
-    for req in workload.requests:
-        if req.warm_blocks:
-            cache.insert(req.blocks[: req.warm_blocks], req.block_sizes[: req.warm_blocks])
-        cached, host = cache.admit(req.blocks, req.block_sizes, req.prompt_tokens)
-        total += cost.solo_prefill_s(cached, req.prompt_tokens - cached,
-                                     config.chunked_prefill_size, host)
-        cache.insert(req.blocks, req.block_sizes)
-    return total
+    return sum(job.solo_s for job in solo_replay(workload, profile, config))
 
 
 def scale_for_utilization(

@@ -1,0 +1,260 @@
+"""The recommender: run every candidate on the twin over the snapshot's workload, pick one.
+
+Steps (each a function below, plain data between them):
+
+1. ``synthesize`` the snapshot into a twin workload (``twin_workload``), once;
+2. ``predict`` each candidate: one deterministic twin run per candidate, on the same
+   workload (the workload, the cost model and the reference run are shared);
+3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
+   per-tenant p99 TTFT target and keep the longest prompts' slowdown within the bound,
+   the one with the least objective (default: the worst tenant's p99 slowdown, TTFT over
+   the same request's TTFT alone). Candidates within ``tie_tolerance`` of the least are
+   ties, won by the simplest (least concurrency, fcfs, ceiling): uniform traffic, where
+   every candidate predicts the same, stays at off.
+
+A target is *attainable* when the tenant's own p99 TTFT alone (its prompts' prefill on an
+idle engine) is below it: no scheduler can bring a 600K-token prompt under 2 s, so such a
+target is reported, not used to veto every candidate. When no candidate meets the
+constraints the recommendation is marked infeasible and carries the best effort (the least
+objective among those within the long-prompt bound, else among all).
+
+The long-prompt bound: the p99 slowdown of the longest decile of prompts (by uncached
+tokens) may not exceed ``max(long_prompt_slowdown_max, long_prompt_slowdown_factor x the
+same figure under off/fcfs)``: shortest-first orders and concurrency help short prompts
+by delaying long ones, and this is how far they may.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from slipstream.api.snapshot import Histogram, WorkloadSnapshot
+from slipstream.sim import engine, policies
+from slipstream.sim.metrics import percentile
+from slipstream.sim.policies import EngineConfig, Setting
+from slipstream.sim.profiles import Profile
+from slipstream.sim.workload import Workload
+from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, simplicity
+from slipstream.tune.heterogeneity import heterogeneity
+from slipstream.tune.twin_workload import synthesize
+
+OBJECTIVES = ("worst_tenant_slowdown_p99", "worst_tenant_ttft_p99")
+BASELINE = Setting(0, "ceiling", "fcfs")
+"""Off, fcfs: SGLang as shipped, the reference of the long-prompt bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecommenderSettings:
+    """How the recommender runs; every field with its unit and why."""
+
+    max_requests: int = 300
+    """Requests in the synthetic workload (count). Bounds one candidate's twin run to a few
+    ms on one core, so ~45 candidates fit well under a second; 300 still puts three of a 1%
+    tail into the sample."""
+    seed: int = 0
+    """Seed of the workload's RNG: the same snapshot gives the same recommendation."""
+    objective: str = "worst_tenant_slowdown_p99"
+    """What is minimised: the worst tenant's p99 slowdown (default: fair to short and long
+    prompts alike), or the worst tenant's p99 TTFT (seconds)."""
+    tie_tolerance: float = 0.05
+    """Relative band (fraction) within which candidates count as equal and the simplest wins:
+    the twin's figures on a 300-request sample are not finer than that."""
+    long_prompt_slowdown_max: float = 10.0
+    """Absolute part of the long-prompt bound (slowdown, dimensionless): the longest decile
+    may wait up to 9x its own prefill time before it counts as starved."""
+    long_prompt_slowdown_factor: float = 1.5
+    """Relative part (multiple of the same figure under off/fcfs): under overload even stock
+    exceeds the absolute bound, and a candidate may then be at most this much worse."""
+    orders: tuple[str, ...] = policies.ORDERS
+    """Admission orders tried."""
+    modes: tuple[str, ...] = ("ceiling", "floor")
+    """Engine modes tried."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.max_requests < 10:
+            raise ValueError("max_requests must be >= 10")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFigures:
+    """One tenant under one candidate, predicted by the twin."""
+
+    name: str
+    requests: int
+    ttft_p99_s: float
+    slowdown_p99: float
+    solo_ttft_p99_s: float
+    """p99 TTFT of the same requests alone: the floor no setting goes under."""
+    target_s: float
+
+    @property
+    def attainable(self) -> bool:
+        return self.solo_ttft_p99_s <= self.target_s
+
+    @property
+    def meets_target(self) -> bool:
+        return not self.attainable or self.ttft_p99_s <= self.target_s
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The twin's figures for one candidate."""
+
+    setting: Setting
+    concurrency: int
+    allowed: bool
+    """Inside the spec's bounds."""
+    tenants: tuple[TenantFigures, ...]
+    worst_tenant_slowdown_p99: float
+    worst_tenant_ttft_p99_s: float
+    long_prompt_slowdown_p99: float
+    within_long_bound: bool = True
+
+    @property
+    def meets_targets(self) -> bool:
+        return all(t.meets_target for t in self.tenants)
+
+    def objective(self, name: str) -> float:
+        return self.worst_tenant_slowdown_p99 if name == OBJECTIVES[0] else self.worst_tenant_ttft_p99_s
+
+    def worst_tenant(self) -> TenantFigures | None:
+        return max(self.tenants, key=lambda t: t.slowdown_p99, default=None)
+
+    def tenant(self, name: str) -> TenantFigures | None:
+        return next((t for t in self.tenants if t.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The choice, every candidate's predicted figures, and why in one line."""
+
+    best: Prediction
+    current: Prediction
+    predictions: tuple[Prediction, ...]
+    heterogeneity: float
+    feasible: bool
+    """Some allowed candidate meets every attainable target and the long-prompt bound."""
+    objective: str
+    long_prompt_bound: float
+    requests: int
+    """Requests in the synthetic workload."""
+    reason: str
+
+    @property
+    def gain(self) -> float:
+        """Relative predicted improvement of the objective over the current setting."""
+        cur = self.current.objective(self.objective)
+        new = self.best.objective(self.objective)
+        return (cur - new) / cur if cur > 0 and math.isfinite(cur) else 0.0
+
+
+def twin_config(config: EngineConfig, spec: TuningSpec, workload: Workload) -> EngineConfig:
+    """The engine config the candidates run on: the spec's C and page, a cache that keeps
+    every synthetic prefix (the observed hit ratio is already the engine's real one)."""
+    need = sum(r.prompt_tokens for r in workload.requests)
+    return replace(config, chunked_prefill_size=spec.chunked_prefill_size, page_size=spec.page_size,
+                   cache_tokens=max(config.cache_tokens, need + 1))
+
+
+def policy_name(setting: Setting) -> str:
+    """The twin's policy name of a setting, e.g. ``floor:2048/srpt`` or ``stock``."""
+    kind = f"{setting.mode}:{setting.threshold}" if setting.threshold else "stock"
+    return kind if setting.order == "fcfs" else f"{kind}/{setting.order}"
+
+
+def predict(workload: Workload, setting: Setting, profile: Profile, config: EngineConfig,
+            spec: TuningSpec) -> Prediction:
+    """One twin run of ``setting`` on ``workload`` and its figures."""
+    result = engine.simulate(workload, policies.parse(policy_name(setting), config), profile, config)
+    by_tenant: dict[str, list[engine.Job]] = {}
+    for job in result.jobs:
+        by_tenant.setdefault(job.req.tenant, []).append(job)
+    tenants = []
+    for name, jobs in by_tenant.items():
+        ttft = [j.first_token_s - j.arrival_s for j in jobs]
+        slow = [(j.first_token_s - j.arrival_s) / j.solo_s for j in jobs if j.solo_s > 0]
+        tenants.append(TenantFigures(name, len(jobs), percentile(ttft, 99), percentile(slow, 99),
+                                     percentile([j.solo_s for j in jobs], 99), spec.target_for(name)))
+    longest = sorted(result.jobs, key=lambda j: j.uncached)[-max(1, len(result.jobs) // 10):]
+    long_slow = percentile([(j.first_token_s - j.arrival_s) / j.solo_s for j in longest if j.solo_s > 0], 99)
+    return Prediction(
+        setting, concurrency(setting, spec.chunked_prefill_size), spec.allows(setting), tuple(tenants),
+        max((t.slowdown_p99 for t in tenants), default=math.nan),
+        max((t.ttft_p99_s for t in tenants), default=math.nan),
+        long_slow,
+    )
+
+
+def choose(predictions: Sequence[Prediction], bound: float, settings: RecommenderSettings,
+           chunked_prefill_size: int) -> tuple[Prediction, bool]:
+    """(best, feasible) by the rules of the module doc."""
+    allowed = [p for p in predictions if p.allowed] or list(predictions)
+    ok = [p for p in allowed if p.within_long_bound and p.meets_targets]
+    pool = ok or [p for p in allowed if p.within_long_bound] or allowed
+    least = min(p.objective(settings.objective) for p in pool)
+    ties = [p for p in pool if p.objective(settings.objective) <= least * (1 + settings.tie_tolerance)]
+    best = min(ties, key=lambda p: simplicity(p.setting, chunked_prefill_size))
+    return best, bool(ok)
+
+
+def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
+              config: EngineConfig | None = None,
+              settings: RecommenderSettings | None = None) -> Recommendation:
+    """The recommendation for a valid snapshot (ValueError on an invalid or empty one)."""
+    settings = settings or RecommenderSettings()
+    if not snapshot.valid:
+        raise ValueError(f"snapshot of {snapshot.deployment} is not valid: {snapshot.invalid}")
+    workload = synthesize(snapshot, settings.max_requests, settings.seed)
+    if not workload.requests:
+        raise ValueError(f"snapshot of {snapshot.deployment} has no tenant traffic to replay")
+    cfg = twin_config(config or EngineConfig(), spec, workload)
+    settings_to_run = [BASELINE, *enumerate_candidates(spec, settings.orders, settings.modes), current]
+    runs = {s: predict(workload, s, profile, cfg, spec) for s in dict.fromkeys(settings_to_run)}
+    bound = max(settings.long_prompt_slowdown_max,
+                settings.long_prompt_slowdown_factor * runs[BASELINE].long_prompt_slowdown_p99)
+    preds = tuple(replace(p, within_long_bound=p.long_prompt_slowdown_p99 <= bound) for p in runs.values())
+    by_setting = {p.setting: p for p in preds}
+    best, feasible = choose(preds, bound, settings, spec.chunked_prefill_size)
+    mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
+                        spec.chunked_prefill_size)
+    cur = by_setting[current]
+    return Recommendation(best, cur, preds, mix, feasible, settings.objective, bound,
+                          len(workload.requests), reason_line(mix, cur, best, feasible))
+
+
+def merged_uncached(snapshot: WorkloadSnapshot) -> Histogram | None:
+    """The deployment's uncached-token histogram as the sum of its tenants' (same bounds)."""
+    hists = [t.uncached_tokens for t in snapshot.tenants if t.uncached_tokens.total > 0]
+    if not hists or any(h.bounds != hists[0].bounds for h in hists):
+        return hists[0] if hists else None
+    return Histogram(hists[0].bounds,
+                     tuple(sum(h.counts[i] for h in hists) for i in range(len(hists[0].bounds))),
+                     sum(h.total for h in hists), sum(h.sum for h in hists))
+
+
+def describe(setting: Setting, chunked_prefill_size: int) -> str:
+    """``off, order fcfs`` or ``T 2048 (concurrency 4, ceiling, order srpt)``."""
+    if not setting.threshold:
+        return f"off, order {setting.order}"
+    return (f"T {setting.threshold} (concurrency {concurrency(setting, chunked_prefill_size)}, "
+            f"{setting.mode}, order {setting.order})")
+
+
+def reason_line(mix: float, cur: Prediction, best: Prediction, feasible: bool) -> str:
+    """One line for status, Events and logs, e.g. ``heterogeneity 0.81, predicted ...``."""
+    worst = cur.worst_tenant()
+    mixed = "n/a" if math.isnan(mix) else f"{mix:.2f}"
+    line = (f"heterogeneity {mixed}, predicted worst-tenant p99 slowdown "
+            f"{cur.worst_tenant_slowdown_p99:.1f} -> {best.worst_tenant_slowdown_p99:.1f}")
+    if worst is not None:
+        after = best.tenant(worst.name)
+        if after is not None:
+            line += f" ({worst.name} p99 TTFT {worst.ttft_p99_s:.1f} s -> {after.ttft_p99_s:.1f} s)"
+    if not feasible:
+        missed = [t.name for t in best.tenants if not t.meets_target]
+        line += "; no candidate meets every target" + (f" (misses {', '.join(missed)})" if missed else "")
+    return line

@@ -348,9 +348,10 @@ class Engine:
         budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
         if budget <= 0:
             return {}
+        queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
         head = _refresh_head(queue, self.cache, rule.threshold, budget)
         if partials_first(rule, policy.order):
-            return allocate(rule, partials, queue.items, budget)
+            return policy.allocator(rule, partials, queue.items, budget)
         return allocate(rule, (), _srpt_merge(queue, head, partials), budget)
 
     def _decode_passes(self, until_s: float) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.sim import engine, policies, profiles
+from slipstream.sim import engine, policies, profiles, spec
 from slipstream.sim.admission import AdmissionRule, Candidate, allocate
 from slipstream.sim.policies import EngineConfig, PolicyError, spf_allocate, spf_chunk_limit
 from slipstream.sim.queue import LPM_FCFS_FALLBACK, WaitQueue
@@ -236,3 +236,18 @@ def test_sglang_orders_serve_everyone_and_never_beat_the_solo_time(rows, policy)
     for job in result.jobs:
         assert job.first_token_s >= 0 and job.finished_s >= job.first_token_s
         assert job.first_token_s - job.arrival_s >= job.solo_s - floor - 1e-9
+
+
+def test_seed_000_under_sglangs_own_orders():
+    """The README's seed-000 rows: spf's chunk cap lets the small requests past the cold
+    600K prompt; hrrn only orders the queue, so they wait for the chunked prompt."""
+    sp = spec.load("seed-000")
+    prof = profiles.load(sp.profile or "kimi-k3-8xh200")
+    out = {}
+    for name in ("sglang-spf", "hrrn"):
+        result = engine.simulate(sp.workload, policies.parse(name, sp.engine), prof, sp.engine)
+        out[name] = {j.rid: j.first_token_s - j.arrival_s for j in result.jobs}
+    small = [r for r in out["sglang-spf"] if r != "cold"]
+    assert max(out["sglang-spf"][r] for r in small) < 1.0
+    assert out["sglang-spf"]["cold"] == pytest.approx(105.70, abs=0.01)
+    assert min(out["hrrn"][r] for r in small) > 100

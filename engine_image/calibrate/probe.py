@@ -202,12 +202,14 @@ class Layer(torch.nn.Module):
         h = torch.bmm(F.silu(gate) * up, self.down[:touched])
         return torch.zeros_like(x).index_add_(0, rows, h.reshape(-1, s.hidden))
 
-    def forward(self, x: torch.Tensor, prefill_len: int, prefix: tuple[torch.Tensor, torch.Tensor] | None,
+    def forward(self, x: torch.Tensor, prefill_len: int, kv_buf: tuple[torch.Tensor, torch.Tensor] | None,
                 dec_cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         """x: (prefill_len + B, hidden): one request's chunk first, then B decode tokens.
 
-        ``prefix``: the chunk's cached K, V (kv_heads, s, head_dim) it attends to;
-        ``dec_cache``: the decodes' K, V (B, kv_heads, c, head_dim).
+        ``kv_buf``: the chunk's K, V buffers (kv_heads, s + prefill_len, head_dim) holding its
+        s cached tokens; the chunk writes its own K, V after them (as into a KV pool, no
+        copy of the prefix) and attends to the whole buffer. ``dec_cache``: the decodes'
+        K, V (B, kv_heads, c, head_dim).
         """
         s = self.s
         q, k, v = F.linear(F.rms_norm(x, (s.hidden,)), self.qkv).split(
@@ -218,9 +220,10 @@ class Layer(torch.nn.Module):
             qp = q[:n].view(n, s.heads, s.head_dim).transpose(0, 1)
             kp = k[:n].view(n, s.kv_heads, s.head_dim).transpose(0, 1)
             vp = v[:n].view(n, s.kv_heads, s.head_dim).transpose(0, 1)
-            if prefix is not None and prefix[0].shape[1]:
-                kp = torch.cat([prefix[0], kp], dim=1)
-                vp = torch.cat([prefix[1], vp], dim=1)
+            if kv_buf is not None:
+                kv_buf[0][:, -n:] = kp
+                kv_buf[1][:, -n:] = vp
+                kp, vp = kv_buf
             mask = causal_lower_right(n, kp.shape[1])
             a = F.scaled_dot_product_attention(qp.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0),
                                                attn_mask=mask, enable_gqa=True)
@@ -396,7 +399,7 @@ class Runner:
         ``context``, the measured layers scaled to all of them, plus the logits rows."""
         s = self.shape
         x = torch.randn(chunk + batch, s.hidden, dtype=self.dt, device=self.device)
-        prefix = self._kv(s.kv_heads, cached, s.head_dim) if chunk and cached else None
+        prefix = self._kv(s.kv_heads, cached + chunk, s.head_dim) if chunk else None
         dec = self._kv(batch, s.kv_heads, context, s.head_dim) if batch else None
         layers = self.layers
 

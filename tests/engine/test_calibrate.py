@@ -102,8 +102,10 @@ def test_chunk_attends_to_its_cached_prefix_and_causally_to_itself():
     n, cached = 3, 5
     x = torch.randn(n, s.hidden)
     pk, pv = torch.randn(s.kv_heads, cached, s.head_dim), torch.randn(s.kv_heads, cached, s.head_dim)
+    buf = (torch.cat([pk, torch.full((s.kv_heads, n, s.head_dim), 99.0)], 1),
+           torch.cat([pv, torch.full((s.kv_heads, n, s.head_dim), 99.0)], 1))
     with torch.inference_mode():
-        got = layer(x, n, (pk, pv), None)
+        got = layer(x, n, buf, None)
         q, k, v = F.linear(F.rms_norm(x, (s.hidden,)), layer.qkv).split([64, 32, 32], dim=-1)
         q = q.view(n, s.heads, s.head_dim).transpose(0, 1)
         k = torch.cat([pk, k.view(n, s.kv_heads, s.head_dim).transpose(0, 1)], 1).repeat_interleave(2, 0)

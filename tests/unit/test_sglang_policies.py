@@ -251,3 +251,28 @@ def test_seed_000_under_sglangs_own_orders():
     assert max(out["sglang-spf"][r] for r in small) < 1.0
     assert out["sglang-spf"]["cold"] == pytest.approx(105.70, abs=0.01)
     assert min(out["hrrn"][r] for r in small) > 100
+
+
+@pytest.mark.parametrize("kv_free, expect", [
+    # the capped chunk charges 7792 + 1 page and keeps its 12208 unbuilt tokens reserved
+    (20_000, {"long": 7792}),                            # 20000 - 20001 < 0: no one else
+    (20_300, {"long": 7792, "a": 100}),                  # 299 left: a (101) fits, b (301) not
+    (20_500, {"long": 7792, "a": 100, "b": 300}),
+    (None, {"long": 7792, "a": 100, "b": 300}),
+])
+def test_spf_cap_keeps_the_chunks_remainder_reserved_under_the_kv_rule(kv_free, expect):
+    partial = [Candidate("long", 20_000)]
+    waiting = [Candidate("a", 100), Candidate("b", 300)]
+    assert spf_allocate(STOCK, partial, waiting, kv_free=kv_free) == expect
+
+
+def test_spf_cap_counts_the_chunk_against_max_prefill_tokens():
+    partial = [Candidate("long", 20_000)]
+    waiting = [Candidate("a", 100), Candidate("b", 300)]
+    # M = 7850: the chunk's 7792 leave 58; a is admitted (stock checks after admitting),
+    # which spends it, so b waits
+    assert spf_allocate(AdmissionRule(8192, max_prefill_tokens=7850), partial, waiting) == {
+        "long": 7792, "a": 100}
+    # M = 7900 leaves 108: a leaves 8 > 0, b is admitted and spends it
+    assert spf_allocate(AdmissionRule(8192, max_prefill_tokens=7900), partial, waiting) == {
+        "long": 7792, "a": 100, "b": 300}

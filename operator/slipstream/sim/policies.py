@@ -63,14 +63,13 @@ them by arrival.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from slipstream.sim.admission import (
     DEFAULT_SRPT_AGING_TOKENS_PER_S,
     MODES,
     AdmissionRule,
-    Candidate,
     HasNeed,
     allocate,
 )
@@ -260,23 +259,38 @@ def spf_chunk_limit(remaining: int, waiting_needs: Sequence[int], budget: int, p
 
 
 def spf_allocate(rule: AdmissionRule, partials: Sequence[HasNeed], waiting: Sequence[HasNeed],
-                 budget: int | None = None, **limits: Any) -> dict[str, int]:
+                 budget: int | None = None, *, kv_free: int | None = None,
+                 max_partials: int | None = None, **rest: Any) -> dict[str, int]:
     """A round under ``sglang-spf``: stock's split (T = 0) with the chunked request (at most
     one) capped by ``spf_chunk_limit`` (``adder.chunked_req_limit`` in scheduler.py).
 
-    ``waiting`` is already in shortest-prefill order (the queue's ``spf`` order). SGLang
-    also refuses to start a second chunked request while one is unfinished
-    (``_select_prefill_admission``); in the twin that rule never binds: an unfinished chunk
-    takes all the budget the reservation leaves, so what remains is under one page and no
-    waiting request can be cut to fit it.
+    ``waiting`` is already in shortest-prefill order (the queue's ``spf`` order). The
+    capped chunk is served here and the rest of the round is ``admission.allocate``'s, with
+    what the chunk used taken off the budget, the ``max_prefill_tokens`` check, the
+    partials bound and the KV left (its chunk, one page, and the unbuilt remainder it
+    keeps reserved, as allocate would charge a partial). SGLang also refuses to start a
+    second chunked request while one is unfinished (``_select_prefill_admission``); in the
+    twin that never binds: the capped chunk leaves less than a page of budget.
     """
     rem = rule.chunked_prefill_size if budget is None else budget
-    if partials:
-        head = partials[0]
-        limit = spf_chunk_limit(head.need, [w.need for w in waiting], rem, rule.page_size)
-        if limit is not None and limit < head.need:
-            partials = [Candidate(head.rid, limit), *partials[1:]]
-    return allocate(rule, partials, waiting, budget, **limits)
+    page = rule.page_size
+    limit = (spf_chunk_limit(partials[0].need, [w.need for w in waiting], rem, page)
+             if partials else None)
+    if limit is None or limit >= partials[0].need:
+        return allocate(rule, partials, waiting, budget, kv_free=kv_free,
+                        max_partials=max_partials, **rest)
+    head = partials[0]
+    take = limit  # page-aligned, under the budget and under the chunk's need
+    used = -(-take // page) * page
+    m = rule.max_prefill_tokens
+    tail_rule = replace(rule, max_prefill_tokens=None if m is None else m - used)
+    if kv_free is not None:
+        kv_free -= used + page + -(-(head.need - take) // page) * page
+    if max_partials is not None:
+        max_partials -= 1
+    tail = allocate(tail_rule, partials[1:], waiting, rem - used, kv_free=kv_free,
+                    max_partials=max_partials, **rest)
+    return {head.rid: take, **tail}
 
 
 def _sglang_spf(arg: int | None, cfg: EngineConfig) -> Policy:

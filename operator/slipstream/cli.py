@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run one policy on a workload in the digital twin")
     _add_workload_args(sim)
     sim.add_argument("--policy", required=True,
-                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | auto, "
+                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | sglang-spf | hrrn | auto, "
                      "optionally /fcfs, /lpm or /srpt")
     _add_tuner_args(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object")

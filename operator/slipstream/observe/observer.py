@@ -26,8 +26,9 @@ class ObserveSettings:
 
     window_s: float = 300.0
     """Seconds of history per snapshot: enough first tokens for a p99 at modest traffic."""
-    min_samples: int = 100
-    """First tokens needed in the window (all tenants); a p99 of fewer is one request."""
+    min_samples: int = 50
+    """First tokens needed in the window (all tenants): the tuner's guardrail default
+    (``tune.guardrails``), so the two never disagree about "enough"."""
     max_staleness_s: float = 60.0
     """Oldest the newest engine sample may be: four 15 s scrapes (1 s scrapes in tests)."""
     query_timeout_s: float = DEFAULT_TIMEOUT_S

@@ -74,7 +74,7 @@ def test_auto_follows_the_phases_within_a_few_intervals_and_respects_the_cooldow
     assert all(at >= PHASE_S for at, _ in moves), "moved during the first uniform phase"
     first_at, first = moves[0]
     assert first_at <= PHASE_S + slack
-    assert first.to.order == "srpt" and first.to.threshold > 0
+    assert first.to.threshold > 0  # concurrent prefills (srpt or not: the twin's call)
     back = [(at, m) for at, m in moves if at >= 2 * PHASE_S and concurrency(m.to, 8192) == 1]
     # Back to off within three intervals of the change, or, when a step taken while the
     # window still held heterogeneous traffic is cooling down, one interval after it ends.
@@ -118,6 +118,8 @@ def test_bench_runs_auto_on_the_builtin_workload(capsys):
                      "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["policies"]) == {"stock", "auto"}
+    changes = out["tuner"]["auto"]["changes"]
+    assert changes and changes[0]["from"] == "stock" and changes[0]["reason"].startswith("heterogeneity")
     assert out["policies"]["auto"]["worst_tenant_slowdown_p99"] < out["policies"]["stock"]["worst_tenant_slowdown_p99"]
 
 

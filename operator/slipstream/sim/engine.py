@@ -425,13 +425,14 @@ class Engine:
             return {}
         cfg = self.config
         slots = cfg.max_running_requests - self.decoding - len(partials)
+        queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
         limited = self.kv_pool_tokens is not None
         head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), limited)
         max_partials = cfg.max_partial_prefills
         if not limited:
             if partials_first(rule, policy.order):
-                return allocate(rule, partials, queue.items[:head], budget,
-                                max_partials=max_partials)
+                return policy.allocator(rule, partials, queue.items[:head], budget,
+                                        max_partials=max_partials)
             return allocate(rule, (), _srpt_merge(queue, head, partials), budget,
                             max_partials=max_partials, partial_rids={j.rid for j in partials})
         # The reservation rule (admission.py): what the running decodes may still need
@@ -439,8 +440,8 @@ class Engine:
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
         kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
         if partials_first(rule, policy.order):
-            alloc = allocate(rule, partials, queue.items[:head], budget, kv_free=kv_free,
-                             max_partials=max_partials)
+            alloc = policy.allocator(rule, partials, queue.items[:head], budget,
+                                     kv_free=kv_free, max_partials=max_partials)
         else:
             alloc = allocate(rule, (), _srpt_merge(queue, head, partials), budget,
                              kv_free=kv_free, max_partials=max_partials,

@@ -427,6 +427,12 @@ class Engine:
         slots = cfg.max_running_requests - self.decoding - len(partials)
         queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
         limited = self.kv_pool_tokens is not None
+        if limited and not partials and policy.allocator is allocate:
+            # a full pool admits nothing: a new request needs need + page >= 2 tokens free
+            # (the rule's own refusal, decided without re-matching the queue's head)
+            reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
+            if int(self.kv_pool_tokens - self.kv_in_use - reserve) <= 1 + rule.page_size:
+                return {}
         head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), limited)
         max_partials = cfg.max_partial_prefills
         if not limited:

@@ -186,6 +186,7 @@ def make_engine(
     max_reqs: int = 256,
     max_prefill_tokens: int = 16384,
     aging: float = 4096.0,
+    max_partials: int = 8,
 ) -> Engine:
     extra: dict[str, Any] = {}
     if PATCHED:
@@ -193,6 +194,7 @@ def make_engine(
             long_prefill_token_threshold=threshold,
             long_prefill_mode=mode,
             srpt_aging_tokens_per_s=aging,
+            max_partial_prefills=max_partials,
         )
     elif threshold:
         raise ValueError("a threshold needs the patched sglang")
@@ -296,6 +298,7 @@ def make_engine(
         s.long_prefill_token_threshold = threshold
         s.long_prefill_mode = mode
         s.srpt_aging_tokens_per_s = aging
+        s.max_partial_prefills = max_partials
         s.metrics_collector = None
     s.policy = SchedulePolicy(policy, tree, False, False, False)
     if PATCHED:
@@ -329,7 +332,10 @@ def run_case(case: dict[str, Any]) -> list[dict[str, int]]:
         eng.rounds.clear()
     for i, r in enumerate(case["requests"]):
         eng.add(
-            r["need"], rid=r["rid"], prefix=prefix if r.get("cached") else None, arrival=float(i)
+            r["need"],
+            rid=r["rid"],
+            prefix=prefix if r.get("cached") else None,
+            arrival=float(r.get("arrival", i)),
         )
     rounds = case.get("rounds")
     if rounds is None:

@@ -3,6 +3,7 @@ under DP attention, and the ignore_eos admission path with the radix cache disab
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import harness as h
@@ -75,10 +76,10 @@ def test_run_time_update_is_refused_for_a_hybrid_swa_model():
 def test_dp_attention_t_is_per_rank_and_at_most_c_over_dp():
     a = ServerArgs(model_path="dummy", chunked_prefill_size=8192, enable_dp_attention=True,
                    dp_size=4, tp_size=4, long_prefill_token_threshold=4096)
-    try:
-        a._handle_data_parallelism()  # SGLang's own division of C by the DP size
-    except AttributeError:
-        pass  # its later steps need a resolved CUDA-graph config (not on CPU)
+    # SGLang's own division of C by the DP size; its later steps need a resolved
+    # CUDA-graph config (not on CPU).
+    with contextlib.suppress(AttributeError):
+        a._handle_data_parallelism()
     assert a.chunked_prefill_size == 2048
     with pytest.raises(ValueError) as e:
         lp.check_long_prefill_server_args(a)

@@ -99,8 +99,8 @@ def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) 
     with pytest.raises(flags.FlagError, match="not modelled by the twin"):
         parse("--schedule-policy", "lof")
     env = {"T": "2048", "MODE": "floor"}
-    assert flags.expand_env(["--long-prefill-token-threshold", "$(T)", "--x=$(MODE)-$(UNSET)"], env) == [
-        "--long-prefill-token-threshold", "2048", "--x=floor-$(UNSET)"]
+    assert flags.expand_env(["--long-prefill-token-threshold", "$(T)", "--x=$(MODE)-$(UNSET)", "$$(T)"],
+                            env) == ["--long-prefill-token-threshold", "2048", "--x=floor-$(UNSET)", "$(T)"]
     assert flags.ignored_flags(["--tp-size", "8", "--mem-fraction-static=0.8", "x"]) == [
         "--tp-size", "--mem-fraction-static"]
 

@@ -220,15 +220,19 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
     )
 
 
-_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
 def expand_env(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
-    """``$(VAR)`` references expanded from the environment, as the kubelet does for a
-    container's args (a pod's launch args use them for the tuned setting); references to
-    unset variables stay as written, also as the kubelet does."""
+    """``$(VAR)`` references expanded from the environment with the kubelet's rules for a
+    container's args (a pod's launch args use them for the tuned setting): ``$$`` is a
+    literal ``$``, a reference to an unset variable stays as written."""
     env = os.environ if environ is None else environ
-    return [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
+
+    def one(m: re.Match[str]) -> str:
+        return "$" if m.group(1) is None else env.get(m.group(1), m.group(0))
+
+    return [_VAR_REF.sub(one, arg) for arg in argv]
 
 
 def ignored_flags(extra: list[str]) -> list[str]:

@@ -154,7 +154,7 @@ SLIP = st.dictionaries(st.sampled_from(["prompt_tokens", "prefix_id", "cached_to
                                         "block_sizes"]), JSON, max_size=4)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(body=st.dictionaries(FIELDS, JSON, max_size=5), slip=st.none() | SLIP)
 def test_fuzzed_bodies_parse_or_raise_body_error(body: dict, slip: dict | None) -> None:
     """Whatever JSON object arrives, parsing gives a request or a BodyError, nothing else."""
@@ -170,7 +170,7 @@ def test_fuzzed_bodies_parse_or_raise_body_error(body: dict, slip: dict | None) 
         assert 1 <= inc.output_tokens <= bodies.MAX_TOKENS_LIMIT
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(args=st.dictionaries(st.sampled_from([*admin.LONG_PREFILL_KEYS, "other"]), JSON, max_size=4),
        faults=st.dictionaries(st.sampled_from(["ttft_multiplier", "admin", "metrics", "x"]), JSON, max_size=3))
 def test_fuzzed_admin_bodies_validate_or_refuse(args: dict, faults: dict) -> None:

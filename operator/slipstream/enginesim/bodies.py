@@ -137,7 +137,7 @@ def _max_tokens(body: dict[str, Any], names: tuple[str, ...], default: int, wher
             continue
         if not _is_int(value) or not 0 <= value <= MAX_TOKENS_LIMIT:
             raise BodyError(f"{where}{name}: must be an integer in 0..{MAX_TOKENS_LIMIT}, got {value!r}")
-        return max(1, value)
+        return max(1, int(value))
     return default
 
 

@@ -159,12 +159,12 @@ def read_admin_key(key_file: str | None, environ: dict[str, str] | None = None,
         if not key:
             raise FlagError(f"--admin-api-key-file {key_file} is empty: write the key into it")
         return key
-    key = env.get(engine_args.ADMIN_API_KEY_ENV) or None
-    if key is None and argv_key:
+    from_env = env.get(engine_args.ADMIN_API_KEY_ENV) or None
+    if from_env is None and argv_key:
         print(f"engine-sim: warning: --admin-api-key puts the key in the process list; set "
               f"{engine_args.ADMIN_API_KEY_ENV} or --admin-api-key-file instead", file=sys.stderr)
         return argv_key
-    return key
+    return from_env
 
 
 def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> SimConfig:

@@ -172,3 +172,16 @@ def test_load_api_with_a_callable_target_list_and_a_duration(sim: Sim, tmp_path:
     assert not first.ok and first.error == "no target ready"
     assert all(o.ok and o.ttft_s > 0 and o.target == sim.url for o in rest)
     assert any("t: n=" in line for line in lines)
+
+
+def test_load_api_replays_an_azure_trace_with_word_prompts(sim: Sim, azure: Path) -> None:
+    from slipstream.sim import traces
+
+    reqs = traces.load(azure, "code").requests[:15]
+    outcomes = load.replay(reqs, [sim.url], time_scale=20, rate_scale=5, prompt="words", report_every_s=None)
+    assert sorted(o.rid for o in outcomes) == sorted(r.rid for r in reqs)
+    assert all(o.ok and o.tenant == "code" for o in outcomes)
+    status, text = get(sim.url + "/metrics")
+    total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("sglang:prompt_tokens_total{"))
+    assert total == sum(r.prompt_tokens for r in reqs)

@@ -198,6 +198,17 @@ def test_refused_settings_say_why_and_change_nothing(args: dict[str, Any], reaso
     asyncio.run(with_sim(check, "--page-size", "64", "--long-prefill-token-threshold", "4096"))
 
 
+async def until_prefilling(url: str, s: aiohttp.ClientSession) -> None:
+    """Poll (with a deadline) until the engine reports a prefill part-way through."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
+            if (await r.json())["num_partial_prefills"] >= 1:
+                return
+        assert asyncio.get_running_loop().time() < deadline, "no prefill started"
+        await asyncio.sleep(0.002)
+
+
 async def burst(url: str, s: aiohttp.ClientSession, tag: str) -> tuple[float, list[float]]:
     """One long cold prompt, then (once the engine is prefilling it) eight short ones:
     (long TTFT, short TTFTs)."""
@@ -209,13 +220,7 @@ async def burst(url: str, s: aiohttp.ClientSession, tag: str) -> tuple[float, li
             return float(r.headers[server.TTFT_HEADER])
 
     long = asyncio.create_task(one(60000))
-    deadline = asyncio.get_running_loop().time() + 20
-    while True:  # poll until the long prompt is part-way through its prefill
-        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
-            if (await r.json())["num_partial_prefills"] >= 1:
-                break
-        assert asyncio.get_running_loop().time() < deadline, "the long prompt never started"
-        await asyncio.sleep(0.002)
+    await until_prefilling(url, s)
     shorts = await asyncio.gather(*(one(500) for _ in range(8)))
     return await long, list(shorts)
 
@@ -463,3 +468,27 @@ def test_random_and_mutated_bodies_never_get_a_500() -> None:
                     assert r.status == 200
 
     asyncio.run(with_sim(check, "--time-scale", "50"))
+
+
+def test_a_client_that_leaves_before_its_first_token_is_dropped_from_the_queue() -> None:
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        async def one(tokens: int, who: str, timeout: float | None = None) -> int:
+            body = {"prompt": "x", "max_tokens": 1, "slipstream": {"prompt_tokens": tokens}}
+            async with s.post(url + "/v1/completions", json=body, headers=tenant(who),
+                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                await r.read()
+                return r.status
+
+        long = asyncio.create_task(one(60000, "stays"))
+        await until_prefilling(url, s)
+        with pytest.raises(TimeoutError):
+            await one(500, "leaves", timeout=0.02)  # queued behind the long prefill
+        assert await long == 200
+        async with s.get(url + "/metrics") as r:
+            families = {f.name: f for f in text_string_to_metric_families(await r.text())}
+        tenants = {smp.labels["tenant"] for smp in families[names.TTFT_SECONDS].samples}
+        assert tenants == {"stays"}, "the request whose client left never got a first token"
+        queued = [smp.value for smp in families[names.NUM_QUEUE_REQS].samples]
+        assert queued == [0]
+
+    asyncio.run(with_sim(check, "--time-scale", "5"))

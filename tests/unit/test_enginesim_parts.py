@@ -190,3 +190,12 @@ def test_fuzzed_admin_bodies_validate_or_refuse(args: dict, faults: dict) -> Non
     except bodies.BodyError:
         return
     assert f.ttft_multiplier > 0 and f.admin in admin.ADMIN_FAULTS and f.metrics in admin.METRICS_FAULTS
+
+
+def test_the_partials_cap_reaches_the_twin_at_start_and_in_place() -> None:
+    pod = SimPod(parse("--max-partial-prefills", "3"), Clock(1.0, wall=lambda: 0.0))
+    assert pod.driver.config.max_partial_prefills == 3
+    assert pod.set_state({"max_partial_prefills": 5}) is None
+    assert pod.driver.config.max_partial_prefills == 5
+    assert pod.set_state({"max_partial_prefills": 0}) is not None
+    assert pod.driver.config.max_partial_prefills == 5

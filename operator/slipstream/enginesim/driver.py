@@ -28,6 +28,7 @@ class JobView(Protocol):
 class Driver(Protocol):
     now_s: float
     decoding: int
+    config: EngineConfig
 
     def submit(self, req: Request) -> JobView: ...
     def advance(self, until_s: float) -> None: ...

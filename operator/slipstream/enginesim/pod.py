@@ -70,21 +70,14 @@ class Tracked:
 def engine_config(cfg: flags.SimConfig) -> EngineConfig:
     """The twin's fixed settings from the engine flags (the twin's defaults elsewhere)."""
     base = EngineConfig()
-    out = dataclasses.replace(
+    return dataclasses.replace(
         base,
         chunked_prefill_size=cfg.chunked_prefill_size,
         page_size=cfg.page_size,
         cache_tokens=cfg.cache_tokens if cfg.cache_tokens is not None else base.cache_tokens,
         srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
+        max_partial_prefills=cfg.max_partial_prefills,
     )
-    return with_max_partials(out, cfg.max_partial_prefills)
-
-
-def with_max_partials(config: EngineConfig, n: int) -> EngineConfig:
-    """``config`` with the partials cap, where the twin models it (INTERFACES B)."""
-    if "max_partial_prefills" in {f.name for f in dataclasses.fields(config)}:
-        return dataclasses.replace(config, max_partial_prefills=n)  # type: ignore[call-arg]
-    return config
 
 
 class SimPod:
@@ -162,9 +155,8 @@ class SimPod:
             d.advance(self.clock.now())
             self.live = live
             d.apply(self._setting())
-            config = getattr(d, "config", None)
-            if isinstance(config, EngineConfig):  # the steppable Engine reads it every pass
-                d.config = with_max_partials(config, live.max_partial_prefills)  # type: ignore[attr-defined]
+            # The partials cap is an engine setting the twin reads every pass.
+            d.config = dataclasses.replace(d.config, max_partial_prefills=live.max_partial_prefills)
             self._wake.set()
         return reason
 

@@ -148,6 +148,29 @@ def test_without_a_key_no_setting_can_change() -> None:
     asyncio.run(with_sim(check, key=None))
 
 
+def test_prompts_over_the_kv_pool_are_refused_as_sglang_does() -> None:
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
+            pool = (await r.json())["max_total_num_tokens"]
+        assert pool == 50000
+        body = {"prompt": "x", "max_tokens": 1, "slipstream": {"prompt_tokens": pool}}
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 400
+            assert (await r.json())["message"].startswith(
+                f"Input length ({pool} tokens) exceeds the maximum allowed length")
+        # Under the pool but over what an idle engine can admit: the twin refuses it.
+        for stream in (False, True):
+            body = {"prompt": "x", "max_tokens": 1, "stream": stream, "slipstream": {"prompt_tokens": 49999}}
+            async with s.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 400
+                assert "cannot fit the engine's KV pool" in (await r.json())["message"]
+        body = {"prompt": "x", "max_tokens": 1, "slipstream": {"prompt_tokens": 30000}}
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+
+    asyncio.run(with_sim(check, "--time-scale", "50", "--max-total-tokens", "50000"))
+
+
 def test_prompts_over_the_context_length_are_refused_as_sglang_does() -> None:
     async def check(url: str, s: aiohttp.ClientSession) -> None:
         async with s.post(url + "/v1/completions", json={"prompt": "a " * 100}) as r:

@@ -21,6 +21,7 @@ class JobView(Protocol):
     first_token_s: float
     finished_s: float
     cached: int
+    rejected: bool
 
     def tokens_out(self, at_s: float) -> int: ...
 
@@ -29,6 +30,7 @@ class Driver(Protocol):
     now_s: float
     decoding: int
     config: EngineConfig
+    kv_pool_tokens: int | None
 
     def submit(self, req: Request) -> JobView: ...
     def advance(self, until_s: float) -> None: ...

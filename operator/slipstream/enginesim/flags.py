@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--admin-api-key-file", metavar="PATH",
                      help=f"file holding the admin key (else env {engine_args.ADMIN_API_KEY_ENV})")
     eng.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    eng.add_argument("--max-total-tokens", type=int, default=None,
+                     help="KV pool size in tokens (default: what the profile's HBM holds)")
     eng.add_argument("--context-length", type=int, default=None,
                      help="refuse prompts of this many tokens or more (default: no limit)")
     eng.add_argument("--admin-api-key", default=None,
@@ -100,6 +102,7 @@ class SimConfig:
     cache_tokens: int | None = None
     admin_api_key_file: str | None = None
     context_length: int | None = None
+    max_total_tokens: int | None = None
 
 
 def threshold_error(value: object, chunked_prefill_size: int, page_size: int) -> str | None:
@@ -189,6 +192,8 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
                         f"got {ns.time_scale}")
     if not 0 <= ns.port <= 65535:
         raise FlagError(f"--port must be in 0..65535, got {ns.port}")
+    if ns.max_total_tokens is not None and ns.max_total_tokens < 2:
+        raise FlagError(f"--max-total-tokens must be >= 2, got {ns.max_total_tokens}")
     if ns.context_length is not None and ns.context_length < 2:
         raise FlagError(f"--context-length must be >= 2, got {ns.context_length}")
     if ns.cache_tokens is not None and ns.cache_tokens < 0:
@@ -217,6 +222,7 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
         cache_tokens=ns.cache_tokens,
         admin_api_key_file=ns.admin_api_key_file,
         context_length=ns.context_length,
+        max_total_tokens=ns.max_total_tokens,
     )
 
 

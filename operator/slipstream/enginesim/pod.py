@@ -51,6 +51,8 @@ class Tracked:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     ttft_s: float = -1.0
     e2e_s: float = -1.0
+    rejected: bool = False
+    """The twin refused the request (it cannot fit the KV pool): released with no tokens."""
 
     def shift(self) -> float:
         """Extra delay from an injected TTFT multiplier (applies to every later token too)."""
@@ -77,6 +79,7 @@ def engine_config(cfg: flags.SimConfig) -> EngineConfig:
         cache_tokens=cfg.cache_tokens if cfg.cache_tokens is not None else base.cache_tokens,
         srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
         max_partial_prefills=cfg.max_partial_prefills,
+        kv_pool_tokens=cfg.max_total_tokens,
     )
 
 
@@ -176,6 +179,11 @@ class SimPod:
         for t in self._pending:
             job = t.job
             if not t.first.is_set():
+                if job.rejected:
+                    t.rejected = True
+                    t.first.set()
+                    t.done.set()
+                    continue
                 if job.first_token_s < 0:
                     still.append(t)
                     continue

@@ -128,7 +128,9 @@ async def server_info(request: web.Request) -> web.StreamResponse:
     extra = {"profile": pod.profile.name, "time_scale": pod.clock.time_scale,
              "pod_name": pod.cfg.pod_name, "twin_now_s": pod.clock.now(),
              "requests_served": pod.served}
-    return web.json_response(admin.server_info(pod.cfg, pod.live, pod.driver.partials, extra))
+    info = admin.server_info(pod.cfg, pod.live, pod.driver.partials, extra)
+    info["max_total_num_tokens"] = pod.driver.kv_pool_tokens
+    return web.json_response(info)
 
 
 async def set_internal_state(request: web.Request) -> web.StreamResponse:
@@ -173,7 +175,7 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
     async def handle(request: web.Request) -> web.StreamResponse:
         pod = request.app[POD]
         inc = parse(await read_json(request))
-        bodies.check_context(inc, pod.cfg.context_length)
+        bodies.check_length(inc, pod.cfg.context_length, pod.driver.kv_pool_tokens)
         labels = bodies.tenant_labels(request.headers.get(pod.cfg.labels_header), pod.cfg.allowed_labels)
         tracked = pod.submit(inc, labels)
         shape = shapes.Shapes(kind, tracked.rid, pod.cfg.model_name, inc)
@@ -181,7 +183,7 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
             if not inc.stream:
                 await _until(pod, tracked.done)
                 if tracked.e2e_s < 0:
-                    raise TwinFailed(pod.failure or "the simulated engine failed")
+                    _refused(pod, tracked)
                 return web.json_response(shape.full(tracked.job.cached, tracked.e2e_s),
                                          headers={TTFT_HEADER: f"{tracked.ttft_s:.6f}"})
             return await _stream(request, pod, tracked, shape)
@@ -205,10 +207,18 @@ async def _until(pod: SimPod, event: asyncio.Event) -> None:
         raise web.HTTPServiceUnavailable(reason="engine simulator shutting down")
 
 
+def _refused(pod: SimPod, t: Tracked) -> None:
+    """A request released without tokens: the twin refused it, or the twin failed."""
+    if t.rejected:
+        raise BodyError(f"the request ({t.inc.prompt_tokens} prompt + {t.inc.output_tokens} output "
+                        "tokens) cannot fit the engine's KV pool")
+    raise TwinFailed(pod.failure or "the simulated engine failed")
+
+
 async def _stream(request: web.Request, pod: SimPod, t: Tracked, shape: shapes.Shapes) -> web.StreamResponse:
     await _until(pod, t.first)
     if t.ttft_s < 0:
-        raise TwinFailed(pod.failure or "the simulated engine failed")
+        _refused(pod, t)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", TTFT_HEADER: f"{t.ttft_s:.6f}"})
     await response.prepare(request)

@@ -185,3 +185,17 @@ def test_load_api_replays_an_azure_trace_with_word_prompts(sim: Sim, azure: Path
     total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                 if line.startswith("sglang:prompt_tokens_total{"))
     assert total == sum(r.prompt_tokens for r in reqs)
+
+
+def test_a_simulator_in_a_thread_serves_synchronous_callers() -> None:
+    from slipstream.enginesim import flags, server
+
+    cfg = flags.parse(["--port", "0", "--enable-metrics", "--tp-size", "8", "--page-size", "$(PAGE)"],
+                      {"SLIPSTREAM_ADMIN_API_KEY": KEY, "PAGE": "16"})
+    with server.InThread(cfg) as sim:
+        assert get(sim.url + "/health")[0] == 200
+        status, text = get(sim.url + "/get_server_info", KEY)
+        assert status == 200 and json.loads(text)["page_size"] == 16
+        assert get(sim.url + "/metrics")[0] == 200
+    with pytest.raises(OSError):
+        get(sim.url + "/health")

@@ -3,7 +3,6 @@ and the twin driven by an injected clock (no sockets, no sleeps)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ from slipstream.sim.workload import Request
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> flags.SimConfig:
-    p = argparse.ArgumentParser()
-    flags.add_arguments(p)
-    return flags.config_from(p.parse_args(list(argv)), env or {})
+    return flags.parse(list(argv), env or {})
 
 
 def test_prompt_sizes_from_text_ids_chat_and_the_slipstream_field() -> None:

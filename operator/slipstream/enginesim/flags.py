@@ -241,6 +241,15 @@ def expand_env(argv: list[str], environ: dict[str, str] | None = None) -> list[s
     return [_VAR_REF.sub(one, arg) for arg in argv]
 
 
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
+    """A SimConfig from ``slipstream engine-sim`` arguments (for tests and tools); unknown
+    launch_server flags are ignored as the command ignores them."""
+    parser = argparse.ArgumentParser(prog="slipstream engine-sim", allow_abbrev=False)
+    add_arguments(parser)
+    ns, _ = parser.parse_known_args(expand_env(list(argv), environ))
+    return config_from(ns, environ)
+
+
 def ignored_flags(extra: list[str]) -> list[str]:
     """The flag names among unparsed arguments (their values dropped), for one stderr line."""
     return [a.split("=", 1)[0] for a in extra if a.startswith("-")]

@@ -298,6 +298,45 @@ async def start(cfg: flags.SimConfig) -> Running:
     return Running(pod, runner, f"http://{host}:{port}", port)
 
 
+class InThread:
+    """A simulator on its own event loop in a daemon thread, for synchronous callers
+    (tests that scrape it with Prometheus or drive it with blocking clients)::
+
+        sim = InThread(flags.parse(["--port", "0", "--enable-metrics"]))
+        ... sim.url ...
+        sim.close()
+    """
+
+    def __init__(self, cfg: flags.SimConfig, start_timeout_s: float = 30.0) -> None:
+        import concurrent.futures
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-sim", daemon=True)
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(start(cfg), self.loop)
+        try:
+            self.running = future.result(start_timeout_s)
+        except (Exception, concurrent.futures.TimeoutError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+            raise
+        self.url = self.running.url
+        self.pod = self.running.pod
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.running.close(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    def __enter__(self) -> InThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 async def serve_forever(cfg: flags.SimConfig) -> None:
     running = await start(cfg)
     stop = asyncio.Event()
@@ -327,4 +366,4 @@ def main(ns: Any, extra: list[str]) -> int:
     return 0
 
 
-__all__ = ["MAX_BODY_BYTES", "Running", "build_app", "main", "start"]
+__all__ = ["MAX_BODY_BYTES", "InThread", "Running", "build_app", "main", "start"]

@@ -1,8 +1,8 @@
 """The engine simulator's HTTP server (aiohttp): the patched engine's endpoints over a SimPod.
 
 Serving: /v1/completions, /v1/chat/completions (SSE when ``stream``), /generate,
-/v1/models, /health. Admin (``Authorization: Bearer <admin key>``): /set_internal_state,
-/get_server_info, /server_info (secrets redacted), POST/GET /slipstream/faults.
+/v1/models, /health, /get_server_info and /server_info (secrets redacted). Admin
+(``Authorization: Bearer <admin key>``): /set_internal_state, POST/GET /slipstream/faults.
 Metrics: /metrics (with ``--enable-metrics``, as SGLang). Bodies over ``MAX_BODY_BYTES``
 get 413, malformed ones 400, unknown paths 404: always a JSON error, never a traceback.
 """
@@ -121,7 +121,8 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def server_info(request: web.Request) -> web.StreamResponse:
-    refused = admin_refusal(request) or await admin_fault(request)
+    """Open to any client, as SGLang's (its secrets are redacted)."""
+    refused = await admin_fault(request)
     if refused is not None:
         return refused
     pod = request.app[POD]

@@ -173,6 +173,13 @@ def test_load_api_with_a_callable_target_list_and_a_duration(sim: Sim, tmp_path:
     assert all(o.ok and o.ttft_s > 0 and o.target == sim.url for o in rest)
     assert any("t: n=" in line for line in lines)
 
+    stopped = threading.Event()
+    threading.Timer(0.3, stopped.set).start()
+    start = time.monotonic()
+    outcomes = load.replay(reqs, [sim.url], time_scale=1, prompt="field", report_every_s=None,
+                           stop=stopped.is_set)
+    assert time.monotonic() - start < 10 and 1 <= len(outcomes) < 50, "stop ends the sending"
+
 
 def test_load_api_replays_an_azure_trace_with_word_prompts(sim: Sim, azure: Path) -> None:
     from slipstream.sim import traces

@@ -2,9 +2,10 @@
 
 Requests are submitted at the twin time they arrive; a pump task advances the twin to the
 clock and releases each request's first token and completion when the twin clock reaches
-them, recording the metrics a real engine records at those moments (so a request whose
-client went away still counts, as in SGLang). A ``/set_internal_state`` change is applied
-to the twin between passes, so the TTFTs that follow come from the new setting.
+them, recording the metrics a real engine records at those moments (a request whose
+client left once it had tokens still counts; one still waiting is dropped, as SGLang
+aborts it). A ``/set_internal_state`` change is applied to the twin between passes, so
+the TTFTs that follow come from the new setting.
 """
 
 from __future__ import annotations

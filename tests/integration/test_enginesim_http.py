@@ -307,6 +307,7 @@ def test_metrics_have_sglang_names_buckets_labels_and_the_patch_gauges() -> None
         assert gauges[(names.LONG_PREFILL_MODE, "ceiling")] == 0
         assert gauges[(names.SCHEDULE_POLICY, "fcfs")] == 1
         assert gauges[(sim_metrics.MAX_PARTIAL_PREFILLS, None)] == 8
+        assert 0 <= gauges[("sglang:token_usage", None)] <= 1
         for gauge in (names.NUM_QUEUE_REQS, names.NUM_RUNNING_REQS, names.NUM_PARTIAL_PREFILLS):
             assert (gauge, None) in gauges
 

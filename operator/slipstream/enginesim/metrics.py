@@ -66,6 +66,7 @@ class EngineMetrics:
         self.running = Gauge(names.NUM_RUNNING_REQS, "The number of running requests.", sched, registry=r)
         self.queued = Gauge(names.NUM_QUEUE_REQS, "The number of requests in the waiting queue.",
                             sched, registry=r)
+        self.token_usage = Gauge("sglang:token_usage", "The token usage.", sched, registry=r)
         self.threshold = Gauge(names.LONG_PREFILL_TOKEN_THRESHOLD,
                                "Most prefill tokens one request may take per round (0 = off).",
                                sched, registry=r)
@@ -101,9 +102,10 @@ class EngineMetrics:
         self.generation_hist.labels(**req).observe(output_tokens)
 
     def scheduler(self, running: int, queued: int, partials: int, threshold: int, mode: str,
-                  policy: str, max_partials: int) -> None:
+                  policy: str, max_partials: int, token_usage: float) -> None:
         """The scheduler's gauges, set just before a scrape (the patch's log_long_prefill)."""
         s = self.sched_labels
+        self.token_usage.labels(**s).set(token_usage)
         self.running.labels(**s).set(running)
         self.queued.labels(**s).set(queued)
         self.partials.labels(**s).set(partials)

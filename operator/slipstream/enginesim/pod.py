@@ -167,8 +167,11 @@ class SimPod:
     def scrape(self) -> bytes:
         d = self.driver
         d.advance(self.clock.now())
+        pool = d.kv_pool_tokens
+        usage = d.kv_in_use / pool if pool else 0.0
         self.metrics.scheduler(d.decoding, d.waiting, d.partials, self.live.threshold,
-                               self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills)
+                               self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills,
+                               usage)
         return self.metrics.exposition()
 
     def step(self) -> float:

@@ -144,6 +144,18 @@ def test_load_command_replays_two_tenants_and_stops_by_itself(sim: Sim, tmp_path
     assert counts == {"chat": summary["tenants"]["chat"]["n"], "docs": summary["tenants"]["docs"]["n"]}
 
 
+def test_load_command_says_why_when_nothing_answers(tmp_path: Path) -> None:
+    from slipstream.localkube import ports
+
+    (port,) = ports.free_ports(1)  # nothing listens there
+    trace = write_trace(tmp_path / "t.jsonl", 3, 100, 10, 0)
+    proc = subprocess.run([sys.executable, "-m", "slipstream.cli", "load", "--trace", str(trace),
+                           "--target", f"http://127.0.0.1:{port}", "--time-scale", "100", "--report-every", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "no request was answered (3 sent); first error: ClientConnectorError" in proc.stderr
+
+
 def test_load_api_with_a_callable_target_list_and_a_duration(sim: Sim, tmp_path: Path) -> None:
     from slipstream.sim import traces
 

@@ -268,4 +268,9 @@ def main(args: Any) -> int:
             "tenants": {t: {"n": len(v), "ttft_p50_s": percentile(v, 50), "ttft_p99_s": percentile(v, 99)}
                         for t, v in sorted(by_tenant.items())},
         }, indent=1))
-    return 0 if any(o.ok for o in outcomes) else 1
+    if not any(o.ok for o in outcomes):
+        first_error = next((o.error for o in outcomes if o.error), "nothing was sent")
+        print(f"slipstream load: no request was answered ({len(outcomes)} sent); first error: "
+              f"{first_error}", file=sys.stderr)
+        return 1
+    return 0

@@ -513,5 +513,8 @@ def test_a_client_that_leaves_before_its_first_token_is_dropped_from_the_queue()
         assert tenants == {"stays"}, "the request whose client left never got a first token"
         queued = [smp.value for smp in families[names.NUM_QUEUE_REQS].samples]
         assert queued == [0]
+        aborted = {smp.labels["tenant"]: smp.value for smp in families["sglang:num_aborted_requests"].samples
+                   if smp.name.endswith("_total")}
+        assert aborted == {"leaves": 1}
 
     asyncio.run(with_sim(check, "--time-scale", "10"))

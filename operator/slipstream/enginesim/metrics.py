@@ -63,6 +63,8 @@ class EngineMetrics:
                                     [*req, "cache_source"], registry=r)
         self.requests_total = Counter("sglang:num_requests_total", "Number of requests processed.",
                                       streaming, registry=r)
+        self.aborted_total = Counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
+                                     req, registry=r)
         self.running = Gauge(names.NUM_RUNNING_REQS, "The number of running requests.", sched, registry=r)
         self.queued = Gauge(names.NUM_QUEUE_REQS, "The number of requests in the waiting queue.",
                             sched, registry=r)
@@ -85,6 +87,9 @@ class EngineMetrics:
 
     def first_token(self, labels: dict[str, str], stream: bool, ttft_s: float) -> None:
         self.ttft.labels(**self.base, **labels, is_streaming=_flag(stream)).observe(ttft_s)
+
+    def aborted(self, labels: dict[str, str]) -> None:
+        self.aborted_total.labels(**self.base, **labels).inc()
 
     def finished(self, labels: dict[str, str], stream: bool, prompt_tokens: int, cached_tokens: int,
                  output_tokens: int, e2e_s: float) -> None:

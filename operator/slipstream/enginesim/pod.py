@@ -148,6 +148,7 @@ class SimPod:
         if tracked.first.is_set() or not self.driver.abort(tracked.rid):
             return False
         self._pending.remove(tracked)
+        self.metrics.aborted(tracked.labels)
         return True
 
     def set_state(self, updates: dict[str, object]) -> str | None:

@@ -166,6 +166,18 @@ def test_twin_is_fitted_to_the_observed_ttft_of_the_current_setting():
     assert bursty.current.worst_tenant_ttft_p99_s > calm.current.worst_tenant_ttft_p99_s
 
 
+def test_gain_counts_only_what_a_holdout_sample_confirms():
+    rec = HET_REC
+    assert rec.holdout is not None
+    cur, best = rec.current.worst_tenant_slowdown_p99, rec.best.worst_tenant_slowdown_p99
+    hcur, hbest = (p.worst_tenant_slowdown_p99 for p in rec.holdout)
+    assert rec.holdout[1].setting == rec.best.setting and rec.holdout[0].setting == OFF
+    assert rec.gain == pytest.approx(min((cur - best) / cur, (hcur - hbest) / hcur))
+    assert rec.gain_abs == pytest.approx(min(cur - best, hcur - hbest))
+    at_best = recommend.recommend(uniform(), UNI_REC.best.setting, SPEC, PROFILE)
+    assert at_best.best.setting == UNI_REC.best.setting and at_best.holdout is None
+
+
 def test_recommendation_fits_a_control_interval():
     snap = heterogeneous()
     start = time.perf_counter()
@@ -244,7 +256,8 @@ def test_hysteresis_holds_below_the_margin():
                 if p.setting != HET_REC.best.setting and p.allowed
                 and p.worst_tenant_slowdown_p99 <= HET_REC.best.worst_tenant_slowdown_p99 * 1.15
                 and p.setting.order == "srpt" and p.setting.threshold)
-    poisson = recommend.RecommenderSettings(bursts=(1,))  # the same twin workload as HET_REC's
+    # The same twin workload as HET_REC's, and the selection sample's gain alone.
+    poisson = recommend.RecommenderSettings(bursts=(1,), holdout=False)
     rec = recommend.recommend(heterogeneous(), near, SPEC, PROFILE, settings=poisson)
     assert rec.best.setting != near
     d = decide(heterogeneous(), rec, TunerState(near))

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run one policy on a workload in the digital twin")
     _add_workload_args(sim)
     sim.add_argument("--policy", required=True,
-                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | auto, "
+                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | sglang-spf | hrrn | auto, "
                      "optionally /fcfs, /lpm or /srpt")
     _add_tuner_args(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object")
@@ -534,6 +534,9 @@ def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["engine-sim"]:  # an engine pod's args, with the kubelet's $(VAR) expansion
+        argv = enginesim_flags.expand_env(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_unknown", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -134,7 +134,10 @@ def test_gpus_default_to_tensor_parallel_size() -> None:
     [
         ({"mode": "Fixed", "threshold": 4096}, {}, (4096, "ceiling", "fcfs")),
         ({"mode": "Off", "threshold": 4096}, {}, (0, "ceiling", "fcfs")),
-        ({"mode": "Recommend", "threshold": 2048}, {"threshold": 512}, (2048, "ceiling", "fcfs")),
+        # status: what the engines were read back running, whatever the mode (the
+        # tuning loop moves them to the spec's value through their admin API)
+        ({"mode": "Recommend", "threshold": 2048}, {"threshold": 512}, (512, "ceiling", "fcfs")),
+        ({"mode": "Fixed", "threshold": 2048}, {"threshold": 4096}, (4096, "ceiling", "fcfs")),
         ({"mode": "Auto", "threshold": 4096, "schedulePolicy": "srpt"}, {}, (4096, "ceiling", "srpt")),
         ({"mode": "Auto", "threshold": 4096}, {"threshold": 1024, "mode": "floor"}, (1024, "floor", "fcfs")),
         ({"mode": "Auto", "threshold": None}, {}, (0, "ceiling", "fcfs")),
@@ -144,6 +147,16 @@ def test_current_setting_by_mode(tuning: dict[str, Any], status_: dict[str, Any]
     sd = make({"tuning": tuning}, status_)
     setting = objects.current_setting(sd)
     assert (setting.threshold, setting.mode, setting.schedule_policy) == expected
+
+
+def test_new_pods_get_the_candidate_while_promoting_and_the_baseline_while_rolling_back() -> None:
+    rollout = {"candidate": {"threshold": 1024}, "baseline": {"threshold": 4096, "mode": "floor"}}
+    promoting = make({"tuning": {"mode": "Auto"}}, {"threshold": 4096, "rollout": {**rollout, "phase": "Promoting"}})
+    assert objects.configmap_setting(promoting).threshold == 1024
+    back = make({"tuning": {"mode": "Auto"}}, {"threshold": 4096, "rollout": {**rollout, "phase": "RollingBack"}})
+    assert objects.configmap_setting(back) == models.EngineSetting(threshold=4096, mode="floor")
+    canary = make({"tuning": {"mode": "Auto"}}, {"threshold": 2048, "rollout": {**rollout, "phase": "Canary"}})
+    assert objects.configmap_setting(canary).threshold == 2048
 
 
 @pytest.mark.parametrize(("c", "t", "n"), [(8192, 4096, 2), (16384, 4096, 4), (8192, 0, 1), (8192, 8192, 1)])

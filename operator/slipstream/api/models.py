@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.slipstream.dev"
@@ -33,11 +33,30 @@ SchedulePolicy = Literal["fcfs", "lpm", "srpt"]
 """Admission order of waiting requests (srpt: shortest remaining uncached prefill first)."""
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+"""Kubernetes' own pattern for a resource quantity (its OpenAPI schema's)."""
 Quantity = Annotated[
-    int | str,
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
-]
-"""A Kubernetes resource quantity: 8, "8", "64Gi", "500m"."""
+    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
+    # As Kubernetes' own schema writes it: the pattern beside the anyOf (it applies to
+    # strings only; a structural schema allows no more than the two types in the anyOf).
+    WithJsonSchema({
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": QUANTITY_PATTERN,
+    }),
+]  # fmt: skip
+"""A Kubernetes resource quantity: 8, "8", "64Gi", "500m" (not "lots": refused at apply)."""
+
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+"""Environment variable names the kubelet accepts (letters, digits, '_', '-', '.'; no digit first)."""
+NAME_RULE = (
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 52",
+    "metadata.name must be a DNS label of at most 52 characters (lower-case letters, digits and "
+    "'-', starting with a letter, no dots): it names the engine Service and labels every "
+    "engine pod; choose a shorter name without dots",
+)
+"""The ServingDeployment's name becomes a Service name (DNS-1035 label) and a label value
+(<= 63); 52 leaves room for the pods' generated suffixes and `-engine-setting`."""
 
 
 def _rules(*rules: tuple[str, str]) -> ConfigDict:
@@ -86,7 +105,7 @@ class EnvVar(Model):
         ),
     )
 
-    name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Environment variable name.")
     value: str | None = Field(default=None, max_length=32768, description="Literal value.")
     secret_key_ref: SecretKeyRef | None = Field(
         default=None, description="Take the value from a key of a Secret instead."

@@ -51,24 +51,38 @@ def metadata(sd: models.ServingDeployment, name: str) -> dict[str, Any]:
     }
 
 
-def current_setting(sd: models.ServingDeployment) -> models.EngineSetting:
-    """The tuned triple new pods start with.
-
-    Off runs the stock engine (T = 0). Fixed and Recommend run `tuning.threshold`. Auto runs
-    what the tuner last applied (status), starting from `tuning.threshold`.
-    """
-    tuning, status = sd.spec.tuning, sd.status
+def spec_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """What the spec asks the engines to run in Fixed and Recommend; Off: the stock engine."""
+    tuning = sd.spec.tuning
     if tuning.mode == "Off":
         return models.EngineSetting(threshold=0, mode=tuning.engine_mode, schedule_policy="fcfs")
-    if tuning.mode == "Auto" and status.threshold is not None:
-        return models.EngineSetting(
-            threshold=status.threshold,
-            mode=status.mode or tuning.engine_mode,
-            schedule_policy=status.schedule_policy or tuning.schedule_policy,
-        )
     return models.EngineSetting(
         threshold=tuning.threshold or 0, mode=tuning.engine_mode, schedule_policy=tuning.schedule_policy
     )
+
+
+def current_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """The setting the fleet runs: status (read back from the engines by the tuning loop),
+    or, before its first step, what the spec starts the engines with."""
+    st = sd.status
+    if st.threshold is None:
+        return spec_setting(sd)
+    return models.EngineSetting(
+        threshold=st.threshold,
+        mode=st.mode or sd.spec.tuning.engine_mode,
+        schedule_policy=st.schedule_policy or sd.spec.tuning.schedule_policy,
+    )
+
+
+def configmap_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """What a newly started pod must get: the candidate while it is being promoted, the
+    baseline while rolling back, else the fleet's setting (the rollout moves it first)."""
+    rollout = sd.status.rollout
+    if rollout is not None and rollout.phase == "Promoting" and rollout.candidate is not None:
+        return rollout.candidate
+    if rollout is not None and rollout.phase == "RollingBack" and rollout.baseline is not None:
+        return rollout.baseline
+    return current_setting(sd)
 
 
 def configmap(sd: models.ServingDeployment, setting: models.EngineSetting) -> dict[str, Any]:

@@ -20,6 +20,39 @@ class ControllerSettings:
     metrics_port: int = 9090
     """Port of the operator's own Prometheus metrics (0: off). Env: SLIPSTREAM_METRICS_PORT."""
 
+    tuning_time_scale: float = 1.0
+    """Factor on every duration of spec.tuning (intervalSeconds, cooldownSeconds,
+    rollout.analysisWindowSeconds): 0.1 runs a 60 s interval every 6 s. Tests and the demo
+    run the loop in seconds; 1 in production. Env: SLIPSTREAM_TUNING_TIME_SCALE."""
+
+    rollout_poll_seconds: float = 5.0
+    """Seconds between steps while a rollout is in flight (real seconds, not scaled): a
+    canary's verification and the end of its analysis window are noticed this soon.
+    Env: SLIPSTREAM_ROLLOUT_POLL_SECONDS."""
+
+    admin_timeout_seconds: float = 5.0
+    """Timeout of one engine admin call (/get_server_info, /set_internal_state). A hot
+    update is one RPC to the scheduler; 5 s bounds a stuck pod without mistaking a busy one
+    for dead. Env: SLIPSTREAM_ADMIN_TIMEOUT_SECONDS."""
+
+    admin_attempts: int = 3
+    """Rounds of admin calls per rollout phase before it rolls back (spaced by
+    rollout_poll_seconds). Env: SLIPSTREAM_ADMIN_ATTEMPTS."""
+
+    prometheus_timeout_seconds: float = 10.0
+    """Timeout of one Prometheus query. Env: SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS."""
+
+    engine_networks: str = ""
+    """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a
+    test machine, where nothing but loopback may be reached); a pod outside them counts as
+    unreachable. Empty: any pod IP. Env: SLIPSTREAM_ENGINE_NETWORKS."""
+
+    engine_addresses_file: str = ""
+    """Tests only: a JSON file {"namespace/pod": "http://127.0.0.1:PORT"} read every step,
+    overriding the pod IP and engine port of the pods it names (engines run as local
+    processes). Empty: every pod is reached at its pod IP and engine port.
+    Env: SLIPSTREAM_ENGINE_ADDRESSES_FILE."""
+
     @classmethod
     def from_env(cls) -> ControllerSettings:
         values = {}

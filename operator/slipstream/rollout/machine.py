@@ -60,7 +60,7 @@ class Pod:
     setting: Setting | None
     """What it reports it runs; None when the read failed."""
     error: str = ""
-    """Why the read failed (for messages)."""
+    """Why the read failed, or why the last change of this pod failed (for messages)."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,8 @@ def explain(pod: Pod) -> str:
     """What is wrong with a pod that is not on the expected setting."""
     if pod.setting is None:
         return pod.error or "its setting could not be read"
-    return "runs " + show(pod.setting)
+    runs = "runs " + show(pod.setting)
+    return f"{runs}; {pod.error}" if pod.error else runs
 
 
 # -- the machine -----------------------------------------------------------------------------

@@ -3,7 +3,6 @@ recommender on the twin, and every guardrail."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import time
@@ -28,14 +27,7 @@ from slipstream.tune.guardrails import GuardrailSettings, Hold, Infeasible, Move
 from slipstream.tune.heterogeneity import heterogeneity
 from slipstream.tune.twin_workload import synthesize
 
-# These tests were designed on kimi-k3-8xh200's costs before issues 8/9 re-costed it
-# (every pass 90 ms, fp8 weights read per pass, no KV pool). On the re-costed profile the
-# recommender's order becomes a near-tie on these mixes and auto's gain on the phased
-# workload shrinks (reported by twin-core to tune): pinned to the former costs until the
-# tuner is re-checked against the new ones.
-PROFILE = dataclasses.replace(profiles.load("kimi-k3-8xh200"), decode_overhead_s=0.09,
-                              weight_bytes=1.0e12, kv_bytes_per_token=70272.0,
-                              kv_pool_bytes_per_token=70272.0, hbm_bytes=0.0)
+PROFILE = profiles.load("kimi-k3-8xh200")
 SPEC = TuningSpec()
 OFF = Setting(0, "ceiling", "fcfs")
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from slipstream.api import buckets
+from slipstream.api import buckets, models
 from slipstream.api.snapshot import (
     NO_TRAFFIC,
     TOO_FEW_SAMPLES,
@@ -21,7 +21,7 @@ from slipstream.api.snapshot import (
 )
 from slipstream.sim import profiles
 from slipstream.sim.policies import Setting
-from slipstream.tune import codec, guardrails, recommend
+from slipstream.tune import codec, deployment, guardrails, recommend
 from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates
 from slipstream.tune.guardrails import GuardrailSettings, Hold, Infeasible, Move, TunerState
 from slipstream.tune.heterogeneity import heterogeneity
@@ -295,3 +295,33 @@ def test_the_twin_bins_into_the_same_buckets_the_engine_simulator_exports():
 
     assert tuple(map(float, exported.TTFT_BUCKETS)) == buckets.TTFT_SECONDS
     assert tuple(map(float, exported.PROMPT_TOKEN_BUCKETS)) == buckets.PROMPT_TOKENS
+
+
+# -- the operator's entry point ------------------------------------------------------------------
+
+def sd(status: dict | None = None, **tuning) -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 1},
+        "spec": {"replicas": 2, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192},
+                 "tuning": {"mode": "Auto", "threshold": 0, **tuning},
+                 "prometheus": {"url": "http://127.0.0.1:9090"}},
+        "status": status or {},
+    })
+
+
+def test_decide_for_reads_spec_and_status():
+    off = models.EngineSetting(threshold=0)
+    d = deployment.decide_for(sd(), heterogeneous(), off, 10_000.0, PROFILE)
+    setting, move, reason, mix = deployment.summary(d, off)
+    assert move and setting.schedule_policy == "srpt" and setting.threshold > 0
+    assert reason.startswith("heterogeneity") and mix is not None and mix > 0.8
+    # The last step (status.lastDecision.time) starts the cooldown; a rollout holds.
+    last = {"time": "1970-01-01T02:45:00Z", "to": {"threshold": 2048}, "reason": "r"}  # 9900 s
+    held = deployment.decide_for(sd({"lastDecision": last}), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(held, Hold) and held.reason == guardrails.COOLDOWN
+    busy = deployment.decide_for(sd({"rollout": {"phase": "Analysis"}}), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(busy, Hold) and busy.reason == guardrails.ROLLOUT_IN_PROGRESS
+    assert deployment.summary(busy, off) == (off, False, busy.reason + ": " + busy.message, None)
+    # The spec's bounds: maxConcurrency 1 leaves off (in some order) as the only choice.
+    narrow = deployment.decide_for(sd(maxConcurrency=1), heterogeneous(), off, 10_000.0, PROFILE)
+    assert narrow.recommendation is not None and narrow.recommendation.best.setting.threshold == 0

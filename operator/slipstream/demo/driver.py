@@ -32,6 +32,7 @@ from slipstream.demo import loop, phases
 
 NAMESPACE = "slipstream-demo"
 NAME = "kimi-demo"
+ADMIN_SECRET = "kimi-demo-admin"
 DEFAULT_TIME_SCALE = 8.0
 """Twin seconds per wall second: three 400 s phases take ~2.5 minutes."""
 
@@ -51,7 +52,8 @@ def target_for(args: argparse.Namespace) -> Iterator[tuple[loop.Target, bool]]:
         kubeconfig = Path(state["kubeconfig"])
         print(f"reusing the running cluster in {workdir} (slipstream cluster up)")
         yield loop.Target(kubeconfig, binaries.default_bin_dir() / "kubectl",
-                          apiread.ApiReader.from_kubeconfig(kubeconfig), float(state["time_scale"])), True  # fmt: skip
+                          apiread.ApiReader.from_kubeconfig(kubeconfig), float(state["time_scale"]),
+                          state["prometheus_url"]), True  # fmt: skip
         return
     from slipstream.localkube import stack
 
@@ -61,10 +63,15 @@ def target_for(args: argparse.Namespace) -> Iterator[tuple[loop.Target, bool]]:
         try:
             cluster = started.cluster
             yield loop.Target(cluster.kubeconfig, cluster.bin_dir / "kubectl",
-                              cluster.reader, args.time_scale), False  # fmt: skip
+                              cluster.reader, args.time_scale, _url(started)), False  # fmt: skip
         finally:
             print("stopping the local stack ...", flush=True)
             started.stop()
+
+
+def _url(started: Any) -> str:
+    assert started.prometheus is not None
+    return str(started.prometheus.url)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
 def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     scale = target.time_scale
     target.kubectl("create", "namespace", NAMESPACE, check=False)
-    sd = loop.serving_deployment(NAME)
+    target.admin_secret(NAMESPACE, ADMIN_SECRET)
+    sd = loop.serving_deployment(NAME, target.prometheus_url, ADMIN_SECRET)
     sd["metadata"]["namespace"] = NAMESPACE
     target.apply(sd)
     print(f"applied ServingDeployment {NAMESPACE}/{NAME} (mode Auto, 2 simulated engines, "

@@ -15,8 +15,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import secrets
 import subprocess
 import threading
 import time
@@ -46,6 +48,8 @@ class Target:
     kubectl_bin: Path
     reader: apiread.ApiReader
     time_scale: float
+    prometheus_url: str
+    """The Prometheus that scrapes the engines (the ServingDeployment's spec.prometheus.url)."""
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
@@ -58,6 +62,18 @@ class Target:
 
     def apply(self, *docs: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+
+    def admin_secret(self, namespace: str, name: str) -> str:
+        """Create the engines' admin key Secret ``name`` (key ``api-key``), as the examples
+        tell a user to; return the key. An existing Secret is kept."""
+        existing = self.kubectl("get", "secret", name, f"--namespace={namespace}",
+                                "-o", "jsonpath={.data.api-key}", check=False)  # fmt: skip
+        if existing.returncode == 0 and existing.stdout:
+            return base64.b64decode(existing.stdout).decode()
+        key = secrets.token_hex(24)
+        self.kubectl("create", "secret", "generic", name, f"--namespace={namespace}",
+                     f"--from-literal=api-key={key}")  # fmt: skip
+        return key
 
     def get_sd(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -88,6 +104,8 @@ class Target:
 
 def serving_deployment(
     name: str,
+    prometheus_url: str,
+    admin_secret: str,
     *,
     mode: str = "Auto",
     replicas: int = 2,
@@ -125,8 +143,10 @@ def serving_deployment(
                 "tensorParallelSize": 8,
                 "port": 30000,
                 "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+                "adminApiKeySecretRef": {"name": admin_secret, "key": "api-key"},
             },
             "tuning": tuning,
+            "prometheus": {"url": prometheus_url},
         },
     }
 

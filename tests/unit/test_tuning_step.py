@@ -149,3 +149,12 @@ def test_conditions_rebased_on_a_fresh_read_keep_the_other_writers() -> None:
     assert [(c["type"], c["reason"]) for c in merged["conditions"]] == [
         ("Reconciled", "Applied"), ("EnginesInSync", "PodsUnreachable"), ("RolloutProgressing", "Idle")]
     assert merged["phase"] == "Progressing"
+
+
+def test_generated_admin_keys_are_derived_per_deployment() -> None:
+    from slipstream.controller import adminkeys
+
+    a = adminkeys.derive("seed-1", "prod", "kimi")
+    assert a == adminkeys.derive("seed-1", "prod", "kimi") and len(a) == 48
+    assert a != adminkeys.derive("seed-1", "prod", "kimi2") != adminkeys.derive("seed-1", "dev", "kimi")
+    assert a != adminkeys.derive("seed-2", "prod", "kimi")

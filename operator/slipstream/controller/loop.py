@@ -30,11 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slipstream.api import models, snapshot
+from slipstream.controller import adminkeys, objects, tuning
 from slipstream.controller import kube as kube_
-from slipstream.controller import objects, tuning
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
-from slipstream.engine import args as engine_args
 from slipstream.rollout import analysis, engines, machine
 
 log = logging.getLogger(__name__)
@@ -80,6 +79,7 @@ class Deps:
 
     kube: kube_.Kube
     config: settings_.ControllerSettings
+    keys: adminkeys.AdminKeys
     observer: Observer = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
@@ -198,8 +198,11 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
 
     items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
     pods = ready_pods(items)
-    ref = engine_args.admin_key_ref(sd.metadata.name, sd.spec.engine)
-    key = await asyncio.to_thread(deps.kube.secret_value, sd.metadata.namespace, ref.name, ref.key)
+    try:
+        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
+    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
+        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
+        key = None
     urls = {pod: address(sd, ip) for pod, ip in pods.items()}
     blocked = {pod for pod, url in urls.items() if not allowed(url, config.engine_networks)}
 

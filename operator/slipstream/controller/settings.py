@@ -60,6 +60,11 @@ class ControllerSettings:
     a verdict; fewer: no verdict, and the canary is rolled back. Canaries carry a fraction
     of the traffic, so this is below observe_min_samples. Env: SLIPSTREAM_CANARY_MIN_SAMPLES."""
 
+    admin_seed_secret: str = "slipstream-system/slipstream-admin-seed"
+    """NAMESPACE/NAME of the Secret (key `seed`) the generated admin keys are derived from;
+    the chart makes it (`<release>-admin-seed` in the release namespace) and sets this.
+    Env: SLIPSTREAM_ADMIN_SEED_SECRET."""
+
     twin_profile: str = "kimi-k3-8xh200"
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see
     `slipstream bench --profile`). Env: SLIPSTREAM_TWIN_PROFILE."""

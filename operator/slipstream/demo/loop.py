@@ -110,12 +110,16 @@ def serving_deployment(
     mode: str = "Auto",
     replicas: int = 2,
     threshold: int = 0,
-    interval_s: int = 10,
-    cooldown_s: int = 30,
-    analysis_s: int = 30,
+    interval_s: int = 60,
+    cooldown_s: int = 180,
+    analysis_s: int = 60,
     max_concurrency: int = 8,
 ) -> dict[str, Any]:
-    """The example ServingDeployment: Kimi-K3-class engines (C = 8192), simulated."""
+    """The example ServingDeployment: Kimi-K3-class engines (C = 8192), simulated.
+
+    Durations are what production would use; a stack at time scale S runs them
+    S times faster (the operator's SLIPSTREAM_TUNING_TIME_SCALE is 1/S).
+    """
     tuning: dict[str, Any] = {
         "mode": mode,
         "engineMode": "ceiling",

@@ -178,10 +178,22 @@ class Stack:
         health.wait_healthy(self.operator, url, deadline_s=OPERATOR_READY_S)
 
     def operator_env(self) -> dict[str, str]:
-        """The operator's environment for this stack: Prometheus's URL, then the options'."""
-        env: dict[str, str] = {}
-        if self.prometheus is not None:
-            env["SLIPSTREAM_PROMETHEUS_URL"] = self.prometheus.url
+        """The operator's settings for this stack (controller.settings), then the options'.
+
+        The whole stack runs on the simulators' clock: with time scale S every
+        duration of a ServingDeployment's spec.tuning (interval, cooldown, analysis
+        window) is divided by S, so a spec written for production (a 60 s interval)
+        runs here as it would there, only S times faster. The operator may reach
+        engine pods only in this cluster's loopback pod CIDR.
+        """
+        env = {
+            "SLIPSTREAM_TUNING_TIME_SCALE": f"{1.0 / self.options.time_scale:.6g}",
+            "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
+            "SLIPSTREAM_RETRY_DELAY_SECONDS": "5",
+            "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "1",
+        }
+        if self.cluster.pod_cidr:
+            env["SLIPSTREAM_ENGINE_NETWORKS"] = self.cluster.pod_cidr
         env.update(self.options.operator_env)
         return env
 

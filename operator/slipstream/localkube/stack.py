@@ -83,6 +83,10 @@ class StackOptions:
     simulator_args: Sequence[str] = ()
     """Extra ``slipstream engine-sim`` arguments for every simulator (e.g. --profile)."""
 
+    prometheus_port: int | None = None
+    """Prometheus's port (None: a free one). ``cluster up`` asks for 9090 when it is free,
+    so a ServingDeployment written by hand can name http://127.0.0.1:9090."""
+
 
 class Stack:
     """A running stack; make one with Stack.start()."""
@@ -122,7 +126,9 @@ class Stack:
             targets = cluster.workdir / "engine-targets.json"
             targets.write_text("[]")
             if options.prometheus:
-                stack.prometheus = start_prometheus(cluster.workdir / "prometheus", targets)
+                stack.prometheus = start_prometheus(
+                    cluster.workdir / "prometheus", targets, options.prometheus_port
+                )
                 log.info("stack: prometheus at %s", stack.prometheus.url)
             stack.runner = podrunner.PodRunner(
                 cluster.get_json,
@@ -258,6 +264,7 @@ class Stack:
         return {
             "server": self.cluster.server,
             "kubeconfig": str(self.cluster.kubeconfig),
+            "bin_dir": str(self.cluster.bin_dir),
             "pod_cidr": self.cluster.pod_cidr,
             "prometheus_url": self.prometheus.url if self.prometheus is not None else None,
             "operator_log": str(self.operator.log_path) if self.operator is not None else None,
@@ -266,7 +273,7 @@ class Stack:
         }
 
 
-def start_prometheus(workdir: Path, targets: Path) -> PrometheusServer:
+def start_prometheus(workdir: Path, targets: Path, port: int | None = None) -> PrometheusServer:
     """Prometheus scraping every engine pod each second, found through the apiserver.
 
     The engine-pod runner writes the pods it lists as a file_sd targets file
@@ -275,7 +282,7 @@ def start_prometheus(workdir: Path, targets: Path) -> PrometheusServer:
     """
     from slipstream.localkube import prometheus
 
-    server = prometheus.PrometheusServer.start(workdir, scrape_interval_s=SCRAPE_INTERVAL_S)
+    server = prometheus.PrometheusServer.start(workdir, scrape_interval_s=SCRAPE_INTERVAL_S, port=port)
     try:
         config = prometheus.render_config(scrape_interval_s=SCRAPE_INTERVAL_S)
         config["scrape_configs"].append(

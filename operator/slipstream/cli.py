@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run one policy on a workload in the digital twin")
     _add_workload_args(sim)
     sim.add_argument("--policy", required=True,
-                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | auto, "
+                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | sglang-spf | hrrn | auto, "
                      "optionally /fcfs, /lpm or /srpt")
     _add_tuner_args(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object")
@@ -309,6 +309,14 @@ def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: boo
     return result, tuner
 
 
+def _tuner_json(tuner: auto.TwinAuto) -> dict[str, object]:
+    """auto's changes for ``--json``: when, from, to and why (policy names)."""
+    return {"decisions": len(tuner.decisions),
+            "changes": [{"at_s": round(at, 3), "from": recommend.policy_name(m.from_),
+                         "to": recommend.policy_name(m.to), "reason": m.reason}
+                        for at, m in tuner.moves()]}
+
+
 def _print_moves(name: str, tuner: auto.TwinAuto | None) -> None:
     if tuner is None:
         return
@@ -346,7 +354,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         else:
             plots.ttft_cdfs({args.policy: result}, Path(args.plot), loaded.workload.name)
     if args.json:
-        print(json.dumps(report.simulate_json(result, loaded.source_key, loaded.source), indent=1))
+        out = report.simulate_json(result, loaded.source_key, loaded.source)
+        if tuner is not None:
+            out["tuner"] = _tuner_json(tuner)
+        print(json.dumps(out, indent=1))
     else:
         print(f"{loaded.workload.name} under {result.policy} ({loaded.profile.name}, "
               f"C = {loaded.config.chunked_prefill_size})")
@@ -385,6 +396,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plots.ttft_cdfs(results, Path(args.plot), f"{loaded.workload.name}: TTFT per policy")
     if args.json:
         out = report.bench_json(loaded.workload.name, loaded.workload.rate_scale, summaries)
+        if tuners:
+            out["tuner"] = {name: _tuner_json(t) for name, t in tuners.items()}
         out["target_utilization"] = loaded.target
         out["stock_busy_fraction"] = loaded.stock_busy
         if args.speed:
@@ -442,15 +455,16 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if not snap.valid:
         raise CliError(f"snapshot of {snap.deployment} is not usable: {snap.invalid} ({snap.detail})")
     settings = tuner_settings(args, config)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     rec = recommend.recommend(snap, auto.start_setting(current), settings.spec, profile, config,
                               settings.recommender)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     c = settings.spec.chunked_prefill_size
     if args.json:
         out = {"best": recommend.policy_name(rec.best.setting), "feasible": rec.feasible,
                "heterogeneity": rec.heterogeneity, "reason": rec.reason,
                "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
+               "burst": rec.burst, "fit_error": rec.fit_error,
                "candidates": {recommend.policy_name(p.setting): {
                    "concurrency": p.concurrency, "allowed": p.allowed,
                    "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
@@ -462,11 +476,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                                for t in p.tenants}} for p in rec.predictions}}
         if args.time:
             out["elapsed_s"] = elapsed
+            out["cpu_s"] = cpu
         print(json.dumps(out, indent=1))
         return 0
     print(f"{snap.deployment}: {snap.requests:.0f} first tokens in {snap.window_s:.0f} s, "
           f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
-          f"{len(rec.predictions)} candidates")
+          f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
+          f"(fit error {rec.fit_error:.2f})")
     print(f"{'candidate':22s} {'K':>2s} {'worst p99 slowdown':>18s} {'worst p99 TTFT s':>16s} "
           f"{'longest p99 slowdown':>20s}  ok")
     for p in sorted(rec.predictions, key=lambda p: p.objective(rec.objective)):
@@ -477,7 +493,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
           f"{'' if rec.feasible else ' (best effort: infeasible)'}")
     print(f"reason: {rec.reason}")
     if args.time:
-        print(f"time: {elapsed:.3f} s for {len(rec.predictions)} candidates on one core")
+        print(f"time: {elapsed:.3f} s wall, {cpu:.3f} s CPU for {len(rec.predictions)} candidates "
+              "(one core)")
     return 0
 
 
@@ -517,6 +534,9 @@ def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["engine-sim"]:  # an engine pod's args, with the kubelet's $(VAR) expansion
+        argv = enginesim_flags.expand_env(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "takes_unknown", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

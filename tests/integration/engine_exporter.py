@@ -31,7 +31,15 @@ BASE_LABELS = {"model_name": "kimi-k3"}
 class EngineExporter:
     """One engine pod's metrics, served on 127.0.0.1:<port>/metrics."""
 
-    def __init__(self, threshold: int = 0, mode: str = "ceiling", policy: str = "fcfs") -> None:
+    def __init__(
+        self,
+        threshold: int = 0,
+        mode: str = "ceiling",
+        policy: str = "fcfs",
+        *,
+        host: str = ports.LOOPBACK,
+        port: int | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         tenant = [*BASE_LABELS, "tenant"]
         self.ttft = Histogram(
@@ -60,9 +68,9 @@ class EngineExporter:
         )
         self.set_queue(0)
         self.set_setting(threshold, mode, policy)
-        (self.port,) = ports.free_ports(1)
-        self._server, self._thread = start_http_server(self.port, addr=ports.LOOPBACK, registry=self.registry)
-        self.address = f"{ports.LOOPBACK}:{self.port}"
+        self.port = port if port is not None else ports.free_ports(1)[0]
+        self._server, self._thread = start_http_server(self.port, addr=host, registry=self.registry)
+        self.address = f"{host}:{self.port}"
 
     def open_tenant(self, tenant: str) -> None:
         """Create the tenant's series at zero (as a first request's labels would)."""

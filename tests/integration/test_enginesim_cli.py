@@ -27,6 +27,7 @@ class Sim:
 
 def start_sim(*argv: str, key: str | None = KEY) -> Sim:
     env = {k: v for k, v in os.environ.items() if k != "SLIPSTREAM_ADMIN_API_KEY"}
+    env["SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD"] = "2048"
     if key:
         env["SLIPSTREAM_ADMIN_API_KEY"] = key
     proc = subprocess.Popen([sys.executable, "-m", "slipstream.cli", "engine-sim", "--host", "127.0.0.1",
@@ -66,7 +67,8 @@ def stop_sim(sim: Sim) -> int:
 
 @pytest.fixture
 def sim() -> Iterator[Sim]:
-    s = start_sim("--model-path", "/models/kimi", "--served-model-name", "kimi-k3", "--tp-size", "8",
+    s = start_sim("--long-prefill-token-threshold", "$(SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD)",
+                  "--model-path", "/models/kimi", "--served-model-name", "kimi-k3", "--tp-size", "8",
                   "--trust-remote-code", "--enable-metrics", "--tokenizer-metrics-allowed-custom-labels",
                   "tenant", "--time-scale", "20", "--pod-name", "engine-0")
     try:
@@ -95,6 +97,7 @@ def test_engine_sim_takes_a_pods_launch_args_and_stops_on_sigterm(sim: Sim) -> N
     assert status == 200 and KEY not in text
     info = json.loads(text)
     assert info["served_model_name"] == "kimi-k3" and info["engine_sim"]["pod_name"] == "engine-0"
+    assert info["long_prefill_token_threshold"] == 2048, "$(VAR) in args expands as the kubelet does"
     assert stop_sim(sim) == 0
 
 

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slipstream.enginesim import admin, bodies, driver, flags
 from slipstream.enginesim.clock import Clock
@@ -87,6 +89,8 @@ def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) 
     key = tmp_path / "key"
     key.write_text("from-file\n")
     assert parse("--admin-api-key-file", str(key), env={"SLIPSTREAM_ADMIN_API_KEY": "e"}).admin_api_key == "from-file"
+    assert parse("--admin-api-key", "argv").admin_api_key == "argv"
+    assert parse("--admin-api-key", "argv", env={"SLIPSTREAM_ADMIN_API_KEY": "e"}).admin_api_key == "e"
     key.write_text("")
     with pytest.raises(flags.FlagError, match="is empty"):
         parse("--admin-api-key-file", str(key))
@@ -94,6 +98,9 @@ def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) 
         parse("--time-scale", "0")
     with pytest.raises(flags.FlagError, match="not modelled by the twin"):
         parse("--schedule-policy", "lof")
+    env = {"T": "2048", "MODE": "floor"}
+    assert flags.expand_env(["--long-prefill-token-threshold", "$(T)", "--x=$(MODE)-$(UNSET)"], env) == [
+        "--long-prefill-token-threshold", "2048", "--x=floor-$(UNSET)"]
     assert flags.ignored_flags(["--tp-size", "8", "--mem-fraction-static=0.8", "x"]) == [
         "--tp-size", "--mem-fraction-static"]
 
@@ -134,3 +141,52 @@ def test_the_pump_releases_first_tokens_at_their_twin_time() -> None:
     pod.step()
     assert tracked.done.is_set() and tracked.tokens_at(pod.clock.now()) == 3
     assert b'tenant="a"' in pod.scrape()
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+FIELDS = st.sampled_from(["prompt", "messages", "text", "input_ids", "max_tokens", "max_completion_tokens",
+                          "stream", "stream_options", "slipstream", "sampling_params", "model"])
+SLIP = st.dictionaries(st.sampled_from(["prompt_tokens", "prefix_id", "cached_tokens", "blocks",
+                                        "block_sizes"]), JSON, max_size=4)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(body=st.dictionaries(FIELDS, JSON, max_size=5), slip=st.none() | SLIP)
+def test_fuzzed_bodies_parse_or_raise_body_error(body: dict, slip: dict | None) -> None:
+    """Whatever JSON object arrives, parsing gives a request or a BodyError, nothing else."""
+    if slip is not None:
+        body = {**body, "slipstream": slip}
+    for parse in (bodies.completion, bodies.chat, bodies.generate):
+        try:
+            inc = parse(body)
+        except bodies.BodyError:
+            continue
+        assert 1 <= inc.prompt_tokens <= bodies.MAX_TOKENS_LIMIT
+        assert sum(inc.block_sizes) == inc.prompt_tokens and len(inc.blocks) == len(inc.block_sizes)
+        assert 1 <= inc.output_tokens <= bodies.MAX_TOKENS_LIMIT
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(args=st.dictionaries(st.sampled_from([*admin.LONG_PREFILL_KEYS, "other"]), JSON, max_size=4),
+       faults=st.dictionaries(st.sampled_from(["ttft_multiplier", "admin", "metrics", "x"]), JSON, max_size=3))
+def test_fuzzed_admin_bodies_validate_or_refuse(args: dict, faults: dict) -> None:
+    live = admin.Live(0, "ceiling", "fcfs", 8)
+    try:
+        updates = admin.server_args_of({"server_args": args})
+    except bodies.BodyError:
+        updates = None
+    if updates is not None:
+        new, reason = admin.apply_updates(live, updates, 8192, 16)
+        if reason is None:
+            assert new.threshold % 16 == 0 and 0 <= new.threshold <= 8192 and new.max_partial_prefills >= 1
+        else:
+            assert new is live
+    try:
+        f = admin.faults_of(faults, admin.Faults())
+    except bodies.BodyError:
+        return
+    assert f.ttft_multiplier > 0 and f.admin in admin.ADMIN_FAULTS and f.metrics in admin.METRICS_FAULTS

@@ -34,9 +34,14 @@ def every_gap(result: engine.SimResult) -> list[float]:
     gaps = []
     for job in result.jobs:
         out = job.req.output_tokens
-        if out < 2:
+        if out < 2 or job.rejected:
             continue
-        times = [job.first_token_s, *job._times[job.entry_step: job.entry_step + out - 1]]
+        segments = [*(job._segs or ()), (job.seg_start_s, job.entry_step,
+                                         job.entry_step + out - job.out_base)]
+        times = []
+        for start_s, first, end in segments:
+            times += [start_s, *job._times[first:end]]
+        assert len(times) == out
         gaps += [b - a for a, b in zip(times, times[1:], strict=False)]
     return gaps
 
@@ -63,3 +68,14 @@ def test_a_long_prefill_shows_in_the_longest_gap_not_in_every_gap(capsys):
     assert summary["max_itl_p99_s"] == pytest.approx(1.84, rel=0.05)
     assert summary["itl_p99_s"] < 0.05
     assert 0 < summary["busy_fraction"] <= 1
+
+
+def test_itl_p99_and_longest_gaps_count_the_stall_of_a_retraction():
+    cfg = EngineConfig(kv_pool_tokens=20_000, cache_tokens=10_000)
+    reqs = [Request(f"r{k}", "t", 20.0 * k, 2000, 5000, (k + 1,), (2000,)) for k in range(6)]
+    result = engine.simulate(build("w", reqs), policies.parse("stock", cfg), PROFILE, cfg)
+    assert result.retractions >= 1
+    gaps = every_gap(result)
+    assert metrics.itl_p99(result) == pytest.approx(percentile(gaps, 99), rel=1e-9)
+    longest = {j.rid: j.max_itl_s for j in result.jobs}
+    assert max(longest.values()) == pytest.approx(max(gaps))

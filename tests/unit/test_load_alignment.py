@@ -89,3 +89,15 @@ def test_cli_aligns_says_so_and_hits_the_target(capsys, tmp_path):
     busy = doc["policies"]["stock"]["prefill_busy_fraction"]
     assert abs(busy - 0.6) <= rate.DEFAULT_TOLERANCE
     assert doc["stock_busy_fraction"] == pytest.approx(busy)
+
+
+def test_cli_tile_says_how_many_copies(capsys, tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_trace(a, [k * 1000 for k in range(100)], 2000)      # 99 s
+    write_trace(b, [k * 1000 for k in range(30)], 2000)       # 29 s, period 30 s: 4 copies
+    assert cli.main(["simulate", "--trace", str(a), "--trace", str(b), "--policy", "stock",
+                     "--align", "tile", "--rate-scale", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "tiled to the longest span, 99 s (a x1.00, b x3.33)" in captured.err
+    doc = json.loads(captured.out)
+    assert len(doc["requests"]) == 100 + 100  # b: 30 + 30 + 30 + 10 (arrivals 90..99 s)

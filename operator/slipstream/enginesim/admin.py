@@ -56,16 +56,16 @@ def apply_updates(live: Live, updates: dict[str, Any], chunked_prefill_size: int
     threshold = updates.get("long_prefill_token_threshold", live.threshold)
     if isinstance(threshold, float) and threshold.is_integer():
         threshold = int(threshold)
+    partials = updates.get("max_partial_prefills", live.max_partial_prefills)
     err = None
     if "long_prefill_token_threshold" in updates:
         err = flags.threshold_error(threshold, chunked_prefill_size, page_size)
+    if err is None and "max_partial_prefills" in updates:
+        err = flags.max_partials_error(partials)
     if err is None and "long_prefill_mode" in updates:
         err = flags.mode_error(updates["long_prefill_mode"])
     if err is None and "schedule_policy" in updates:
         err = flags.policy_error(updates["schedule_policy"])
-    partials = updates.get("max_partial_prefills", live.max_partial_prefills)
-    if err is None and "max_partial_prefills" in updates:
-        err = flags.max_partials_error(partials)
     if err is not None:
         return live, err
     return Live(int(threshold), updates.get("long_prefill_mode", live.mode),
@@ -127,6 +127,7 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         "port": cfg.port,
         "chunked_prefill_size": cfg.chunked_prefill_size,
         "page_size": cfg.page_size,
+        "context_length": cfg.context_length,
         "tokenizer_metrics_custom_labels_header": cfg.labels_header,
         "tokenizer_metrics_allowed_custom_labels": list(cfg.allowed_labels) or None,
         "enable_metrics": cfg.enable_metrics,

@@ -223,6 +223,13 @@ def _text_blocks(units: list[Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def check_context(inc: Incoming, context_length: int | None) -> None:
+    """SGLang's input-length check (``--context-length``), with its message."""
+    if context_length is not None and inc.prompt_tokens >= context_length:
+        raise BodyError(f"The input ({inc.prompt_tokens} tokens) is longer than the model's "
+                        f"context length ({context_length} tokens).")
+
+
 def tenant_labels(header: str | None, allowed: tuple[str, ...]) -> dict[str, str]:
     """Metric labels from the custom-labels header, as SGLang takes them: a JSON object,
     allowed keys only; anything else is ignored (the request is still served)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--admin-api-key-file", metavar="PATH",
                      help=f"file holding the admin key (else env {engine_args.ADMIN_API_KEY_ENV})")
     eng.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    eng.add_argument("--context-length", type=int, default=None,
+                     help="refuse prompts of this many tokens or more (default: no limit)")
+    eng.add_argument("--admin-api-key", default=None,
+                     help="discouraged (visible in the process list): use the file or the env")
     own = p.add_argument_group("simulator flags")
     own.add_argument("--profile", default=DEFAULT_PROFILE,
                      help="twin cost profile, built-in name or JSON file (default %(default)s)")
@@ -93,6 +99,7 @@ class SimConfig:
     pod_name: str
     cache_tokens: int | None = None
     admin_api_key_file: str | None = None
+    context_length: int | None = None
 
 
 def threshold_error(value: object, chunked_prefill_size: int, page_size: int) -> str | None:
@@ -139,8 +146,10 @@ def max_partials_error(value: object) -> str | None:
     return None
 
 
-def read_admin_key(key_file: str | None, environ: dict[str, str] | None = None) -> str | None:
-    """The admin key: ``--admin-api-key-file`` if given, else the environment variable."""
+def read_admin_key(key_file: str | None, environ: dict[str, str] | None = None,
+                   argv_key: str | None = None) -> str | None:
+    """The admin key: ``--admin-api-key-file`` if given, else the environment variable, else
+    stock SGLang's ``--admin-api-key`` (accepted for old pod specs, with a warning)."""
     env = os.environ if environ is None else environ
     if key_file:
         try:
@@ -150,7 +159,12 @@ def read_admin_key(key_file: str | None, environ: dict[str, str] | None = None) 
         if not key:
             raise FlagError(f"--admin-api-key-file {key_file} is empty: write the key into it")
         return key
-    return env.get(engine_args.ADMIN_API_KEY_ENV) or None
+    key = env.get(engine_args.ADMIN_API_KEY_ENV) or None
+    if key is None and argv_key:
+        print(f"engine-sim: warning: --admin-api-key puts the key in the process list; set "
+              f"{engine_args.ADMIN_API_KEY_ENV} or --admin-api-key-file instead", file=sys.stderr)
+        return argv_key
+    return key
 
 
 def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> SimConfig:
@@ -175,6 +189,8 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
                         f"got {ns.time_scale}")
     if not 0 <= ns.port <= 65535:
         raise FlagError(f"--port must be in 0..65535, got {ns.port}")
+    if ns.context_length is not None and ns.context_length < 2:
+        raise FlagError(f"--context-length must be >= 2, got {ns.context_length}")
     if ns.cache_tokens is not None and ns.cache_tokens < 0:
         raise FlagError(f"--cache-tokens must be >= 0, got {ns.cache_tokens}")
     if ns.tokenizer_metrics_allowed_custom_labels and not ns.tokenizer_metrics_custom_labels_header:
@@ -193,14 +209,26 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
         max_partial_prefills=int(ns.max_partial_prefills),
         labels_header=ns.tokenizer_metrics_custom_labels_header,
         allowed_labels=tuple(ns.tokenizer_metrics_allowed_custom_labels),
-        admin_api_key=read_admin_key(ns.admin_api_key_file, environ),
+        admin_api_key=read_admin_key(ns.admin_api_key_file, environ, ns.admin_api_key),
         enable_metrics=bool(ns.enable_metrics),
         profile=ns.profile,
         time_scale=float(ns.time_scale),
         pod_name=ns.pod_name,
         cache_tokens=ns.cache_tokens,
         admin_api_key_file=ns.admin_api_key_file,
+        context_length=ns.context_length,
     )
+
+
+_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def expand_env(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """``$(VAR)`` references expanded from the environment, as the kubelet does for a
+    container's args (a pod's launch args use them for the tuned setting); references to
+    unset variables stay as written, also as the kubelet does."""
+    env = os.environ if environ is None else environ
+    return [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
 
 
 def ignored_flags(extra: list[str]) -> list[str]:

@@ -6,7 +6,8 @@ block ids in the ``slipstream`` field (the engine simulator's exact input), and,
 default, a prompt of as many words as the trace has tokens, built from the block ids so
 shared prefixes are shared text (a real server caches them too). TTFT is the wall time to
 the first streamed token times the time scale, i.e. in twin seconds when the target is an
-engine simulator running at the same ``--time-scale``. The run stops by itself: at the
+engine simulator running at the same ``--time-scale`` (which also states the exact value
+in a response header, preferred when present). The run stops by itself: at the
 trace's end, after ``max_requests``, or after ``duration_s`` wall seconds.
 """
 
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from slipstream.engine import metrics as engine_metrics
+from slipstream.enginesim import shapes
 from slipstream.sim import traces
 from slipstream.sim.workload import Request
 
@@ -131,6 +133,12 @@ class _Replay:
                 async for line in resp.content:
                     if math.isnan(ttft) and line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
                         ttft = (time.monotonic() - start) * self.time_scale
+                # A simulator's exact value beats the wall measurement, which carries the
+                # HTTP and event-loop delays times the time scale.
+                exact = resp.headers.get(shapes.TTFT_HEADER)
+                if exact is not None and not math.isnan(ttft):
+                    with contextlib.suppress(ValueError):
+                        ttft = float(exact)
             ok = not math.isnan(ttft)
             self.outcomes.append(Outcome(req.tenant, req.rid, ttft, ok, "" if ok else "no token streamed",
                                          target))

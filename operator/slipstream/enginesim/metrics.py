@@ -24,6 +24,8 @@ PROMPT_TOKEN_BUCKETS = (
     100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000,
 )
 MODES = ("ceiling", "floor")
+MAX_PARTIAL_PREFILLS = "sglang:max_partial_prefills"
+"""Gauge (patch): the partials cap in force (--max-partial-prefills, settable in place)."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -69,6 +71,9 @@ class EngineMetrics:
                                sched, registry=r)
         self.partials = Gauge(names.NUM_PARTIAL_PREFILLS, "Partial (chunked) prefills in progress.",
                               sched, registry=r)
+        self.max_partials = Gauge(MAX_PARTIAL_PREFILLS,
+                                  "Most partial prefills in progress at once (--max-partial-prefills).",
+                                  sched, registry=r)
         self.mode = Gauge(names.LONG_PREFILL_MODE,
                           "1 for the long-prefill mode in force (label mode), else 0.",
                           [*sched, "mode"], registry=r)
@@ -96,13 +101,14 @@ class EngineMetrics:
         self.generation_hist.labels(**req).observe(output_tokens)
 
     def scheduler(self, running: int, queued: int, partials: int, threshold: int, mode: str,
-                  policy: str) -> None:
+                  policy: str, max_partials: int) -> None:
         """The scheduler's gauges, set just before a scrape (the patch's log_long_prefill)."""
         s = self.sched_labels
         self.running.labels(**s).set(running)
         self.queued.labels(**s).set(queued)
         self.partials.labels(**s).set(partials)
         self.threshold.labels(**s).set(threshold)
+        self.max_partials.labels(**s).set(max_partials)
         for m in MODES:
             self.mode.labels(**s, mode=m).set(1 if m == mode else 0)
         self._policies.add(policy)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -22,6 +24,13 @@ from slipstream.enginesim.metrics import EngineMetrics
 from slipstream.sim import profiles
 from slipstream.sim.policies import EngineConfig, Setting
 from slipstream.sim.workload import Request
+
+log = logging.getLogger("slipstream.enginesim")
+
+
+class TwinFailed(RuntimeError):
+    """The twin raised; the simulated engine serves no more requests."""
+
 
 MAX_TICK_S = 0.05
 """Longest wall sleep of the pump while requests are in flight (a new arrival wakes it)."""
@@ -59,15 +68,23 @@ class Tracked:
 
 
 def engine_config(cfg: flags.SimConfig) -> EngineConfig:
+    """The twin's fixed settings from the engine flags (the twin's defaults elsewhere)."""
     base = EngineConfig()
-    return EngineConfig(
+    out = dataclasses.replace(
+        base,
         chunked_prefill_size=cfg.chunked_prefill_size,
         page_size=cfg.page_size,
-        max_prefill_tokens=base.max_prefill_tokens,
         cache_tokens=cfg.cache_tokens if cfg.cache_tokens is not None else base.cache_tokens,
-        host_cache_tokens=base.host_cache_tokens,
         srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
     )
+    return with_max_partials(out, cfg.max_partial_prefills)
+
+
+def with_max_partials(config: EngineConfig, n: int) -> EngineConfig:
+    """``config`` with the partials cap, where the twin models it (INTERFACES B)."""
+    if "max_partial_prefills" in {f.name for f in dataclasses.fields(config)}:
+        return dataclasses.replace(config, max_partial_prefills=n)  # type: ignore[call-arg]
+    return config
 
 
 class SimPod:
@@ -87,6 +104,8 @@ class SimPod:
         self._ids = itertools.count()
         self._pump: asyncio.Task[None] | None = None
         self.served = 0
+        self.failure: str | None = None
+        """Why the twin stopped (then /health is 503 and requests get 500), else None."""
 
     def _setting(self) -> Setting:
         return Setting(self.live.threshold, self.live.mode, self.live.schedule_policy)
@@ -101,8 +120,18 @@ class SimPod:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
 
+    def fail(self, reason: str) -> None:
+        """Stop serving: every waiting client is released (and answered with an error)."""
+        self.failure = reason
+        for t in self._pending:
+            t.first.set()
+            t.done.set()
+        self._pending = []
+
     def submit(self, inc: Incoming, labels: dict[str, str]) -> Tracked:
-        """A request arriving now (twin time)."""
+        """A request arriving now (twin time); TwinFailed once the twin has failed."""
+        if self.failure is not None:
+            raise TwinFailed(self.failure)
         now = self.clock.now()
         rid = f"{next(self._ids):08x}"
         # The twin takes arrivals from its own clock on: one arriving during a pass in
@@ -119,8 +148,7 @@ class SimPod:
     def abort(self, tracked: Tracked) -> bool:
         """The client went away before its first token: drop the request if the twin has
         not given it any tokens yet (as SGLang aborts it); True if it was dropped."""
-        abort = getattr(self.driver, "abort", None)
-        if tracked.first.is_set() or abort is None or not abort(tracked.rid):
+        if tracked.first.is_set() or not self.driver.abort(tracked.rid):
             return False
         self._pending.remove(tracked)
         return True
@@ -130,9 +158,13 @@ class SimPod:
         live, reason = admin.apply_updates(self.live, updates, self.cfg.chunked_prefill_size,
                                            self.cfg.page_size)
         if reason is None:
-            self.driver.advance(self.clock.now())
+            d = self.driver
+            d.advance(self.clock.now())
             self.live = live
-            self.driver.apply(self._setting())
+            d.apply(self._setting())
+            config = getattr(d, "config", None)
+            if isinstance(config, EngineConfig):  # the steppable Engine reads it every pass
+                d.config = with_max_partials(config, live.max_partial_prefills)  # type: ignore[attr-defined]
             self._wake.set()
         return reason
 
@@ -140,7 +172,7 @@ class SimPod:
         d = self.driver
         d.advance(self.clock.now())
         self.metrics.scheduler(d.decoding, d.waiting, d.partials, self.live.threshold,
-                               self.live.mode, self.live.schedule_policy)
+                               self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills)
         return self.metrics.exposition()
 
     def step(self) -> float:
@@ -180,7 +212,12 @@ class SimPod:
 
     async def _run(self) -> None:
         while True:
-            due = self.step()
+            try:
+                due = self.step()
+            except Exception as exc:  # a twin bug must not leave clients waiting forever
+                log.exception("engine-sim: the twin failed; refusing requests from now on")
+                self.fail(f"the simulated engine failed: {type(exc).__name__}: {exc}")
+                return
             if self._pending:
                 wait = MAX_TICK_S if math.isinf(due) else self.clock.wall_until(due)
                 wait = min(MAX_TICK_S, max(MIN_TICK_S, wait))

@@ -24,14 +24,13 @@ from aiohttp import web
 from slipstream.engine import args as engine_args
 from slipstream.enginesim import admin, bodies, flags, metrics, shapes
 from slipstream.enginesim.bodies import BodyError
-from slipstream.enginesim.pod import SimPod, Tracked
+from slipstream.enginesim.pod import SimPod, Tracked, TwinFailed
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest request body accepted: a 1M-token prompt as token ids fits; more is refused."""
-TTFT_HEADER = "X-Slipstream-TTFT-S"
-"""Response header with the request's TTFT in twin seconds (exact; tests and tools read it)."""
-STREAM_INTERVAL_S = 0.02
-"""Wall seconds between SSE chunks while a stream decodes."""
+TTFT_HEADER = shapes.TTFT_HEADER
+STREAM_INTERVAL_S = 0.05
+"""Wall seconds between SSE chunks while a stream decodes (bounds wake-ups per stream)."""
 
 log = logging.getLogger("slipstream.enginesim")
 POD = web.AppKey("pod", SimPod)
@@ -57,6 +56,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return await handler(request)
     except BodyError as exc:
         return web.json_response(error_body(400, str(exc)), status=400)
+    except TwinFailed as exc:
+        return web.json_response(error_body(500, str(exc)), status=500)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -107,6 +108,9 @@ async def admin_fault(request: web.Request) -> web.StreamResponse | None:
 
 
 async def health(request: web.Request) -> web.Response:
+    failure = request.app[POD].failure
+    if failure is not None:
+        return web.json_response(error_body(503, failure), status=503)
     return web.Response(status=200)
 
 
@@ -169,12 +173,15 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
     async def handle(request: web.Request) -> web.StreamResponse:
         pod = request.app[POD]
         inc = parse(await read_json(request))
+        bodies.check_context(inc, pod.cfg.context_length)
         labels = bodies.tenant_labels(request.headers.get(pod.cfg.labels_header), pod.cfg.allowed_labels)
         tracked = pod.submit(inc, labels)
         shape = shapes.Shapes(kind, tracked.rid, pod.cfg.model_name, inc)
         try:
             if not inc.stream:
                 await _until(pod, tracked.done)
+                if tracked.e2e_s < 0:
+                    raise TwinFailed(pod.failure or "the simulated engine failed")
                 return web.json_response(shape.full(tracked.job.cached, tracked.e2e_s),
                                          headers={TTFT_HEADER: f"{tracked.ttft_s:.6f}"})
             return await _stream(request, pod, tracked, shape)
@@ -200,6 +207,8 @@ async def _until(pod: SimPod, event: asyncio.Event) -> None:
 
 async def _stream(request: web.Request, pod: SimPod, t: Tracked, shape: shapes.Shapes) -> web.StreamResponse:
     await _until(pod, t.first)
+    if t.ttft_s < 0:
+        raise TwinFailed(pod.failure or "the simulated engine failed")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", TTFT_HEADER: f"{t.ttft_s:.6f}"})
     await response.prepare(request)
@@ -214,7 +223,7 @@ async def _stream(request: web.Request, pod: SimPod, t: Tracked, shape: shapes.S
             break
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(t.done.wait(), STREAM_INTERVAL_S)
-        if pod.closing.is_set():
+        if pod.closing.is_set() or pod.failure is not None:
             break
     await response.write(shapes.DONE)
     await response.write_eof()

@@ -10,6 +10,9 @@ from typing import Any
 from slipstream.enginesim.bodies import Incoming
 
 WORD = "tok"
+TTFT_HEADER = "X-Slipstream-TTFT-S"
+"""Response header with the request's TTFT in twin seconds (exact; the load generator and
+tests read it)."""
 
 
 def text(n_tokens: int, first: bool = True) -> str:

@@ -8,9 +8,11 @@ Two kinds of scrape job can be rendered:
 
 - ``StaticTarget``: a fixed ``host:port`` with the labels an engine pod would carry
   (tests that run an exporter or an engine simulator without Kubernetes);
-- ``PodDiscovery``: ``kubernetes_sd_configs`` with the pod role against a kubeconfig, so
-  Prometheus finds the engine pods itself, the way a real cluster's Prometheus (or the
-  PodMonitor the operator creates) does. Only pods carrying the label
+- ``PodDiscovery``: the engine pods the apiserver lists (a kubeconfig's credentials), the
+  way a real cluster's Prometheus with ``kubernetes_sd`` (pod role) or the PodMonitor the
+  operator creates finds them. Debian's build has no Kubernetes discovery, so
+  ``localkube.poddiscovery`` does the pod role and its relabeling in Python and Prometheus
+  polls it through ``http_sd_configs`` every scrape interval. Only pods carrying the label
   ``serving.slipstream.dev/name`` are kept, only their Running phase and the container port
   named ``http`` (the engine's, see ``controller/objects.py``); the target is the pod IP and
   that port.
@@ -33,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from slipstream.localkube import health, ports, processes
+from slipstream.localkube import health, poddiscovery, ports, processes
 
 BINARY_ENV = "SLIPSTREAM_PROMETHEUS"
 """Environment variable naming another prometheus binary (default: the Debian package's)."""
@@ -50,8 +52,7 @@ loaded CI machine."""
 START_ATTEMPTS = 3
 """Start-ups tried when another process took the picked port first."""
 
-NAME_LABEL = "serving.slipstream.dev/name"
-"""The pod label naming the ServingDeployment (controller/objects.NAME_LABEL)."""
+NAME_LABEL = poddiscovery.NAME_LABEL
 
 ENGINE_PORT_NAME = "http"
 """The engine container's port name in the rendered pod template."""
@@ -116,7 +117,7 @@ observer's queries accept both spellings, this keeps what a person types in the 
 """
 
 
-def _static_job(index: int, target: StaticTarget) -> dict[str, Any]:
+def _static_job(index: int, target: StaticTarget, relabel: list[dict[str, Any]]) -> dict[str, Any]:
     labels = {
         "namespace": target.namespace,
         "pod": target.pod,
@@ -127,44 +128,15 @@ def _static_job(index: int, target: StaticTarget) -> dict[str, Any]:
         "job_name": f"static-{index}",
         "metrics_path": target.metrics_path,
         "static_configs": [{"targets": [target.address], "labels": labels}],
-        "metric_relabel_configs": [SGLANG_NAME_RELABEL],
+        "metric_relabel_configs": relabel,
     }
 
 
-def _pod_job(discovery: PodDiscovery) -> dict[str, Any]:
-    sd: dict[str, Any] = {"role": "pod", "kubeconfig_file": str(discovery.kubeconfig)}
-    if discovery.namespaces:
-        sd["namespaces"] = {"names": list(discovery.namespaces)}
-    # Prometheus sanitises label names: serving.slipstream.dev/name -> serving_slipstream_dev_name.
-    name_meta = "__meta_kubernetes_pod_label_serving_slipstream_dev_name"
-    name_present = "__meta_kubernetes_pod_labelpresent_serving_slipstream_dev_name"
+def _pod_job(sd_url: str, refresh: str, relabel: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "job_name": "slipstream-engines",
-        "metrics_path": discovery.metrics_path,
-        "kubernetes_sd_configs": [sd],
-        "relabel_configs": [
-            {"source_labels": [name_present], "regex": "true", "action": "keep"},
-            {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "Running", "action": "keep"},
-            {
-                "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                "regex": discovery.port_name,
-                "action": "keep",
-            },
-            {
-                "source_labels": [
-                    "__meta_kubernetes_pod_ip",
-                    "__meta_kubernetes_pod_container_port_number",
-                ],
-                "separator": ":",
-                "regex": "(.+):(\\d+)",
-                "replacement": "$1:$2",
-                "target_label": "__address__",
-            },
-            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            {"source_labels": [name_meta], "target_label": "servingdeployment"},
-        ],
-        "metric_relabel_configs": [SGLANG_NAME_RELABEL],
+        "http_sd_configs": [{"url": sd_url, "refresh_interval": refresh}],
+        "metric_relabel_configs": relabel,
     }
 
 
@@ -172,15 +144,24 @@ def render_config(
     *,
     scrape_interval_s: float,
     static: Sequence[StaticTarget] = (),
-    discovery: PodDiscovery | None = None,
+    discovery_url: str | None = None,
+    normalize_sglang_names: bool = True,
 ) -> dict[str, Any]:
-    """The server's config as a dict (pure: tests read it, start() writes it as YAML)."""
+    """The server's config as a dict (pure: tests read it, start() writes it as YAML).
+
+    ``discovery_url`` is a ``poddiscovery.DiscoveryServer``'s URL, polled every scrape
+    interval for the engine pods (labels and ``__metrics_path__`` come with the targets).
+
+    ``normalize_sglang_names=False`` stores names as scraped (``sglang_x`` from
+    prometheus_client over OpenMetrics), as a Prometheus without our relabeling would.
+    """
     if scrape_interval_s <= 0:
         raise ValueError(f"scrape_interval_s must be > 0, got {scrape_interval_s}")
     interval = _duration(scrape_interval_s)
-    jobs = [_static_job(i, t) for i, t in enumerate(static)]
-    if discovery is not None:
-        jobs.append(_pod_job(discovery))
+    relabel = [SGLANG_NAME_RELABEL] if normalize_sglang_names else []
+    jobs = [_static_job(i, t, relabel) for i, t in enumerate(static)]
+    if discovery_url is not None:
+        jobs.append(_pod_job(discovery_url, interval, relabel))
     return {
         "global": {
             "scrape_interval": interval,
@@ -195,8 +176,16 @@ def render_config(
 class PrometheusServer:
     """A running Prometheus: ``url``, ``workdir``, ``stop()``; a context manager too."""
 
-    def __init__(self, component: processes.Component, url: str, workdir: Path, config: Path) -> None:
+    def __init__(
+        self,
+        component: processes.Component,
+        url: str,
+        workdir: Path,
+        config: Path,
+        discovery: poddiscovery.DiscoveryServer | None = None,
+    ) -> None:
         self._component = component
+        self._discovery = discovery
         self.url = url
         self.port = int(url.rsplit(":", 1)[1])
         self.workdir = workdir
@@ -214,6 +203,7 @@ class PrometheusServer:
         ready_deadline_s: float = READY_DEADLINE_S,
         port: int | None = None,
         keep_data: bool = False,
+        normalize_sglang_names: bool = True,
     ) -> PrometheusServer:
         """Start a server whose files live in ``workdir``; return once /-/ready answers 200.
 
@@ -225,23 +215,42 @@ class PrometheusServer:
         exe = binary()
         workdir = workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
-        config = workdir / "prometheus.yml"
-        config.write_text(
-            yaml.safe_dump(
-                render_config(scrape_interval_s=scrape_interval_s, static=static, discovery=discovery),
-                sort_keys=False,
+        sd = None
+        if discovery is not None:
+            sd = poddiscovery.DiscoveryServer(
+                discovery.kubeconfig,
+                namespaces=discovery.namespaces,
+                port_name=discovery.port_name,
+                metrics_path=discovery.metrics_path,
             )
-        )
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                return cls._start_once(
-                    exe, workdir, config, retention, ready_deadline_s, port, keep_data
+        try:
+            config = workdir / "prometheus.yml"
+            config.write_text(
+                yaml.safe_dump(
+                    render_config(
+                        scrape_interval_s=scrape_interval_s,
+                        static=static,
+                        discovery_url=sd.url if sd is not None else None,
+                        normalize_sglang_names=normalize_sglang_names,
+                    ),
+                    sort_keys=False,
                 )
-            except processes.ComponentError as exc:
-                retry = port is None and ports.ADDRESS_IN_USE in str(exc)
-                if not retry or attempt == START_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+            )
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    component, url = cls._start_once(
+                        exe, workdir, config, retention, ready_deadline_s, port, keep_data
+                    )
+                    return cls(component, url, workdir, config, sd)
+                except processes.ComponentError as exc:
+                    retry = port is None and ports.ADDRESS_IN_USE in str(exc)
+                    if not retry or attempt == START_ATTEMPTS:
+                        raise
+            raise AssertionError("unreachable")
+        except BaseException:
+            if sd is not None:
+                sd.stop()
+            raise
 
     @classmethod
     def _start_once(
@@ -253,7 +262,7 @@ class PrometheusServer:
         ready_deadline_s: float,
         port: int | None,
         keep_data: bool,
-    ) -> PrometheusServer:
+    ) -> tuple[processes.Component, str]:
         if port is None:
             (port,) = ports.free_ports(1)
         data = workdir / "data"
@@ -275,7 +284,7 @@ class PrometheusServer:
         except BaseException:
             component.stop()
             raise
-        return cls(component, url, workdir, config)
+        return component, url
 
     @property
     def pid(self) -> int:
@@ -321,8 +330,12 @@ class PrometheusServer:
             time.sleep(health.POLL_INTERVAL_S)
 
     def stop(self) -> None:
-        """Stop the process group (SIGTERM, then SIGKILL); return once it is gone."""
-        self._component.stop()
+        """Stop the process group (SIGTERM, then SIGKILL) and the discovery; return once gone."""
+        try:
+            self._component.stop()
+        finally:
+            if self._discovery is not None:
+                self._discovery.stop()
 
     def __enter__(self) -> PrometheusServer:
         return self

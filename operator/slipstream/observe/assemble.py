@@ -156,8 +156,28 @@ def _settings(samples: Iterable[parse.Sample]) -> tuple[dict[Key, list[snap.PodS
     return pods, bad
 
 
+def unusable(hist: snap.Histogram) -> str | None:
+    """Why a histogram's numbers cannot be used (None when they can).
+
+    NaN or infinite values, negative counts (no real ``increase()`` gives one), or
+    observations without a single finite bucket bound (no quantile can be read: Prometheus's
+    ``histogram_quantile`` returns NaN there too).
+    """
+    if not hist.finite:
+        return "NaN or infinite"
+    if hist.total < 0 or any(c < 0 for c in hist.counts):
+        return "negative counts"
+    if hist.total > 0 and not hist.bounds:
+        return "no finite bucket bound"
+    return None
+
+
 def _not_finite(tenant_hists: Mapping[str, snap.Histogram], what: str) -> list[str]:
-    return [f"{what} of tenant {t}" for t, h in sorted(tenant_hists.items()) if not h.finite]
+    return [
+        f"{what} of tenant {t}: {why}"
+        for t, h in sorted(tenant_hists.items())
+        if (why := unusable(h)) is not None
+    ]
 
 
 EMPTY = snap.Histogram((), (), 0.0, 0.0)
@@ -242,6 +262,8 @@ def _one(
             name, now, window, snap.STALE,
             f"no current sample of the engines' gauges ({scrape}): scrapes are failing",
         )
+    if not math.isfinite(newest):
+        return snap.invalid(name, now, window, snap.NOT_FINITE, f"newest sample time is {newest}")
     age = now - newest
     if not age <= rules.max_staleness_s:
         return snap.invalid(
@@ -253,7 +275,7 @@ def _one(
     depth = queue.get("depth")
     tenants: list[snap.TenantWindow] = []
     for tenant, hist in sorted(ttft.items()):
-        if hist.total > 0 or not hist.finite:
+        if hist.total > 0 or unusable(hist):
             tenants.append(snap.TenantWindow(
                 tenant,
                 requests_per_s=hist.total / window,
@@ -281,7 +303,7 @@ def _one(
     not_finite = [
         *_not_finite(ttft, "TTFT histogram"),
         *_not_finite(uncached, "uncached-token histogram"),
-        *(f"token counters of tenant {t}" for t, v in sorted(tokens.items())
+        *(f"token counters of tenant {t}: {dict(v)}" for t, v in sorted(tokens.items())
           if not all(math.isfinite(x) for x in v.values())),
         *([] if depth is None or math.isfinite(depth) else [f"queue depth ({depth})"]),
         *bad_gauges,
@@ -325,7 +347,7 @@ def pod_group(
         return snap.invalid(name, now, window_s, snap.NO_SERIES, f"no TTFT series for these pods of {name}")
     tenants = tuple(
         snap.TenantWindow(k[0], h.total / window_s, h, EMPTY)
-        for k, h in sorted(hists.items()) if h.total > 0 or not h.finite
+        for k, h in sorted(hists.items()) if h.total > 0 or unusable(h)
     )
     full = snap.WorkloadSnapshot(name, now, window_s, tenants=tenants)
     bad = _not_finite({t.name: t.ttft for t in tenants}, "TTFT histogram")

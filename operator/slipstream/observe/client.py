@@ -51,10 +51,15 @@ class PromClient:
             result: Any = self._connect.custom_query(
                 promql, params={"time": f"{at:.3f}"}, timeout=self.timeout_s
             )
+        except requests.ConnectionError as exc:
+            # Without retries urllib3 reports a read timeout as a ConnectionError too.
+            if isinstance(exc, requests.Timeout) or _timed_out(exc):
+                raise QueryFailed(
+                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s"
+                ) from None
+            raise QueryFailed(f"cannot connect to Prometheus at {self.url}: {_root(exc)}") from None
         except requests.Timeout:
             raise QueryFailed(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s") from None
-        except requests.ConnectionError as exc:
-            raise QueryFailed(f"cannot connect to Prometheus at {self.url}: {_root(exc)}") from None
         except PrometheusApiClientException as exc:
             raise QueryFailed(f"Prometheus at {self.url} answered {str(exc)[:300]}") from None
         except Exception as exc:  # noqa: BLE001 - the edge: a garbled answer fails the read, never the caller
@@ -67,8 +72,19 @@ class PromClient:
             raise QueryFailed(f"Prometheus at {self.url} gave a malformed answer: {exc}") from None
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and its causes (requests wraps urllib3 wraps the socket error)."""
+    out = [exc]
+    while out[-1].__context__ is not None and out[-1].__context__ not in out and len(out) < 10:
+        out.append(out[-1].__context__)  # type: ignore[arg-type]
+    return out
+
+
 def _root(exc: BaseException) -> str:
-    """The innermost cause's words (requests wraps urllib3 wraps the socket error)."""
-    while exc.__context__ is not None and exc.__context__ is not exc:
-        exc = exc.__context__
-    return f"{type(exc).__name__}: {str(exc)[:200]}"
+    """The innermost cause's words."""
+    root = _chain(exc)[-1]
+    return f"{type(root).__name__}: {str(root)[:200]}"
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return any(isinstance(e, TimeoutError) or "timed out" in str(e).lower() for e in _chain(exc))

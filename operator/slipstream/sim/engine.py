@@ -44,7 +44,8 @@ class Job:
     __slots__ = (
         "req", "rid", "seq", "arrival_s", "need", "cached_est", "offset", "cached",
         "host_tokens", "uncached", "first_token_s", "solo_s", "entry_step",
-        "max_itl_s", "finished_s", "_times",
+        "max_itl_s", "finished_s", "_times", "out_reserve", "redo", "epoch", "seg_start_s",
+        "out_base", "_segs", "retractions", "rejected",
     )
 
     def __init__(self, req: Request, seq: int) -> None:
@@ -57,15 +58,32 @@ class Job:
         self.need = req.prompt_tokens
         """Uncached prompt tokens still to prefill (re-matched while it waits)."""
         self.offset = 0
+        """Tokens of context built so far (cached prefix included): its KV in use."""
         self.cached = 0
         self.host_tokens = 0
         self.uncached = 0
         self.first_token_s = -1.0
         self.solo_s = 0.0
         self.entry_step = 0
+        """Index of the decode step of its current decoding segment's first token."""
         self.max_itl_s: float | None = None
         self.finished_s = -1.0
         self._times: list[float] | None = None
+        self.out_reserve = 0
+        """KV the allocator charges for its output (and its locked prefix) on admission."""
+        self.redo = 0
+        """Output tokens already produced before a retraction (their KV is recomputed)."""
+        self.epoch = 0
+        """Bumped at each retraction: heap entries of an older epoch are stale."""
+        self.seg_start_s = -1.0
+        """Time of the token that opened the current decoding segment."""
+        self.out_base = 1
+        """Output tokens produced before the current segment's decode steps."""
+        self._segs: list[tuple[float, int, int]] | None = None
+        """Closed segments (start time, first step, end step) of a retracted request."""
+        self.retractions = 0
+        self.rejected = False
+        """Refused: its prompt cannot fit the KV pool even on an idle engine."""
 
     def tokens_out(self, at_s: float) -> int:
         """Output tokens produced by twin time ``at_s`` (what a stream has sent so far)."""
@@ -74,9 +92,13 @@ class Job:
         times = self._times
         if times is None:
             return 1
-        start = self.entry_step
-        end = min(start + self.req.output_tokens - 1, len(times))
-        return 1 + bisect.bisect_right(times, at_s, start, end) - start
+        segs = [*(self._segs or ()), (self.seg_start_s, self.entry_step,
+                                      self.entry_step + self.req.output_tokens - self.out_base)]
+        total = 0
+        for start_s, first, end in segs:
+            if at_s >= start_s:
+                total += 1 + bisect.bisect_right(times, at_s, first, min(end, len(times))) - first
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +143,8 @@ class SimResult:
     """Most KV tokens in use at once (running requests' context)."""
     retractions: int = 0
     """Decoding requests retracted because the pool ran out."""
+    rejected: int = 0
+    """Requests refused because their prompt cannot fit the pool."""
 
 
 # The cache steps of a request's life, shared by the engine and rate.solo_busy_s.
@@ -165,6 +189,17 @@ def solo_replay(workload: Workload, profile: Profile, config: EngineConfig) -> I
         yield job
 
 
+CLIP_MAX_NEW_TOKENS = 4096
+"""SGLang clips a request's output estimate at this many tokens (schedule_policy.py)."""
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20
+"""SGLang 0.5.18's defaults (environ.py): SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600,
+SGLANG_RETRACT_DECODE_STEPS 20."""
+
+
 class Engine:
     """One engine as a steppable object: submit requests, advance the clock, apply settings.
 
@@ -172,6 +207,20 @@ class Engine:
     before ``until_s`` (the last may end after it); an idle engine's clock moves to
     ``until_s``. Requests may be submitted ahead of time (``simulate`` submits a whole
     workload at once): they join the queue when the clock reaches their arrival.
+
+    Memory, when the profile (or config) gives a KV pool, as SGLang 0.5.18 manages it:
+    the KV in use is every running request's context (partial prefills' built tokens,
+    decoding streams' prompt and output so far); admission follows the shared rule of
+    ``admission.allocate`` with ``kv_free`` = pool - in use - ``new_token_ratio`` x the
+    running decodes' remaining output (clipped at 4096 each); before a decode step, if the
+    pool cannot hold one more token per stream beside the partials' unbuilt remainder,
+    decodes are retracted (fewest output tokens first, longest prompt on ties; at least
+    one kept) and re-queued to recompute their whole context, and ``new_token_ratio`` is
+    re-estimated; otherwise it decays toward its floor, and resets when the engine idles.
+    Simplifications: a prefix shared by several running requests is counted once per
+    request (conservative); the prefix cache lives in the pool's free space and yields to
+    it (its capacity is capped at the pool); a retracted request recomputes its context
+    without a cache hit (SGLang evicts the cache before it retracts).
     """
 
     def __init__(
@@ -187,7 +236,11 @@ class Engine:
         self.profile = profile
         self.config = cfg = config or EngineConfig()
         self.cost = CostModel(profile)
-        self.cache = PrefixCache(cfg.cache_tokens, cfg.host_cache_tokens)
+        pool = profile.kv_pool_tokens if cfg.kv_pool_tokens is None else cfg.kv_pool_tokens
+        self.kv_pool_tokens: int | None = pool or None
+        """Tokens of KV the engine can hold; None = no memory limit."""
+        cache_tokens = cfg.cache_tokens if pool is None or not pool else min(cfg.cache_tokens, pool)
+        self.cache = PrefixCache(cache_tokens, cfg.host_cache_tokens)
         self.queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
         self.record_rounds = record_rounds
         self.progress = progress
@@ -204,21 +257,33 @@ class Engine:
         self.passes = 0
         self.busy_s = 0.0
         """Seconds of every pass."""
+        self.peak_kv_tokens = 0
+        self.retractions = 0
+        self.rejected = 0
         self._pending: deque[Job] = deque()
         self._arrived = 0
         self._partials: list[Job] = []
+        self._partial_kv = 0
+        """KV held by the partial prefills (their built context)."""
         self._observed: list[FirstToken] | None = [] if policy.controller is not None else None
-        # Decoding streams as aggregates: count, summed context, (last step, seq, job) heap,
-        # the end time of every decode step and the gap before it.
+        # Decoding streams as aggregates: count, summed context, (last step, seq, epoch, job)
+        # heap, the end time of every decode step and the gap before it.
         self.decoding = 0
         self._ctx_sum = 0
-        self._dec_heap: list[tuple[int, int, Job]] = []
+        self._dec_heap: list[tuple[int, int, int, Job]] = []
         self._dtimes: list[float] = []
         self._dgaps: list[float] = []
         self._dweights: list[int] = []
         self._entered = 0
         """Streams that started decoding since the last decode step."""
         self._entry_gaps: list[float] = []
+        # Memory bookkeeping (only with a pool): running streams by seq, the clipped
+        # remaining-output sum of SGLang's reservation, and when clipped streams unclip.
+        self._active: dict[int, Job] = {}
+        self._rem_sum = 0
+        self._clipped = 0
+        self._clip_heap: list[tuple[int, int, int, Job]] = []
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
 
     # ---- the API ---------------------------------------------------------------------
 
@@ -236,6 +301,11 @@ class Engine:
     def busy(self) -> bool:
         """Whether any arrived work is pending (waiting, part-prefilled or decoding)."""
         return bool(self.queue.items or self._partials or self.decoding)
+
+    @property
+    def kv_in_use(self) -> int:
+        """KV tokens held by running requests (partial prefills and decoding streams)."""
+        return self._partial_kv + self._ctx_sum
 
     def submit(self, req: Request) -> Job:
         """A request arriving at ``req.arrival_s`` (not before ``now_s``; ids unique)."""
@@ -275,7 +345,7 @@ class Engine:
                 return True
         queue = self.queue
         for k, job in enumerate(queue.items):
-            if job.rid == rid:
+            if job.rid == rid and not job.redo:
                 del queue.items[k]
                 del queue.keys[k]
                 return True
@@ -288,6 +358,7 @@ class Engine:
             if pending and pending[0].arrival_s <= self.now_s:
                 self._arrivals()
             if not self.busy:
+                self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # SGLang resets it when idle
                 if pending and pending[0].arrival_s <= until_s:
                     self.now_s = pending[0].arrival_s
                     continue
@@ -297,11 +368,15 @@ class Engine:
             if self.now_s > until_s:
                 return
             self._control()
+            if self.policy.mixed and self.decoding and self.kv_pool_tokens is not None:
+                self._make_room_for_decodes()
             alloc = self._allocation()
             if alloc:
                 self._prefill_pass(alloc)
             elif self.decoding:
                 self._decode_passes(until_s)
+            elif self.kv_pool_tokens is not None and self.queue.items and not self._partials:
+                self._reject_head()
             else:
                 raise RuntimeError(
                     f"engine stalled at t={self.now_s:.3f}s with no admissible prefill"
@@ -348,10 +423,66 @@ class Engine:
         budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
         if budget <= 0:
             return {}
-        head = _refresh_head(queue, self.cache, rule.threshold, budget)
+        cfg = self.config
+        slots = cfg.max_running_requests - self.decoding - len(partials)
+        queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
+        head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0))
+        max_partials = cfg.max_partial_prefills
+        if self.kv_pool_tokens is None:
+            if partials_first(rule, policy.order):
+                return policy.allocator(rule, partials, queue.items[:head], budget,
+                                        max_partials=max_partials)
+            return allocate(rule, (), _srpt_merge(queue, head, partials), budget,
+                            max_partials=max_partials, partial_rids={j.rid for j in partials})
+        # The reservation rule (admission.py): what the running decodes may still need
+        # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
+        reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
+        kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
+        for job in queue.items[:head]:
+            out = job.req.output_tokens - job.redo
+            # its output, clipped as SGLang estimates it, and the cached prefix it will lock
+            job.out_reserve = min(out, CLIP_MAX_NEW_TOKENS) + (
+                job.req.prompt_tokens + job.redo - job.need)
         if partials_first(rule, policy.order):
-            return allocate(rule, partials, queue.items, budget)
-        return allocate(rule, (), _srpt_merge(queue, head, partials), budget)
+            alloc = policy.allocator(rule, partials, queue.items[:head], budget,
+                                     kv_free=kv_free, max_partials=max_partials)
+        else:
+            alloc = allocate(rule, (), _srpt_merge(queue, head, partials), budget,
+                             kv_free=kv_free, max_partials=max_partials,
+                             partial_rids={j.rid for j in partials})
+        return self._fit_pool(alloc, reserve)
+
+    def _fit_pool(self, alloc: dict[str, int], reserve: float) -> dict[str, int]:
+        """Drop the last new admissions while the pass would leave the running requests'
+        KV plus the partials' unbuilt remainder beyond the pool.
+
+        The shared rule charges a capped new request's cached prefix only when it finishes
+        in the round (SGLang locks it at once); this keeps the pool an invariant.
+        """
+        pool = self.kv_pool_tokens
+        assert pool is not None
+        partial_rids = {j.rid for j in self._partials}
+        new = [j for j in self.queue.items[: len(alloc)] if j.rid in alloc]
+        while True:
+            after = self._partial_kv + self._ctx_sum + reserve + sum(
+                j.need for j in self._partials)
+            for job in new:
+                after += job.req.prompt_tokens + job.redo - job.need  # prefix it locks
+                after += job.need  # built now or reserved as a partial's remainder
+            if after <= pool or not new:
+                return alloc
+            dropped = new.pop()
+            del alloc[dropped.rid]
+            assert dropped.rid not in partial_rids
+
+    def _reject_head(self) -> None:
+        """The head request cannot fit the pool even on an idle engine: refuse it
+        (SGLang refuses a prompt longer than its pool when the request comes in)."""
+        job = self.queue.items[0]
+        self.queue.pop_front(1)
+        job.rejected = True
+        job.finished_s = self.now_s
+        self.rejected += 1
 
     def _decode_passes(self, until_s: float) -> None:
         """Decode-only passes; with nothing waiting, back to back until the next event.
@@ -363,8 +494,19 @@ class Engine:
         if policy.controller is not None and policy.next_control_s < next_event:
             next_event = policy.next_control_s
         pass_time = self.cost.pass_time
+        pool = self.kv_pool_tokens
+        # what must stay free beside the streams: the partials' KV and unbuilt remainder
+        held = self._partial_kv + sum(j.need for j in self._partials)
         t = self.now_s
         while True:
+            if pool is not None:
+                if held + self._ctx_sum + self.decoding > pool:
+                    self._make_room_for_decodes()
+                    if not self.decoding:
+                        return
+                elif self.new_token_ratio > MIN_NEW_TOKEN_RATIO:
+                    self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
+                                               MIN_NEW_TOKEN_RATIO)
             ctx = self._ctx_sum
             dt = pass_time(self.decoding, ctx, ctx, 0, DECODE)
             if self.record_rounds:
@@ -388,7 +530,11 @@ class Engine:
         queue.pop_front(n_new)
         budget_c = self.config.chunked_prefill_size
         for job in admitted:
-            host += _admit(job, cache, cost, budget_c)
+            if job.redo:  # a retracted request recomputes its whole context
+                job.offset = 0
+                job.need = job.req.prompt_tokens + job.redo
+            else:
+                host += _admit(job, cache, cost, budget_c)
         for job in (*partials, *admitted):
             take = alloc.get(job.rid, 0)
             if take:
@@ -399,6 +545,7 @@ class Engine:
                 job.need -= take
             (done if job.need == 0 else still).append(job)
         self._partials = still
+        self._partial_kv = sum(j.offset for j in still)
         self.prefill_tokens += tokens
 
         n_dec = self.decoding
@@ -421,25 +568,124 @@ class Engine:
             self._decode_step(t)
         for job in done:
             self._first_token(job, t)
+        if self.kv_pool_tokens is not None:
+            in_use = self._partial_kv + self._ctx_sum
+            if in_use > self.peak_kv_tokens:
+                self.peak_kv_tokens = in_use
+
+    # ---- memory ----------------------------------------------------------------------
+
+    def _make_room_for_decodes(self) -> None:
+        """Before a decode step: retract decodes until one more token per stream fits
+        beside the partials' unbuilt remainder (SGLang's check_decode_mem/retract_decode)."""
+        pool = self.kv_pool_tokens
+        assert pool is not None
+        reserved = sum(j.need for j in self._partials)
+        if self._partial_kv + self._ctx_sum + self.decoding + reserved <= pool:
+            if self.new_token_ratio > MIN_NEW_TOKEN_RATIO:
+                self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
+                                           MIN_NEW_TOKEN_RATIO)
+            return
+        step = len(self._dtimes)
+        # most-preferred to keep first: most output so far, then shortest prompt
+        keep = sorted(self._active.values(),
+                      key=lambda j: (j.out_base + step - j.entry_step, -j.req.prompt_tokens),
+                      reverse=True)
+        while len(keep) > 1 and (self._partial_kv + self._ctx_sum + self.decoding + reserved
+                                 > pool):
+            self._retract(keep.pop(), step)
+        if self._partial_kv + self._ctx_sum + self.decoding + reserved > pool and keep:
+            # SGLang aborts the last one rather than crash; the twin ends its output here
+            job = keep.pop()
+            self._stop_stream(job, step)
+            job.finished_s = self.now_s
+        # SGLang re-estimates the ratio from the streams left
+        generated = sum(j.out_base + step - j.entry_step for j in keep)
+        max_new = sum(j.req.output_tokens for j in keep)
+        self.new_token_ratio = min(1.0, (generated + RETRACT_DECODE_STEPS * len(keep))
+                                   / (max_new + 1))
+
+    def _stop_stream(self, job: Job, step: int) -> int:
+        """Take a stream out of the decode batch at ``step``; returns its tokens so far."""
+        del self._active[job.seq]
+        produced = job.out_base + step - job.entry_step
+        rem = job.req.output_tokens - produced
+        self._rem_sum -= rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+        if rem > CLIP_MAX_NEW_TOKENS:
+            self._clipped -= 1
+        self._close_segment(job, step)
+        if job._segs is None:
+            job._segs = []
+        job._segs.append((job.seg_start_s, job.entry_step, step))
+        # from now on seg_start_s is the time of its last token (for the resume gap)
+        job.seg_start_s = self._dtimes[step - 1] if step > job.entry_step else job.seg_start_s
+        job.epoch += 1  # its heap entries are stale now
+        self.decoding -= 1
+        self._ctx_sum -= job.req.prompt_tokens + produced
+        return produced
+
+    def _retract(self, job: Job, step: int) -> None:
+        """Put a decoding stream back in the queue to recompute its context later."""
+        produced = self._stop_stream(job, step)
+        job.redo = produced
+        job.need = job.req.prompt_tokens + produced
+        job.cached_est = 0
+        job.retractions += 1
+        self.retractions += 1
+        self.queue.push(job)
+
+    def _close_segment(self, job: Job, end: int) -> None:
+        """Record a decoding segment's gaps (and keep it for ``tokens_out``)."""
+        dtimes, e = self._dtimes, job.entry_step
+        gap = job.max_itl_s or 0.0
+        if end > e:
+            first_gap = dtimes[e] - job.seg_start_s
+            self._entry_gaps.append(first_gap)
+            rest = max(self._dgaps[e + 1 : end], default=0.0)
+            gap = max(gap, first_gap, rest)
+        job.max_itl_s = gap
 
     # ---- decode bookkeeping ----------------------------------------------------------
 
     def _first_token(self, job: Job, t: float) -> None:
-        """A prefill finished at ``t``: cache the prompt, start decoding (or finish)."""
-        job.first_token_s = t
+        """A prefill finished at ``t``: cache the prompt, start decoding (or finish).
+
+        A retracted request's recomputation ends the same way: one more token at ``t``.
+        """
         req = job.req
-        if self._observed is not None:
-            self._observed.append(FirstToken(req.tenant, job.arrival_s, t, req.prompt_tokens,
-                                             job.uncached))
-        _prefilled(job, self.cache)
-        if req.output_tokens > 1:
+        if job.redo:
+            produced = job.redo + 1
+            resume_gap = t - job.seg_start_s
+            self._entry_gaps.append(resume_gap)
+            job.max_itl_s = max(job.max_itl_s or 0.0, resume_gap)
+            job.redo = 0
+        else:
+            produced = 1
+            job.first_token_s = t
+            if self._observed is not None:
+                self._observed.append(FirstToken(req.tenant, job.arrival_s, t,
+                                                 req.prompt_tokens, job.uncached))
+            _prefilled(job, self.cache)
+        rem = req.output_tokens - produced
+        if rem > 0:
             step = len(self._dtimes)
             job.entry_step = step
+            job.seg_start_s = t
+            job.out_base = produced
             job._times = self._dtimes
-            heapq.heappush(self._dec_heap, (step + req.output_tokens - 1, job.seq, job))
+            heapq.heappush(self._dec_heap, (step + rem, job.seq, job.epoch, job))
             self.decoding += 1
             self._entered += 1
-            self._ctx_sum += req.prompt_tokens + 1
+            self._ctx_sum += req.prompt_tokens + produced
+            if self.kv_pool_tokens is not None:
+                self._active[job.seq] = job
+                if rem > CLIP_MAX_NEW_TOKENS:
+                    self._rem_sum += CLIP_MAX_NEW_TOKENS
+                    self._clipped += 1
+                    heapq.heappush(self._clip_heap,
+                                   (step + rem - CLIP_MAX_NEW_TOKENS, job.seq, job.epoch, job))
+                else:
+                    self._rem_sum += rem
         else:
             job.finished_s = t
 
@@ -450,22 +696,31 @@ class Engine:
         self._dweights.append(self.decoding - self._entered)
         self._entered = 0
         dtimes.append(t)
-        self._ctx_sum += self.decoding
+        n_dec = self.decoding
+        self._ctx_sum += n_dec
         step = len(dtimes)
+        if self.kv_pool_tokens is not None:
+            self._rem_sum -= n_dec - self._clipped
+            clip = self._clip_heap
+            while clip and clip[0][0] <= step:
+                _, _, epoch, job = heapq.heappop(clip)
+                if epoch == job.epoch:
+                    self._clipped -= 1
+            in_use = self._partial_kv + self._ctx_sum
+            if in_use > self.peak_kv_tokens:
+                self.peak_kv_tokens = in_use
         heap = self._dec_heap
         if not heap or heap[0][0] > step:
             return
-        dgaps = self._dgaps
         while heap and heap[0][0] <= step:
-            last, _, job = heapq.heappop(heap)
-            e = job.entry_step
-            first_gap = dtimes[e] - job.first_token_s
-            self._entry_gaps.append(first_gap)
-            rest = max(dgaps[e + 1 : last], default=0.0)
-            job.max_itl_s = first_gap if first_gap > rest else rest
+            last, _, epoch, job = heapq.heappop(heap)
+            if epoch != job.epoch:
+                continue
+            self._close_segment(job, last)
             job.finished_s = dtimes[last - 1]
             self.decoding -= 1
             self._ctx_sum -= job.req.prompt_tokens + job.req.output_tokens
+            self._active.pop(job.seq, None)
 
     def result(self, workload: Workload) -> SimResult:
         """The run so far as plain data (after ``run``: the whole workload)."""
@@ -474,7 +729,9 @@ class Engine:
         return SimResult(workload, self.policy.name, self.start_threshold, self.config,
                          self.profile, self.jobs, makespan, self.prefill_busy_s,
                          self.prefill_tokens, self.passes, self.rounds, self.settings,
-                         self.busy_s, self._dgaps, self._dweights, self._entry_gaps)
+                         self.busy_s, self._dgaps, self._dweights, self._entry_gaps,
+                         self.kv_pool_tokens, self.peak_kv_tokens, self.retractions,
+                         self.rejected)
 
 
 def simulate(
@@ -498,17 +755,22 @@ def simulate(
     return eng.result(workload)
 
 
-def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int) -> int:
+def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int,
+                  slots: int) -> int:
     """Re-match the requests at the head of the queue that this round could admit.
 
-    Returns how many there are (the allocator never reaches past them).
+    Returns how many there are (the allocator never reaches past them), at most ``slots``
+    (what ``max_running_requests`` leaves).
     """
     room = budget
     n = 0
     for job in queue.items:
+        if n >= slots:
+            break
         req = job.req
-        job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
-                                                  cache.peek(req.blocks, req.block_sizes))
+        if not job.redo:
+            job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
+                                                      cache.peek(req.blocks, req.block_sizes))
         n += 1
         room -= min(job.need, threshold) if threshold else job.need
         if room <= 0:

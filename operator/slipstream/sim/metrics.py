@@ -60,15 +60,16 @@ def request_rows(result: SimResult) -> list[dict[str, Any]]:
     rows = []
     for job in result.jobs:
         ttft = job.first_token_s - job.arrival_s
+        served = not job.rejected  # refused: its prompt cannot fit the KV pool
         rows.append({
             "id": job.rid,
             "tenant": job.req.tenant,
             "arrival_s": round(job.arrival_s, 6),
             "uncached_tokens": job.uncached,
-            "first_token_s": round(job.first_token_s, 6),
-            "ttft_s": round(ttft, 6),
+            "first_token_s": round(job.first_token_s, 6) if served else None,
+            "ttft_s": round(ttft, 6) if served else None,
             "solo_ttft_s": round(job.solo_s, 6),
-            "slowdown": round(ttft / job.solo_s, 6) if job.solo_s > 0 else None,
+            "slowdown": round(ttft / job.solo_s, 6) if served and job.solo_s > 0 else None,
             "max_itl_s": None if job.max_itl_s is None else round(job.max_itl_s, 6),
         })
     return rows
@@ -88,7 +89,7 @@ def _group(jobs: Sequence[Job]) -> dict[str, float]:
 
 def summarize(result: SimResult) -> dict[str, Any]:
     """The ``summary`` object of the JSON contract (plus a few engine totals)."""
-    jobs = result.jobs
+    jobs = [j for j in result.jobs if not j.rejected]
     out: dict[str, Any] = _group(jobs)
     tenants: dict[str, list[Job]] = {}
     for j in jobs:
@@ -113,6 +114,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     out["kv_pool_tokens"] = result.kv_pool_tokens
     out["peak_kv_tokens"] = result.peak_kv_tokens
     out["retractions"] = result.retractions
+    out["rejected"] = result.rejected
     out["passes"] = result.passes
     out["makespan_s"] = result.makespan_s
     return out

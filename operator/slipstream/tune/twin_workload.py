@@ -14,7 +14,8 @@ lengths, and in the prefill-first engine kinds a request's first token waits for
 work only (running decodes yield the pass to any admissible prefill), so decodes would
 cost time here without changing what the candidates are ranked on.
 
-Deterministic: one seeded ``random.Random`` per call.
+Arrivals may come in bursts (``burst``), fitted by the recommender to the current
+setting's observed TTFT. Deterministic: one seeded ``random.Random`` per call.
 """
 
 from __future__ import annotations
@@ -64,8 +65,17 @@ def _lowers(hist: Histogram) -> list[float]:
     return [lo for lo, _, n in hist.buckets() if n > 0]
 
 
-def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 0) -> Workload:
-    """The twin workload of one valid snapshot (see the module doc). Empty when no traffic."""
+def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 0,
+               burst: int = 1) -> Workload:
+    """The twin workload of one valid snapshot (see the module doc). Empty when no traffic.
+
+    ``burst`` > 1 makes arrivals come in groups of that many at once (a compound Poisson
+    process with the same mean rate): real traffic is burstier than Poisson (the Azure code
+    trace's requests come in clumps), and the recommender fits this to what the current
+    setting's TTFT histogram shows.
+    """
+    if burst < 1:
+        raise ValueError(f"burst must be >= 1, got {burst}")
     tenants = [t for t in snapshot.tenants if t.requests_per_s > 0 and t.uncached_tokens.total > 0
                and t.uncached_tokens.finite]
     rate = sum(t.requests_per_s for t in tenants)
@@ -83,7 +93,8 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
         base = (k + 1) * BLOCK_SPACE
         at = 0.0
         for i, uncached in enumerate(lengths):
-            at += rng.expovariate(tenant.requests_per_s)
+            if i % burst == 0:
+                at += rng.expovariate(tenant.requests_per_s / burst)
             cached = round(uncached * hit / (1.0 - hit))
             if cached:
                 blocks, sizes, warm = (base + 2 * i, base + 2 * i + 1), (cached, uncached), 1

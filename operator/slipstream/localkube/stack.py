@@ -123,12 +123,8 @@ class Stack:
         t0 = time.monotonic()
         stack = cls(cluster, options, owns_cluster=owns_cluster)
         try:
-            targets = cluster.workdir / "engine-targets.json"
-            targets.write_text("[]")
             if options.prometheus:
-                stack.prometheus = start_prometheus(
-                    cluster.workdir / "prometheus", targets, options.prometheus_port
-                )
+                stack.prometheus = start_prometheus(cluster, options)
                 log.info("stack: prometheus at %s", stack.prometheus.url)
             stack.runner = podrunner.PodRunner(
                 cluster.get_json,
@@ -137,7 +133,6 @@ class Stack:
                 namespace=options.engine_namespace,
                 extra_args=options.simulator_args,
                 state_path=cluster.workdir / "podrunner.json",
-                targets_path=targets,
             ).start()
             if options.operator:
                 stack.install_chart()
@@ -273,27 +268,15 @@ class Stack:
         }
 
 
-def start_prometheus(workdir: Path, targets: Path, port: int | None = None) -> PrometheusServer:
-    """Prometheus scraping every engine pod each second, found through the apiserver.
-
-    The engine-pod runner writes the pods it lists as a file_sd targets file
-    (podrunner.file_sd_groups: the labels of INTERFACES E); Debian's build of
-    Prometheus has no kubernetes_sd to discover them itself.
-    """
+def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusServer:
+    """Prometheus scraping every engine pod each second, found through the apiserver
+    (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd)."""
     from slipstream.localkube import prometheus
 
-    server = prometheus.PrometheusServer.start(workdir, scrape_interval_s=SCRAPE_INTERVAL_S, port=port)
-    try:
-        config = prometheus.render_config(scrape_interval_s=SCRAPE_INTERVAL_S)
-        config["scrape_configs"].append(
-            {
-                "job_name": "slipstream-engines",
-                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                "metric_relabel_configs": [prometheus.SGLANG_NAME_RELABEL],
-            }
-        )
-        server.reload(config)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    namespaces = (options.engine_namespace,) if options.engine_namespace else ()
+    return prometheus.PrometheusServer.start(
+        cluster.workdir / "prometheus",
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        discovery=prometheus.PodDiscovery(kubeconfig=cluster.kubeconfig, namespaces=namespaces),
+        port=options.prometheus_port,
+    )

@@ -22,7 +22,7 @@ import kopf
 import prometheus_client
 
 from slipstream.api import models
-from slipstream.controller import drift, loop, objects, status, tuning
+from slipstream.controller import drift, loop, objects, stages, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 
@@ -203,7 +203,14 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
-    deps = loop.Deps(kube=kube, config=config, latency=loop.prometheus_latency(config))
+    fleet = stages.FleetObserver(config)
+
+    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
+        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
+        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
+
+    deps = loop.Deps(kube=kube, config=config, observer=fleet, recommender=stages.TwinRecommender(config),
+                     latency=latency)  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -308,6 +315,7 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
+            fleet.forget(models.ServingDeployment.model_validate(dict(body)))
 
 
     async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:

@@ -170,6 +170,8 @@ class Sample:
     heterogeneity: float | None
     rollout_phase: str | None
     tenants_p99: dict[str, float]
+    recommendation: tuple[int, str, str] | None = None
+    """What the tuner would run (the twin's best candidate): (threshold, mode, order)."""
 
 
 def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
@@ -179,7 +181,11 @@ def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
         for t in status.get("tenants") or []
         if t.get("ttftP99Seconds") is not None
     }
+    rec = status.get("recommendation")
     return Sample(
+        recommendation=(rec["threshold"], rec.get("mode", "ceiling"), rec.get("schedulePolicy", "fcfs"))
+        if rec
+        else None,
         twin_s=twin_s,
         threshold=status.get("threshold"),
         concurrency=status.get("concurrency"),

@@ -21,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import observe_helpers
 import pytest
 from engine_exporter import EngineExporter
 from hypothesis import HealthCheck, given, settings
@@ -30,6 +31,10 @@ from observe_helpers import vector_body, wait_for
 from slipstream.api import snapshot as snap
 from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings, queries
+
+prometheus_binary = observe_helpers.prometheus_binary
+fake_prometheus = observe_helpers.fake_prometheus
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
 
 CHAT = "team-a/chat"
 WINDOW_S = 20.0

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import observe_helpers
 import pytest
 from engine_exporter import EngineExporter
 from observe_helpers import wait_for
@@ -25,6 +26,9 @@ from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings, queries
 from slipstream.observe.client import PromClient
 from slipstream.observe.fleet import FleetObserver
+
+prometheus_binary = observe_helpers.prometheus_binary
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
 
 WINDOW_S = 60.0
 SETTINGS = ObserveSettings(window_s=WINDOW_S, min_samples=50, max_staleness_s=10.0)

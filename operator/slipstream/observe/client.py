@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from slipstream.observe import parse
@@ -76,7 +77,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     """The exception and its causes (requests wraps urllib3 wraps the socket error)."""
     out = [exc]
     while out[-1].__context__ is not None and out[-1].__context__ not in out and len(out) < 10:
-        out.append(out[-1].__context__)  # type: ignore[arg-type]
+        out.append(out[-1].__context__)
     return out
 
 

@@ -52,11 +52,13 @@ class FakePrometheus:
     def __init__(self, responder: Responder) -> None:
         self.responder = responder
         self.requests = 0
+        self.last_headers: dict[str, str] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 fake.requests += 1
+                fake.last_headers = dict(self.headers)
                 query = parse_qs(urlparse(self.path).query).get("query", [""])[0]
                 status, body, delay = fake.responder(query)
                 if delay:

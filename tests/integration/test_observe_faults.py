@@ -217,6 +217,21 @@ def test_nan_values_are_not_finite(faults, fake_prometheus, family):
     assert "NaN" in chat.detail or "nan" in chat.detail
 
 
+def test_a_bearer_token_is_sent_and_never_shown(fake_prometheus):
+    token = "s3cret-prometheus-token"
+
+    def respond(query: str) -> tuple[int, bytes, float]:
+        if fake_prometheus.last_headers.get("Authorization") != f"Bearer {token}":
+            return 401, b"Unauthorized", 0.0
+        return 200, vector_body([]), 0.0
+
+    fake_prometheus.responder = respond
+    assert Observer(fake_prometheus.url, SETTINGS, bearer_token=token).read([CHAT])[CHAT].invalid == snap.NO_SERIES
+    wrong = Observer(fake_prometheus.url, SETTINGS, bearer_token="wrong-token").read([CHAT])[CHAT]
+    assert wrong.invalid == snap.UNREACHABLE and "401" in wrong.detail
+    assert "wrong-token" not in wrong.detail and token not in wrong.detail
+
+
 def test_empty_series_are_no_series_not_no_traffic(fake_prometheus):
     fake_prometheus.responder = lambda q: (200, vector_body([]), 0.0)
     observer = Observer(fake_prometheus.url, SETTINGS)

@@ -244,7 +244,7 @@ def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> mod
 def test_per_deployment_loops_share_one_fleet_read(fleet):
     """The controller's loops ask one deployment at a time; the fleet observer answers
     them all from one read (six queries) per reuse period."""
-    observer = FleetObserver(SETTINGS, reuse_s=5.0)
+    observer = FleetObserver(SETTINGS, reuse_s=5.0, token_for=lambda sd: None)
     sds = [sd(*PODS[p], fleet.prom.url) for p in ("chat-0", "batch-0")] + [sd("team-z", "ghost", fleet.prom.url)]
 
     async def every(now: float) -> list[snap.WorkloadSnapshot]:

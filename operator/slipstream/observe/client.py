@@ -34,12 +34,16 @@ class QueryFailed(RuntimeError):
 class PromClient:
     """Instant queries against one Prometheus, evaluated at a caller-given time."""
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, bearer_token: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.queries_made = 0
+        # The token goes in a header only: never in the URL, an error message or a log line.
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else None
         self._connect = PrometheusConnect(
-            url=self.url, disable_ssl=True, retry=Retry(total=0, status_forcelist=())
+            url=self.url, headers=headers, disable_ssl=True, retry=Retry(total=0, status_forcelist=())
         )
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ spelling matching is exercised too.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -28,9 +29,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from observe_helpers import vector_body, wait_for
 
+from slipstream.api import models
 from slipstream.api import snapshot as snap
 from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings, queries
+from slipstream.observe.fleet import FleetObserver
 
 prometheus_binary = observe_helpers.prometheus_binary
 fake_prometheus = observe_helpers.fake_prometheus
@@ -215,6 +218,24 @@ def test_nan_values_are_not_finite(faults, fake_prometheus, family):
     chat = faults.replay_observer(fake_prometheus.url).read([CHAT])[CHAT]
     assert chat.invalid == snap.NOT_FINITE, chat.detail
     assert "NaN" in chat.detail or "nan" in chat.detail
+
+
+def test_a_failed_fleet_read_fails_every_loop_once(fake_prometheus):
+    fake_prometheus.responder = lambda q: (500, b"boom", 0.0)
+    observer = FleetObserver(SETTINGS)
+
+    def sd(name: str) -> models.ServingDeployment:
+        return models.ServingDeployment.model_validate({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url}}})
+
+    async def loops() -> list[snap.WorkloadSnapshot]:
+        return await asyncio.gather(*(observer.snapshot(sd(n), WINDOW_S, 1000.0) for n in ("a", "b", "c")))
+
+    got = asyncio.run(loops())
+    assert [s.invalid for s in got] == [snap.UNREACHABLE] * 3
+    assert fake_prometheus.requests == 1, "one failed query, shared by every loop"
+    observer.close()
 
 
 def test_a_bearer_token_is_sent_and_never_shown(fake_prometheus):

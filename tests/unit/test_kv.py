@@ -157,3 +157,20 @@ def test_an_unlimited_pool_is_the_twin_without_memory():
     result = engine.simulate(build("w", reqs), policies.parse("stock", cfg), PROFILE, cfg)
     assert result.kv_pool_tokens is None and result.retractions == 0
     assert replace(cfg, kv_pool_tokens=None).kv_pool_tokens is None
+
+
+def test_the_cli_can_lift_or_shrink_the_pool(capsys):
+    import json
+
+    from slipstream import cli
+
+    def peak(*extra: str) -> dict:
+        assert cli.main(["simulate", "--scenario", "seed-003", "--policy", "stock", "--json",
+                         *extra]) == 0
+        return json.loads(capsys.readouterr().out)["summary"]
+
+    assert peak()["kv_pool_tokens"] == profiles.load("llama3-70b-4xa100").kv_pool_tokens
+    assert peak("--kv-pool-tokens", "0")["kv_pool_tokens"] is None
+    assert peak("--kv-pool-tokens", "30000")["kv_pool_tokens"] == 30_000
+    assert cli.main(["simulate", "--scenario", "seed-003", "--policy", "stock",
+                     "--kv-pool-tokens", "-1"]) == 2

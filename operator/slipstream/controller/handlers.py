@@ -14,7 +14,6 @@ import asyncio
 import copy
 import datetime
 import logging
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ import kopf
 import prometheus_client
 
 from slipstream.api import models
-from slipstream.controller import drift, loop, objects, status, tuning
+from slipstream.controller import adminkeys, drift, loop, objects, stages, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 
@@ -59,7 +58,12 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
     ref = sd.spec.engine.admin_api_key_secret_ref
     if ref is None:
         return None
-    state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    try:
+        state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    except kube_.ApiError as error:
+        if error.status != 403:
+            raise
+        return "AdminKeySecretForbidden", adminkeys.forbidden(sd, ref)
     if state == "missing-secret":
         return (
             "AdminKeySecretMissing",
@@ -85,19 +89,24 @@ def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | 
     return None
 
 
-def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
+def apply_objects(kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment) -> Outcome:
     """Blocking: run it in a thread. Applies every owned object that should exist."""
     setting = objects.configmap_setting(sd)
     problem = secret_problem(kube, sd)
+    changes: list[tuple[str, str, str]] = []
+    if sd.spec.engine.admin_api_key_secret_ref is None:
+        # The engines always run with an admin key: the operator's own, derived, into an
+        # owned Secret created once.
+        try:
+            generated = objects.admin_key_secret(sd, keys.generated(sd))
+        except adminkeys.KeyUnavailable as error:
+            problem = (error.reason, str(error))
+        else:
+            if kube.create_if_missing(generated) is not None:
+                changes.append(("Secret", generated["metadata"]["name"], "created"))
     desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
     if problem is None:
         desired.append(objects.deployment(sd))
-    changes: list[tuple[str, str, str]] = []
-    if sd.spec.engine.admin_api_key_secret_ref is None:
-        # The engines always run with an admin key: generate one, once, into an owned Secret.
-        generated = objects.admin_key_secret(sd, secrets.token_hex(24))
-        if kube.create_if_missing(generated) is not None:
-            changes.append(("Secret", generated["metadata"]["name"], "created"))
     rolled, deployment = False, None
     for obj in filter(None, desired):
         try:
@@ -203,7 +212,15 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
-    deps = loop.Deps(kube=kube, config=config, latency=loop.prometheus_latency(config))
+    fleet = stages.FleetObserver(config)
+
+    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
+        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
+        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
+
+    keys = adminkeys.AdminKeys(kube, config)
+    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
+                     recommender=stages.TwinRecommender(config), latency=latency)  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -236,7 +253,7 @@ def register(
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
-        outcome = await asyncio.to_thread(apply_objects, kube, sd)
+        outcome = await asyncio.to_thread(apply_objects, kube, keys, sd)
         record_changes(body, sd, outcome)
         conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
         first = objects.current_setting(sd) if sd.status.threshold is None else None
@@ -308,6 +325,7 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
+            fleet.forget(models.ServingDeployment.model_validate(dict(body)))
 
 
     async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:

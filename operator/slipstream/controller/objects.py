@@ -173,8 +173,12 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "readinessProbe": _probe(period=10, failures=3),
         "livenessProbe": _probe(period=30, failures=4),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": engine.security_context.to_k8s(),
     }
+    pod_security = engine.pod_security_context.to_k8s()
+    pod_security["seccompProfile"] = {"type": pod_security.pop("seccompProfileType")}
     pod_spec: dict[str, Any] = {
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 60,

@@ -669,7 +669,7 @@ class Engine:
             job.first_token_s = t
             if self._observed is not None:
                 self._observed.append(FirstToken(req.tenant, job.arrival_s, t,
-                                                 req.prompt_tokens, job.uncached))
+                                                 req.prompt_tokens, job.uncached, req.output_tokens))
             _prefilled(job, self.cache)
         rem = req.output_tokens - produced
         if rem > 0:

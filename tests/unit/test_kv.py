@@ -174,3 +174,19 @@ def test_the_cli_can_lift_or_shrink_the_pool(capsys):
     assert peak("--kv-pool-tokens", "30000")["kv_pool_tokens"] == 30_000
     assert cli.main(["simulate", "--scenario", "seed-003", "--policy", "stock",
                      "--kv-pool-tokens", "-1"]) == 2
+
+
+def test_a_spec_may_set_the_pool_and_the_running_bounds_and_bad_values_are_refused():
+    from slipstream.sim import spec
+
+    text = """name: w
+engine: {kv_pool_tokens: 50000, max_running_requests: 16, max_partial_prefills: 2}
+requests:
+  - {id: a, arrival_s: 0.0, prompt_tokens: 1000, output_tokens: 2}
+"""
+    cfg = spec.parse(text, origin="w.yaml").engine
+    assert (cfg.kv_pool_tokens, cfg.max_running_requests, cfg.max_partial_prefills) == (50_000, 16, 2)
+    with pytest.raises(ValueError, match="kv_pool_tokens"):
+        spec.parse(text.replace("50000", "-5"), origin="w.yaml")
+    with pytest.raises(ValueError, match="max_partial_prefills"):
+        EngineConfig(max_partial_prefills=0)

@@ -190,3 +190,20 @@ requests:
         spec.parse(text.replace("50000", "-5"), origin="w.yaml")
     with pytest.raises(ValueError, match="max_partial_prefills"):
         EngineConfig(max_partial_prefills=0)
+
+
+def test_a_stream_retracted_one_token_before_its_end_finishes_at_its_recompute():
+    """Its recomputation yields its last token: tokens_out counts every token once."""
+    cfg = EngineConfig(kv_pool_tokens=1_000_000)
+    eng = Engine(policies.parse("stock", cfg), PROFILE, cfg)
+    job = eng.submit(cold("a", 0.0, 2000, 3, 1))
+    while job.tokens_out(eng.now_s) < 2:
+        eng.advance(eng.now_s)
+    second_s = eng.now_s
+    eng._retract(job, len(eng._dtimes))  # as _make_room_for_decodes would
+    assert eng.decoding == 0 and eng.waiting == 1 and eng.kv_in_use == 0
+    eng.run()
+    assert job.retractions == 1 and job.finished_s > second_s
+    assert [job.tokens_out(t) for t in (second_s, job.finished_s - 1e-9, job.finished_s,
+                                        job.finished_s + 5)] == [2, 2, 3, 3]
+    assert job.max_itl_s >= job.finished_s - second_s  # the recompute is its longest gap

@@ -672,11 +672,11 @@ class Engine:
                                                  req.prompt_tokens, job.uncached, req.output_tokens))
             _prefilled(job, self.cache)
         rem = req.output_tokens - produced
+        step = len(self._dtimes)
+        job.entry_step = step  # a segment opened by the token at t: decode steps from step
+        job.seg_start_s = t
+        job.out_base = produced
         if rem > 0:
-            step = len(self._dtimes)
-            job.entry_step = step
-            job.seg_start_s = t
-            job.out_base = produced
             job._times = self._dtimes
             heapq.heappush(self._dec_heap, (step + rem, job.seq, job.epoch, job))
             self.decoding += 1

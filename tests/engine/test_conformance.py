@@ -5,10 +5,9 @@ same state (partials in progress, waiting queue in the order's sort, remaining n
 from __future__ import annotations
 
 import os
-
-import harness as h
 from dataclasses import dataclass
 
+import harness as h
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sglang.srt.managers.schedule_policy import match_prefix_for_req

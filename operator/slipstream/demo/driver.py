@@ -132,7 +132,8 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
 
     plot.timeline(watcher.samples, results, spans, out)
     print(f"wrote {out}")
-    print("\nSee the same yourself (while a cluster is up: slipstream cluster up):")
+    print("\nTo watch the same by hand: `slipstream cluster up`, `export KUBECONFIG=...` as it prints,")
+    print("then `make demo` (it reuses that cluster), and in another terminal:")
     for command in (
         f"kubectl -n {NAMESPACE} get sd",
         f"kubectl -n {NAMESPACE} describe sd {NAME}",

@@ -32,6 +32,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from slipstream.api import snapshot as snap
 from slipstream.observe import parse, queries
@@ -204,25 +205,35 @@ def snapshots(
 
     seen = {k[:2] for k in (*ttft, *uncached, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]
+    by_dep_ttft, by_dep_uncached, by_dep_tokens = _by_deployment(ttft), _by_deployment(uncached), _by_deployment(tokens)
     out: dict[str, snap.WorkloadSnapshot] = {}
     for dep in wanted:
         name = deployment_name(*dep)
-        dep_ttft = {k[2]: h for k, h in ttft.items() if k[:2] == dep}
-        dep_uncached = {k[2]: h for k, h in uncached.items() if k[:2] == dep}
-        dep_tokens = {k[2]: v for k, v in tokens.items() if k[:2] == dep}
         out[name] = _one(
             name,
             now=now,
             rules=rules,
             present=dep in seen,
-            ttft=dep_ttft,
-            uncached=dep_uncached,
-            tokens=dep_tokens,
+            ttft=by_dep_ttft.get(dep, {}),
+            uncached=by_dep_uncached.get(dep, {}),
+            tokens=by_dep_tokens.get(dep, {}),
             queue=queue.get(dep, {}),
             targets=targets.get(dep, {}),
             pods=tuple(pods.get(dep, ())),
             bad_gauges=bad_gauges.get(dep, []),
         )
+    return out
+
+
+V = TypeVar("V")
+
+
+def _by_deployment(per_tenant: Mapping[Key, V]) -> dict[Key, dict[str, V]]:
+    """(namespace, name, tenant) -> value, regrouped as (namespace, name) -> tenant -> value:
+    one pass, so assembling N deployments costs O(N), not O(N^2)."""
+    out: dict[Key, dict[str, V]] = defaultdict(dict)
+    for key, value in per_tenant.items():
+        out[key[:2]][key[2]] = value
     return out
 
 
@@ -254,8 +265,9 @@ def _one(
             f"Prometheus has no series for {name}: are its engine pods scraped with the labels "
             f"namespace, pod and servingdeployment? (check up{{servingdeployment=\"{name.split('/')[1]}\"}})",
         )
-    up, down = int(targets.get("up", 0)), int(targets.get("down", 0))
-    scrape = f"{up} of {up + down} scrape targets up"
+    # Counts from count(); kept as floats so a garbled answer (inf, NaN) cannot raise here.
+    up, down = targets.get("up", 0.0), targets.get("down", 0.0)
+    scrape = f"{up:g} of {up + down:g} scrape targets up"
     newest = queue.get("newest")
     if newest is None:
         return snap.invalid(
@@ -290,8 +302,8 @@ def _one(
         "requests": requests,
         "requests_per_s": requests / window,
         "newest_sample_age_s": age,
-        "targets_up": float(up),
-        "targets_down": float(down),
+        "targets_up": up,
+        "targets_down": down,
     }
     if prompt > 0:
         extra["cache_hit_ratio"] = cached / prompt

@@ -426,9 +426,16 @@ class Engine:
         cfg = self.config
         slots = cfg.max_running_requests - self.decoding - len(partials)
         queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
-        head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0))
+        limited = self.kv_pool_tokens is not None
+        if limited and not partials and policy.allocator is allocate:
+            # a full pool admits nothing: a new request needs need + page >= 2 tokens free
+            # (the rule's own refusal, decided without re-matching the queue's head)
+            reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
+            if int(self.kv_pool_tokens - self.kv_in_use - reserve) <= 1 + rule.page_size:
+                return {}
+        head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), limited)
         max_partials = cfg.max_partial_prefills
-        if self.kv_pool_tokens is None:
+        if not limited:
             if partials_first(rule, policy.order):
                 return policy.allocator(rule, partials, queue.items[:head], budget,
                                         max_partials=max_partials)
@@ -438,11 +445,6 @@ class Engine:
         # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
         kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
-        for job in queue.items[:head]:
-            out = job.req.output_tokens - job.redo
-            # its output, clipped as SGLang estimates it, and the cached prefix it will lock
-            job.out_reserve = min(out, CLIP_MAX_NEW_TOKENS) + (
-                job.req.prompt_tokens + job.redo - job.need)
         if partials_first(rule, policy.order):
             alloc = policy.allocator(rule, partials, queue.items[:head], budget,
                                      kv_free=kv_free, max_partials=max_partials)
@@ -664,7 +666,7 @@ class Engine:
             job.first_token_s = t
             if self._observed is not None:
                 self._observed.append(FirstToken(req.tenant, job.arrival_s, t,
-                                                 req.prompt_tokens, job.uncached))
+                                                 req.prompt_tokens, job.uncached, req.output_tokens))
             _prefilled(job, self.cache)
         rem = req.output_tokens - produced
         if rem > 0:
@@ -756,11 +758,13 @@ def simulate(
 
 
 def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int,
-                  slots: int) -> int:
+                  slots: int, limited: bool) -> int:
     """Re-match the requests at the head of the queue that this round could admit.
 
     Returns how many there are (the allocator never reaches past them), at most ``slots``
-    (what ``max_running_requests`` leaves).
+    (what ``max_running_requests`` leaves). With a KV pool (``limited``) each also gets
+    its ``out_reserve``: its output clipped as SGLang estimates it, and the cached prefix
+    it will lock.
     """
     room = budget
     n = 0
@@ -771,6 +775,10 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
         if not job.redo:
             job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
                                                       cache.peek(req.blocks, req.block_sizes))
+        if limited:
+            out = req.output_tokens - job.redo
+            job.out_reserve = (out if out < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) + (
+                req.prompt_tokens + job.redo - job.need)
         n += 1
         room -= min(job.need, threshold) if threshold else job.need
         if room <= 0:

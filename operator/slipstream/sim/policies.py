@@ -141,6 +141,10 @@ class FirstToken:
     first_token_s: float
     prompt_tokens: int
     uncached_tokens: int
+    output_tokens: int = 0
+    """The request's output length. The engine's ``sglang:generation_tokens_histogram``
+    counts it when the request finishes; the controller hook sees first tokens only, so a
+    twin controller counts it here, its decode time earlier (0 = not given)."""
 
 
 @dataclass(frozen=True, slots=True)

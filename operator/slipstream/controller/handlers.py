@@ -295,7 +295,7 @@ def register(
         patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
 
     @kopf.daemon(*resource, id="tuning", cancellation_timeout=10, registry=registry)
-    async def tuning(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
+    async def tuning_loop(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
         """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
         memory = loop.Memory()
         wake = wakes.setdefault(uid, asyncio.Event())

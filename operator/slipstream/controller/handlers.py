@@ -11,6 +11,7 @@ handler work: owner references let the garbage collector remove the owned object
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import datetime
 import logging
@@ -236,7 +237,10 @@ def register(
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(id="configure", registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(config.worker_threads, thread_name_prefix="slipstream")
+        )
         # The CRD's structural schema prunes unknown status fields: keep kopf's own state
         # in annotations, under our group.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
@@ -291,7 +295,7 @@ def register(
         patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
 
     @kopf.daemon(*resource, id="tuning", cancellation_timeout=10, registry=registry)
-    async def tuning(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
+    async def tuning_loop(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
         """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
         memory = loop.Memory()
         wake = wakes.setdefault(uid, asyncio.Event())

@@ -139,7 +139,10 @@ def revert_drift(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> tuple[dic
     found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
     if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
         return None
-    sd = models.ServingDeployment.model_validate(found)
+    try:
+        sd = models.ServingDeployment.model_validate(found)
+    except pydantic.ValidationError:
+        return None  # reconcile reports it (InvalidSpec); there is no desired object to revert to
     if sd.status.observed_generation is None:
         return None  # not reconciled yet: reconcile applies it
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
@@ -292,7 +295,10 @@ def register(
         initial_delay=config.status_interval_seconds, registry=registry,
     )  # fmt: skip
     async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError:
+            return  # reconcile reports it (InvalidSpec) once; no error every interval here
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
         deployment = await asyncio.to_thread(

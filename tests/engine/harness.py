@@ -254,7 +254,7 @@ def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
         got = buf[ctx].view(-1).to(torch.int64).tolist()
         want = [t % KV_ID_MOD for t in ids[:end]]
         if got != want:
-            bad = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+            bad = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
             raise AssertionError(f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}")
 
 

@@ -16,9 +16,15 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --progress-bar on -e '.[dev]'
 	@touch $(STAMP)
 
-# The main job on an embedded default: every scheduler policy on the built-in
-# multi-tenant workload, side by side (later: the full local closed-loop demo).
-demo: venv
+# The main job: a local control plane, Prometheus and the operator (helm-installed),
+# a ServingDeployment in mode Auto on simulated engines, traffic in phases, and the
+# threshold following it live; writes out/demo-timeline.png and stops everything.
+# Reuses a running `slipstream cluster up`.
+demo: venv kube-bins prometheus
+	$(VENV)/bin/slipstream demo --plot out/demo-timeline.png
+
+# The twin's benchmark: every scheduler policy on the built-in multi-tenant workload.
+bench: venv
 	$(VENV)/bin/slipstream bench --workload builtin:multi-tenant --plot out/bench-cdf.png
 
 # Pinned etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
@@ -28,8 +34,14 @@ demo: venv
 kube-bins:
 	bash scripts/build-kube.sh
 
+# Pinned Prometheus server (Debian's package prometheus=2.42.0+ds-5+deb12u1, apt-get);
+# prints "cached" when it is installed. Tests start their own server on a free port.
+.PHONY: prometheus
+prometheus:
+	bash scripts/install-prometheus.sh
+
 # Everything CI runs: set-up of every tier, then all tests.
-test: venv kube-bins engine-test
+test: venv kube-bins prometheus engine-test
 	$(PY) -m pytest tests --ignore=tests/engine
 
 # Real sglang 0.5.18 scheduler code on CPU, patched and pristine (separate cached env).

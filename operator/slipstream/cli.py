@@ -1,4 +1,6 @@
-"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``run`` (the operator).
+"""The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``recommend`` (the
+tuner), ``run`` (the operator), ``engine-sim`` (a simulated engine pod) and ``load`` (trace
+replay against engines).
 
 Every error is one line on stderr naming what is wrong (file:line and field for traces
 and specs) and exit status 2; nothing is written when a run fails.
@@ -16,8 +18,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream.demo import driver
+from slipstream.enginesim import flags as enginesim_flags
+from slipstream.localkube import supervisor
 from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
-from slipstream.sim.workload import Workload, merge
+from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
+from slipstream.tune import auto, codec, observed, recommend
+from slipstream.tune.candidates import TuningSpec
+from slipstream.tune.guardrails import GuardrailSettings
+from slipstream.tune.tuner import TunerSettings
 
 DEFAULT_PROFILE = "kimi-k3-8xh200"
 DEFAULT_UTILIZATION = 0.7
@@ -39,6 +48,10 @@ class Loaded:
     is_scenario: bool
     scale_note: str
     """How the rate scale was chosen; printed (stderr) once the run is known to be valid."""
+    target: float | None = None
+    """--target-utilization in effect (None: --rate-scale or the workload's own clock)."""
+    stock_busy: float | None = None
+    """Stock's simulated prefill busy fraction at the chosen scale, when it was fitted."""
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -55,15 +68,40 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=int, metavar="C",
                    help="override the engine's token budget per pass")
     p.add_argument("--cache-tokens", type=int, help="override the prefix-cache capacity (tokens)")
+    p.add_argument("--kv-pool-tokens", type=int,
+                   help="override the profile's KV pool (tokens); 0 = no memory limit")
     p.add_argument("--srpt-aging", type=float, metavar="TOKENS_PER_S",
                    help="aging of the srpt order: a request needing R tokens is never overtaken "
                    "by one arriving more than R/TOKENS_PER_S seconds after it (default 1024)")
+    p.add_argument("--align", choices=ALIGN_MODES, default="truncate",
+                   help="traces of different spans: cut all to the shortest (default) or tile "
+                   "the shorter ones to the longest; said on stderr")
     scale = p.add_mutually_exclusive_group()
     scale.add_argument("--rate-scale", type=float, metavar="X",
                        help="make arrivals X times as dense")
     scale.add_argument("--target-utilization", type=float, metavar="U",
-                       help="pick the rate scale at which stock keeps the prefill budget U busy "
-                       f"(default {DEFAULT_UTILIZATION} for traces)")
+                       help="pick the rate scale at which stock's simulated prefill busy fraction "
+                       f"is U (default {DEFAULT_UTILIZATION} for traces), found by running stock")
+    p.add_argument("--utilization-tolerance", type=float, default=rate.DEFAULT_TOLERANCE,
+                   metavar="D", help="how close --target-utilization must come (default %(default)s)")
+
+
+def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
+    g = p.add_argument_group("the tuner (policy auto, recommend)")
+    if loop:
+        g.add_argument("--interval", type=float, default=60.0, metavar="S",
+                       help="auto: simulated seconds between two tuner decisions (default 60)")
+        g.add_argument("--cooldown", type=float, default=300.0, metavar="S",
+                       help="auto: least simulated seconds between two changes (default 300)")
+    g.add_argument("--window", type=float, metavar="S",
+                   help="metrics window the tuner sees, simulated seconds (default: twice the "
+                   "interval; recommend: 300)")
+    g.add_argument("--min-concurrency", type=int, default=1, metavar="K",
+                   help="fewest concurrent prefills the tuner may choose (off counts as 1)")
+    g.add_argument("--max-concurrency", type=int, default=8, metavar="K",
+                   help="most concurrent prefills the tuner may choose (default 8)")
+    g.add_argument("--ttft-target", type=float, default=2.0, metavar="S",
+                   help="p99 TTFT target of every tenant, seconds (default 2)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,8 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run one policy on a workload in the digital twin")
     _add_workload_args(sim)
     sim.add_argument("--policy", required=True,
-                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | auto, "
+                     help="stock | ceiling:T | floor:T | sarathi:B | vllm:T | sglang-spf | hrrn | auto, "
                      "optionally /fcfs, /lpm or /srpt")
+    _add_tuner_args(sim)
     sim.add_argument("--json", action="store_true", help="print one JSON object")
     sim.add_argument("--plot", metavar="FILE.png",
                      help="scenarios: before (stock) / after timeline; traces: TTFT CDF")
@@ -84,17 +123,69 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(bench)
     bench.add_argument("--policies", default=",".join(policies.DEFAULT_BENCH),
                        help="comma-separated policy names (default: %(default)s)")
+    _add_tuner_args(bench)
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--plot", metavar="FILE.png", help="write TTFT CDFs per policy")
     bench.add_argument("--speed", action="store_true",
                        help="print how many times faster than real time each policy simulates")
     bench.set_defaults(func=cmd_bench)
 
+    rec = sub.add_parser("recommend", help="the tuner's recommendation for one metrics window")
+    rec.add_argument("--snapshot", metavar="FILE.json",
+                     help="a WorkloadSnapshot as JSON (else: observe a workload in the twin)")
+    _add_workload_args(rec)
+    _add_tuner_args(rec, loop=False)
+    rec.add_argument("--under", default="stock", metavar="POLICY",
+                     help="workload mode: the policy the window is observed under (default stock)")
+    rec.add_argument("--at", type=float, metavar="S",
+                     help="workload mode: end of the window, simulated seconds (default: the end)")
+    rec.add_argument("--current", default=None, metavar="POLICY",
+                     help="the setting the engines run now (default: --under)")
+    rec.add_argument("--dump-snapshot", metavar="FILE.json", help="write the snapshot used")
+    rec.add_argument("--time", action="store_true", help="print how long the recommendation took")
+    rec.add_argument("--json", action="store_true", help="print one JSON object")
+    rec.set_defaults(func=cmd_recommend)
+
     run = sub.add_parser("run", help="run the operator (kopf) against the current kubeconfig")
     run.add_argument("--namespace", help="watch only this namespace (default: all)")
     run.add_argument("--peering", help="kopf peering object name (default: standalone)")
     run.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
     run.set_defaults(func=cmd_run)
+
+    esim = sub.add_parser("engine-sim", allow_abbrev=False,
+                          help="an HTTP server that behaves like the patched engine, driven by the twin",
+                          description="Takes an engine pod's launch_server flags; other "
+                          "launch_server flags are accepted and ignored (one stderr line).")
+    enginesim_flags.add_arguments(esim)
+    esim.set_defaults(func=cmd_engine_sim, takes_unknown=True)
+
+    load = sub.add_parser("load", help="replay traces against OpenAI-compatible servers, "
+                          "printing per-tenant TTFT as it goes")
+    load.add_argument("--trace", action="append", required=True, metavar="PATH",
+                      help="a Mooncake .jsonl or Azure .csv trace; repeat for more tenants")
+    load.add_argument("--tenant", action="append", default=[], metavar="NAME",
+                      help="tenant of the matching --trace (default: the file stem)")
+    load.add_argument("--target", action="append", required=True, metavar="URL",
+                      help="base URL of a server, e.g. http://127.0.0.1:30000; repeat to spread")
+    load.add_argument("--time-scale", type=float, default=1.0, metavar="S",
+                      help="trace seconds per wall second (match the engines' --time-scale)")
+    load.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+                      help="make arrivals X times as dense")
+    load.add_argument("--duration", type=float, metavar="S",
+                      help="stop sending after S wall seconds")
+    load.add_argument("--max-requests", type=int, metavar="N", help="send at most N requests")
+    load.add_argument("--header", action="append", default=[], metavar="K:V",
+                      help="extra HTTP header on every request (repeatable)")
+    load.add_argument("--model", default="default", help="model field of the requests")
+    load.add_argument("--prompt", choices=("words", "field"), default="words",
+                      help="words: a prompt of as many words as the trace's tokens (for real "
+                      "servers); field: a one-word prompt, sizes only in the slipstream field")
+    load.add_argument("--report-every", type=float, default=5.0, metavar="S",
+                      help="wall seconds between per-tenant TTFT lines")
+    load.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    load.set_defaults(func=cmd_load)
+    supervisor.add_parser(sub)
+    driver.add_parser(sub)
     return parser
 
 
@@ -102,18 +193,22 @@ def load_workload(args: argparse.Namespace) -> Loaded:
     chosen = [bool(args.scenario), bool(args.trace), bool(args.workload)]
     if sum(chosen) != 1:
         raise CliError("give exactly one of --scenario NAME, --trace PATH (repeatable), --workload SPEC")
-    if args.tenant and len(args.tenant) != len(args.trace):
-        raise CliError(f"--tenant given {len(args.tenant)} times for {len(args.trace)} --trace")
     profile_name = args.profile
+    notes: list[str] = []
     config = policies.EngineConfig()
     is_scenario = False
     if args.trace:
+        if args.tenant and len(args.tenant) != len(args.trace):
+            raise CliError(f"--tenant given {len(args.tenant)} times for {len(args.trace)} --trace")
         parts = [traces.load(path, args.tenant[k] if args.tenant else None, tenant_index=k + 1)
                  for k, path in enumerate(args.trace)]
         names = [w.name for w in parts]
         if len(set(names)) != len(names):
             raise CliError(f"two traces share the tenant name {names}: name them with --tenant")
-        workload = merge("+".join(names), parts) if len(parts) > 1 else parts[0]
+        aligned, align_note = align(parts, args.align)
+        if align_note:
+            notes.append(align_note)
+        workload = merge("+".join(names), aligned) if len(parts) > 1 else parts[0]
         source_key, source = "traces", list(args.trace)
     else:
         loaded = spec.load_builtin(args.scenario) if args.scenario else spec.load(args.workload)
@@ -125,38 +220,118 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
     if args.cache_tokens is not None:
         config = replace(config, cache_tokens=args.cache_tokens)
+    if args.kv_pool_tokens is not None:
+        if args.kv_pool_tokens < 0:
+            raise CliError("--kv-pool-tokens must be >= 0 (0 = no memory limit)")
+        config = replace(config, kv_pool_tokens=args.kv_pool_tokens)
     if args.srpt_aging is not None:
         if args.srpt_aging <= 0:
             raise CliError("--srpt-aging must be > 0 tokens per second")
         config = replace(config, srpt_aging_tokens_per_s=args.srpt_aging)
     profile = profiles.load(profile_name or DEFAULT_PROFILE)
     target = args.target_utilization
+    stock_busy = None
     if args.rate_scale is not None:
         workload = workload.scaled(args.rate_scale)
+        how = " (--rate-scale)"
     elif target is not None or args.trace:
         target = DEFAULT_UTILIZATION if target is None else target
-        workload = workload.scaled(rate.scale_for_utilization(workload, profile, config, target))
-    if target is not None:
-        how = f" (target prefill utilization {target:.2f})"
-    elif args.rate_scale is not None:
-        how = " (--rate-scale)"
+        workload, stock_busy, how = _fit_rate(workload, profile, config, target,
+                                              args.utilization_tolerance)
     else:
         how = " (the workload's own clock)"
-    note = f"rate scale: {workload.rate_scale:.4g}{how}"
-    return Loaded(workload, source_key, source, config, profile, is_scenario, note)
+    notes.append(f"rate scale: {workload.rate_scale:.4g}{how}")
+    return Loaded(workload, source_key, source, config, profile, is_scenario, "\n".join(notes),
+                  target, stock_busy)
 
 
-def _run(loaded: Loaded, policy_name: str, record: bool = False, bar: tqdm | None = None
-         ) -> engine.SimResult:
-    policy = policies.parse(policy_name, loaded.config)
+def stock_busy_fraction(workload: Workload, profile: profiles.Profile,
+                        config: policies.EngineConfig) -> float:
+    """Stock's simulated prefill busy fraction: prefill pass time over the makespan."""
+    result = engine.simulate(workload, policies.parse("stock", config), profile, config)
+    return result.prefill_busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
+
+
+def _fit_rate(workload: Workload, profile: profiles.Profile, config: policies.EngineConfig,
+              target: float, tolerance: float) -> tuple[Workload, float, str]:
+    """The workload at the scale where stock's simulated busy fraction meets the target."""
+    start = time.perf_counter()
+    guess = rate.scale_for_utilization(workload, profile, config, target)
+    fit = rate.fit_scale(target, guess,
+                         lambda x: stock_busy_fraction(workload.scaled(x), profile, config),
+                         tolerance)
+    wall = time.perf_counter() - start
+    runs = len(fit.runs)
+    how = (f" (target utilization {target:.2f} +- {tolerance:g}: stock's simulated prefill busy "
+           f"fraction {fit.busy:.3f}; {runs} stock run{'s' if runs > 1 else ''}, {wall:.1f} s)")
+    if not fit.converged:
+        how += f"; NOT within the tolerance after {runs} runs: the closest is used"
+    return workload.scaled(fit.scale), fit.busy, how
+
+
+def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
+                   interval_s: float | None = None, cooldown_s: float | None = None) -> TunerSettings:
+    """The tuner's settings from the command line (the spec's fields, as flags)."""
+    try:
+        spec = TuningSpec(config.chunked_prefill_size, config.page_size, args.min_concurrency,
+                          args.max_concurrency, args.ttft_target)
+        timing = {k: v for k, v in (("interval_s", interval_s), ("cooldown_s", cooldown_s)) if v is not None}
+        guard = GuardrailSettings(**timing)
+    except ValueError as exc:
+        raise CliError(f"tuner settings: {exc}") from None
+    return TunerSettings(spec, guard)
+
+
+def make_policy(name: str, loaded: Loaded, args: argparse.Namespace
+                ) -> tuple[policies.Policy, auto.TwinAuto | None]:
+    """A fresh policy; ``auto`` gets a fresh tuner in the loop (its controller)."""
+    if name.strip().partition("/")[0].partition(":")[0] != "auto":
+        return policies.parse(name, loaded.config), None
+    if args.interval <= 0:
+        raise CliError("--interval must be > 0 simulated seconds")
+    # Two intervals: one interval's window holds too few of a mix's rare long prompts to
+    # rank candidates steadily (tests/unit/test_tune_auto.py); longer slows the response.
+    window = args.window if args.window is not None else 2 * args.interval
+    settings = tuner_settings(args, loaded.config, args.interval, args.cooldown)
+    # The tuner starts from the setting the name gives (auto:T/ORDER), so it is made second.
+    policy = policies.parse(name, loaded.config, controller=lambda view: None, interval_s=args.interval)
+    tuner = auto.TwinAuto(settings, loaded.profile, loaded.config, auto.start_setting(policy), window,
+                          deployment=loaded.workload.name)
+    policy.controller = tuner
+    return policy, tuner
+
+
+def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: bool = False,
+         bar: tqdm | None = None) -> tuple[engine.SimResult, auto.TwinAuto | None]:
+    policy, tuner = make_policy(policy_name, loaded, args)
     progress = None
     if bar is not None:
         start = bar.n
 
         def progress(n: int) -> None:
             bar.update(start + n - bar.n)
-    return engine.simulate(loaded.workload, policy, loaded.profile, loaded.config,
-                           record_rounds=record, progress=progress)
+    result = engine.simulate(loaded.workload, policy, loaded.profile, loaded.config,
+                             record_rounds=record, progress=progress)
+    return result, tuner
+
+
+def _tuner_json(tuner: auto.TwinAuto) -> dict[str, object]:
+    """auto's changes for ``--json``: when, from, to and why (policy names)."""
+    return {"decisions": len(tuner.decisions),
+            "changes": [{"at_s": round(at, 3), "from": recommend.policy_name(m.from_),
+                         "to": recommend.policy_name(m.to), "reason": m.reason}
+                        for at, m in tuner.moves()]}
+
+
+def _print_moves(name: str, tuner: auto.TwinAuto | None) -> None:
+    if tuner is None:
+        return
+    c = tuner.settings.spec.chunked_prefill_size
+    moves = tuner.moves()
+    print(f"{name}: {len(moves)} change(s) in {len(tuner.decisions)} decisions")
+    for at, move in moves:
+        print(f"  t={at:8.1f} s  {recommend.describe(move.from_, c)} -> "
+              f"{recommend.describe(move.to, c)}: {move.reason}")
 
 
 def _bar(total: int, desc: str) -> tqdm | None:
@@ -168,30 +343,34 @@ def _bar(total: int, desc: str) -> tqdm | None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     loaded = load_workload(args)
-    policies.parse(args.policy, loaded.config)  # fail on a bad name before running
+    make_policy(args.policy, loaded, args)  # fail on a bad name before running
     print(loaded.scale_note, file=sys.stderr)
     n = len(loaded.workload.requests)
     bar = _bar(n, args.policy)
-    result = _run(loaded, args.policy, record=bool(args.plot and loaded.is_scenario), bar=bar)
+    result, tuner = _run(loaded, args.policy, args, record=bool(args.plot and loaded.is_scenario), bar=bar)
     if bar is not None:
         bar.close()
     if args.plot:
         from slipstream.sim import plots
 
         if loaded.is_scenario:
-            before = _run(loaded, "stock", record=True)
+            before, _ = _run(loaded, "stock", args, record=True)
             plots.timelines([before, result] if args.policy != "stock" else [before],
                             Path(args.plot), f"{loaded.workload.name}: before / after")
         else:
             plots.ttft_cdfs({args.policy: result}, Path(args.plot), loaded.workload.name)
     if args.json:
-        print(json.dumps(report.simulate_json(result, loaded.source_key, loaded.source), indent=1))
+        out = report.simulate_json(result, loaded.source_key, loaded.source)
+        if tuner is not None:
+            out["tuner"] = _tuner_json(tuner)
+        print(json.dumps(out, indent=1))
     else:
         print(f"{loaded.workload.name} under {result.policy} ({loaded.profile.name}, "
               f"C = {loaded.config.chunked_prefill_size})")
         if n <= 60:
             print(report.requests_table(result))
         print(report.policy_table(result.policy, metrics.summarize(result)))
+        _print_moves(result.policy, tuner)
     return 0
 
 
@@ -201,16 +380,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError("--policies is empty")
     loaded = load_workload(args)
     for name in names:
-        policies.parse(name, loaded.config)
+        make_policy(name, loaded, args)
     print(loaded.scale_note, file=sys.stderr)
     n = len(loaded.workload.requests)
     bar = _bar(n * len(names), "bench")
     results: dict[str, engine.SimResult] = {}
-    walls: dict[str, float] = {}
+    walls: dict[str, tuple[float, float]] = {}
+    tuners: dict[str, auto.TwinAuto] = {}
     for name in names:
-        start = time.perf_counter()
-        results[name] = _run(loaded, name, bar=bar)
-        walls[name] = time.perf_counter() - start
+        start, cpu_start = time.perf_counter(), time.process_time()
+        results[name], tuner = _run(loaded, name, args, bar=bar)
+        walls[name] = (time.perf_counter() - start, time.process_time() - cpu_start)
+        if tuner is not None:
+            tuners[name] = tuner
     if bar is not None:
         bar.close()
     summaries = {name: metrics.summarize(r) for name, r in results.items()}
@@ -220,25 +402,120 @@ def cmd_bench(args: argparse.Namespace) -> int:
         plots.ttft_cdfs(results, Path(args.plot), f"{loaded.workload.name}: TTFT per policy")
     if args.json:
         out = report.bench_json(loaded.workload.name, loaded.workload.rate_scale, summaries)
+        if tuners:
+            out["tuner"] = {name: _tuner_json(t) for name, t in tuners.items()}
+        out["target_utilization"] = loaded.target
+        out["stock_busy_fraction"] = loaded.stock_busy
         if args.speed:
             out["speed"] = _speed_rows(loaded.workload, walls)
         print(json.dumps(out, indent=1))
         return 0
     print(f"workload {loaded.workload.name}: {n} requests, {len(loaded.workload.tenants)} tenant(s), "
-          f"rate scale {loaded.workload.rate_scale:.4g}, profile {loaded.profile.name}, "
-          f"C = {loaded.config.chunked_prefill_size}")
+          f"rate scale {loaded.workload.rate_scale:.4g}{_load_words(loaded)}, "
+          f"profile {loaded.profile.name}, C = {loaded.config.chunked_prefill_size}")
     print(report.comparison_table(summaries))
+    print(report.column_legend())
     for name, summary in summaries.items():
         print()
         print(report.policy_table(name, summary))
+        _print_moves(name, tuners.get(name))
     if args.speed:
         print()
-        print("speed (one core): trace span / wall time")
+        print("speed (one core): trace span / wall time (and / CPU time, which a busy machine "
+              "does not inflate)")
         for name, row in _speed_rows(loaded.workload, walls).items():
             print(f"  {name:24s} wall {row['wall_s']:.2f} s  "
                   f"{row['x_real_time_trace']:.0f}x trace time  "
-                  f"{row['x_real_time_simulated']:.0f}x simulated time")
+                  f"{row['x_real_time_simulated']:.0f}x simulated time  "
+                  f"cpu {row['cpu_s']:.2f} s  {row['x_real_time_trace_cpu']:.0f}x trace time")
     return 0
+
+
+def cmd_recommend(args: argparse.Namespace) -> int:
+    if args.snapshot:
+        if args.scenario or args.trace or args.workload:
+            raise CliError("give --snapshot FILE.json or a workload, not both")
+        try:
+            snap = codec.from_dict(json.loads(Path(args.snapshot).read_text()))
+        except json.JSONDecodeError as exc:
+            raise CliError(f"{args.snapshot}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        config = policies.EngineConfig()
+        if args.chunked_prefill_size is not None:
+            config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
+        profile = profiles.load(args.profile or DEFAULT_PROFILE)
+        current = policies.parse(args.current or "stock", config)
+    else:
+        loaded = load_workload(args)
+        print(loaded.scale_note, file=sys.stderr)
+        config, profile = loaded.config, loaded.profile
+        seen: list[policies.FirstToken] = []
+
+        def watch(view: policies.RoundView) -> None:
+            seen.extend(view.first_tokens)
+
+        under = policies.parse(args.under, config, controller=watch, interval_s=1.0)
+        engine.simulate(loaded.workload, under, profile, config)
+        at = args.at if args.at is not None else max((f.first_token_s for f in seen), default=0.0)
+        snap = observed.snapshot_of(loaded.workload.name, seen, at, args.window or 300.0)
+        current = policies.parse(args.current or args.under, config)
+    if args.dump_snapshot:
+        Path(args.dump_snapshot).write_text(json.dumps(codec.to_dict(snap), indent=1) + "\n")
+    if not snap.valid:
+        raise CliError(f"snapshot of {snap.deployment} is not usable: {snap.invalid} ({snap.detail})")
+    settings = tuner_settings(args, config)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    rec = recommend.recommend(snap, auto.start_setting(current), settings.spec, profile, config,
+                              settings.recommender)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    c = settings.spec.chunked_prefill_size
+    if args.json:
+        out = {"best": recommend.policy_name(rec.best.setting), "feasible": rec.feasible,
+               "heterogeneity": rec.heterogeneity, "reason": rec.reason,
+               "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
+               "burst": rec.burst, "fit_error": rec.fit_error,
+               "candidates": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.predictions},
+               "confirmed": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.confirmed}}
+        if args.time:
+            out["elapsed_s"] = elapsed
+            out["cpu_s"] = cpu
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{snap.deployment}: {snap.requests:.0f} first tokens in {snap.window_s:.0f} s, "
+          f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
+          f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
+          f"(fit error {rec.fit_error:.2f})")
+    print(f"confirmed on a longer, independent sample ({len(rec.confirmed)} of the "
+          f"{len(rec.predictions)} screened; these decide):")
+    print(f"{'candidate':22s} {'K':>2s} {'worst p99 slowdown':>18s} {'worst p99 TTFT s':>16s} "
+          f"{'longest p99 slowdown':>20s}  ok")
+    for p in sorted(rec.confirmed or rec.predictions, key=lambda p: p.objective(rec.objective)):
+        ok = "yes" if p.allowed and p.meets_targets and p.within_long_bound else "no"
+        print(f"{recommend.policy_name(p.setting):22s} {p.concurrency:2d} {p.worst_tenant_slowdown_p99:18.2f} "
+              f"{p.worst_tenant_ttft_p99_s:16.2f} {p.long_prompt_slowdown_p99:20.2f}  {ok}")
+    print(f"recommendation: {recommend.describe(rec.best.setting, c)}"
+          f"{'' if rec.feasible else ' (best effort: infeasible)'}")
+    print(f"reason: {rec.reason}")
+    if args.time:
+        print(f"time: {elapsed:.3f} s wall, {cpu:.3f} s CPU for {len(rec.predictions)} candidates "
+              "(one core)")
+    return 0
+
+
+def _load_words(loaded: Loaded) -> str:
+    if loaded.target is None or loaded.stock_busy is None:
+        return ""
+    return (f" (target utilization {loaded.target:.2f}, stock's simulated prefill busy "
+            f"fraction {loaded.stock_busy:.3f})")
+
+
+def _prediction_json(p: recommend.Prediction) -> dict[str, object]:
+    return {"concurrency": p.concurrency, "allowed": p.allowed,
+            "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
+            "worst_tenant_ttft_p99_s": p.worst_tenant_ttft_p99_s,
+            "long_prompt_slowdown_p99": p.long_prompt_slowdown_p99,
+            "meets_targets": p.meets_targets, "within_long_bound": p.within_long_bound,
+            "tenants": {t.name: {"ttft_p99_s": t.ttft_p99_s, "slowdown_p99": t.slowdown_p99,
+                                 "target_s": t.target_s, "attainable": t.attainable} for t in p.tenants}}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -249,19 +526,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[str, float]]:
+def cmd_engine_sim(args: argparse.Namespace) -> int:
+    from slipstream.enginesim import server
+
+    return server.main(args, args.unknown)
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from slipstream.enginesim import load
+
+    return load.main(args)
+
+
+def _speed_rows(workload: Workload, walls: dict[str, tuple[float, float]]
+                ) -> dict[str, dict[str, float]]:
     trace_span = workload.span_s * workload.rate_scale
     return {name: {"wall_s": wall, "x_real_time_trace": trace_span / wall,
-                   "x_real_time_simulated": workload.span_s / wall}
-            for name, wall in walls.items()}
+                   "x_real_time_simulated": workload.span_s / wall,
+                   "cpu_s": cpu, "x_real_time_trace_cpu": trace_span / cpu}
+            for name, (wall, cpu) in walls.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["engine-sim"]:  # an engine pod's args, with the kubelet's $(VAR) expansion
+        argv = enginesim_flags.expand_env(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "takes_unknown", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.unknown = unknown
     try:
         return int(args.func(args))
-    except (CliError, ValueError, OSError) as exc:
+    except (CliError, supervisor.ClusterCommandError, ValueError, OSError) as exc:
         print(f"slipstream: error: {exc}", file=sys.stderr)
         return 2
 

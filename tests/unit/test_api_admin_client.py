@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import loopback_app
 import pytest
 from aiohttp import web
 
@@ -34,13 +35,9 @@ async def with_engine(check: Any, refuse: bool = False) -> Any:
     app = web.Application()
     app.router.add_get("/get_server_info", info)
     app.router.add_post("/set_internal_state", set_state)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    runner, url = await loopback_app.start(app)
     try:
-        return await check(f"http://127.0.0.1:{port}", seen)
+        return await check(url, seen)
     finally:
         await runner.cleanup()
 

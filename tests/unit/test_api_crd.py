@@ -89,7 +89,7 @@ def test_every_cel_rule_has_a_message_naming_a_field_and_a_fix() -> None:
     ]
     assert len(rules) >= 8
     for rule in rules:
-        assert rule["message"].startswith("spec."), rule
+        assert rule["message"].startswith(("spec.", "metadata.name")), rule
         assert ":" in rule["message"], f"no fix in {rule['message']!r}"
 
 
@@ -144,3 +144,20 @@ def test_models_round_trip_camel_case() -> None:
         {"time": "2026-01-01T00:00:00Z", "from": {"threshold": 0}, "to": {"threshold": 4096}, "reason": "mix"}
     )
     assert decision.to_k8s()["from"] == {"threshold": 0, "mode": "ceiling", "schedulePolicy": "fcfs"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("quantity", "lots"), ("env", "1 BAD=")],
+)
+def test_pydantic_refuses_what_kubernetes_would(field: str, value: str) -> None:
+    engine: dict[str, Any] = {"image": "i", "model": "m"}
+    if field == "quantity":
+        engine["resources"] = {"requests": {"cpu": value}}
+    else:
+        engine["env"] = [{"name": value, "value": "1"}]
+    with pytest.raises(ValueError):
+        models.ServingDeploymentSpec.model_validate({"engine": engine})
+    ok = {"image": "i", "model": "m", "resources": {"requests": {"cpu": "500m", "memory": "64Gi"}},
+          "env": [{"name": "HF_HOME", "value": "/x"}]}  # fmt: skip
+    models.ServingDeploymentSpec.model_validate({"engine": ok})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slipstream.sim import profiles
-from slipstream.sim.cost import CostModel, chunk_pairs
+from slipstream.sim.cost import DECODE, MIXED, PREFILL, CostModel, chunk_pairs
 
 
 @pytest.fixture
@@ -45,3 +45,45 @@ def test_chunk_pairs_adds_up_to_the_whole_prompt():
 def test_physical_attention_profile_says_why_the_explainer_is_optimistic():
     attn = CostModel(profiles.load("llama3-70b-4xa100-attn"))
     assert attn.solo_prefill_s(0, 16384, 8192) > 2.0
+
+
+def test_every_shipped_profile_says_where_each_overhead_and_the_pool_come_from():
+    for name in profiles.builtin_names():
+        p = profiles.load(name)
+        for field in ("overhead_source", "decode_overhead_source", "mixed_overhead_source",
+                      "memory_source"):
+            assert len(getattr(p, field)) > 20, (name, field)
+        assert p.kv_pool_tokens and p.kv_pool_tokens > 100_000
+
+
+def test_a_decode_step_on_kimi_costs_tens_of_ms_and_a_prefill_pass_keeps_its_fitted_overhead():
+    model = CostModel(profiles.load("kimi-k3-8xh200"))
+    # 64 streams at 4K context each: one decode step
+    step = model.pass_time(64, 64 * 4096, 64 * 4096, 0, DECODE)
+    assert 0.02 <= step <= 0.05
+    assert model.pass_time(64, 64 * 4096, 64 * 4096, 0, PREFILL) - step == pytest.approx(0.09 - 0.012)
+    assert model.pass_time(64, 64 * 4096, 64 * 4096, 0, MIXED) == model.pass_time(
+        64, 64 * 4096, 64 * 4096, 0, PREFILL)
+
+
+def test_a_profile_with_one_overhead_charges_it_to_every_kind_of_pass(tmp_path):
+    import json
+
+    data = json.loads(profiles.load("llama3-70b-4xa100-attn").to_json())
+    legacy = {k: v for k, v in data.items() if k not in profiles.OPTIONAL_FIELDS}
+    path = tmp_path / "legacy.json"
+    path.write_text(json.dumps(legacy))
+    p = profiles.load(str(path))
+    assert p.decode_overhead_s == p.mixed_overhead_s == p.overhead_s == 0.002
+    assert p.kv_pool_tokens is None  # no memory given: no pool limit
+
+
+def test_a_pool_that_hbm_cannot_hold_is_refused(tmp_path):
+    import json
+
+    data = json.loads(profiles.load("kimi-k3-8xh200").to_json())
+    data["weight_bytes"] = data["hbm_bytes"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="leaves no KV pool"):
+        profiles.load(str(path))

@@ -59,11 +59,21 @@ def test_hicache_admin_key_and_extra_args() -> None:
     assert flag(args, "--hicache-size") == "512" and "--hicache-ratio" not in args
     assert flag(args, "--hicache-write-policy") == "write_through"
     assert flag(args, "--hicache-storage-backend") == "file"
-    assert flag(args, "--admin-api-key") == "$(SLIPSTREAM_ADMIN_API_KEY)"
+    assert not [a for a in args if "admin-api-key" in a or "ADMIN_API_KEY" in a], "the key never goes in argv"
     assert "--trust-remote-code" in args and flag(args, "--context-length") == "131072"
     assert args[-1] == "--disable-cuda-graph"
     env = {e["name"]: e for e in container(sd)["env"]}
     assert env["SLIPSTREAM_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "admin", "key": "api-key"}
+
+
+def test_without_a_secret_in_the_spec_the_engines_take_the_generated_one() -> None:
+    sd = make()
+    env = {e["name"]: e for e in container(sd)["env"]}
+    assert env["SLIPSTREAM_ADMIN_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "kimi-admin-key", "key": "api-key"}
+    assert not [a for a in container(sd)["args"] if "admin" in a]
+    secret = objects.admin_key_secret(sd, "s3cret")
+    assert secret["metadata"]["name"] == "kimi-admin-key" and secret["stringData"] == {"api-key": "s3cret"}
+    assert secret["metadata"]["ownerReferences"][0]["kind"] == "ServingDeployment"
 
 
 def test_pod_template_takes_the_setting_from_the_configmap() -> None:
@@ -124,7 +134,10 @@ def test_gpus_default_to_tensor_parallel_size() -> None:
     [
         ({"mode": "Fixed", "threshold": 4096}, {}, (4096, "ceiling", "fcfs")),
         ({"mode": "Off", "threshold": 4096}, {}, (0, "ceiling", "fcfs")),
-        ({"mode": "Recommend", "threshold": 2048}, {"threshold": 512}, (2048, "ceiling", "fcfs")),
+        # status: what the engines were read back running, whatever the mode (the
+        # tuning loop moves them to the spec's value through their admin API)
+        ({"mode": "Recommend", "threshold": 2048}, {"threshold": 512}, (512, "ceiling", "fcfs")),
+        ({"mode": "Fixed", "threshold": 2048}, {"threshold": 4096}, (4096, "ceiling", "fcfs")),
         ({"mode": "Auto", "threshold": 4096, "schedulePolicy": "srpt"}, {}, (4096, "ceiling", "srpt")),
         ({"mode": "Auto", "threshold": 4096}, {"threshold": 1024, "mode": "floor"}, (1024, "floor", "fcfs")),
         ({"mode": "Auto", "threshold": None}, {}, (0, "ceiling", "fcfs")),
@@ -134,6 +147,16 @@ def test_current_setting_by_mode(tuning: dict[str, Any], status_: dict[str, Any]
     sd = make({"tuning": tuning}, status_)
     setting = objects.current_setting(sd)
     assert (setting.threshold, setting.mode, setting.schedule_policy) == expected
+
+
+def test_new_pods_get_the_candidate_while_promoting_and_the_baseline_while_rolling_back() -> None:
+    rollout = {"candidate": {"threshold": 1024}, "baseline": {"threshold": 4096, "mode": "floor"}}
+    promoting = make({"tuning": {"mode": "Auto"}}, {"threshold": 4096, "rollout": {**rollout, "phase": "Promoting"}})
+    assert objects.configmap_setting(promoting).threshold == 1024
+    back = make({"tuning": {"mode": "Auto"}}, {"threshold": 4096, "rollout": {**rollout, "phase": "RollingBack"}})
+    assert objects.configmap_setting(back) == models.EngineSetting(threshold=4096, mode="floor")
+    canary = make({"tuning": {"mode": "Auto"}}, {"threshold": 2048, "rollout": {**rollout, "phase": "Canary"}})
+    assert objects.configmap_setting(canary).threshold == 2048
 
 
 @pytest.mark.parametrize(("c", "t", "n"), [(8192, 4096, 2), (16384, 4096, 4), (8192, 0, 1), (8192, 8192, 1)])
@@ -193,3 +216,25 @@ def test_status_changed_keeps_only_differing_fields() -> None:
     assert status.changed(sd, status.setting_patch(sd, objects.current_setting(sd))) == {}
     assert status.changed(sd, status.setting_patch(sd, moved)) == {"threshold": 1024, "concurrency": 8, "mode": "floor"}
     assert status.changed(sd, {"readyReplicas": None}) == {}
+
+
+def test_engine_pods_get_a_security_context_and_the_spec_can_tighten_it() -> None:
+    pod = objects.deployment(make())["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
+    tight = make({"engine": {"securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
+                                                 "capabilities": {"drop": ["ALL"]}},
+                             "podSecurityContext": {"runAsUser": 1000, "fsGroup": 1000}}})  # fmt: skip
+    spec = objects.deployment(tight)["spec"]["template"]["spec"]
+    assert spec["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        "capabilities": {"add": [], "drop": ["ALL"]}}  # fmt: skip
+
+
+def test_monitors_label_every_engine_target_with_its_deployment() -> None:
+    for kind in ("PodMonitor", "ServiceMonitor"):
+        (endpoint,) = objects.monitor(make(), kind)["spec"][objects.MONITOR_KINDS[kind]]
+        by_target = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert by_target["servingdeployment"] == ["__meta_kubernetes_pod_label_serving_slipstream_dev_name"]
+        assert by_target["pod"] == ["__meta_kubernetes_pod_name"]

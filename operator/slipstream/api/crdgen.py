@@ -103,6 +103,7 @@ def crd() -> dict[str, Any]:
         "description": "An SGLang serving deployment whose long-prefill token threshold "
         "Slipstream keeps matched to the traffic.",
         "required": ["spec"],
+        "x-kubernetes-validations": [{"rule": models.NAME_RULE[0], "message": models.NAME_RULE[1]}],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

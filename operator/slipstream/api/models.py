@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.slipstream.dev"
@@ -33,11 +33,30 @@ SchedulePolicy = Literal["fcfs", "lpm", "srpt"]
 """Admission order of waiting requests (srpt: shortest remaining uncached prefill first)."""
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+"""Kubernetes' own pattern for a resource quantity (its OpenAPI schema's)."""
 Quantity = Annotated[
-    int | str,
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
-]
-"""A Kubernetes resource quantity: 8, "8", "64Gi", "500m"."""
+    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
+    # As Kubernetes' own schema writes it: the pattern beside the anyOf (it applies to
+    # strings only; a structural schema allows no more than the two types in the anyOf).
+    WithJsonSchema({
+        "x-kubernetes-int-or-string": True,
+        "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": QUANTITY_PATTERN,
+    }),
+]  # fmt: skip
+"""A Kubernetes resource quantity: 8, "8", "64Gi", "500m" (not "lots": refused at apply)."""
+
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+"""Environment variable names the kubelet accepts (letters, digits, '_', '-', '.'; no digit first)."""
+NAME_RULE = (
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 52",
+    "metadata.name must be a DNS label of at most 52 characters (lower-case letters, digits and "
+    "'-', starting with a letter, no dots): it names the engine Service and labels every "
+    "engine pod; choose a shorter name without dots",
+)
+"""The ServingDeployment's name becomes a Service name (DNS-1035 label) and a label value
+(<= 63); 52 leaves room for the pods' generated suffixes and `-engine-setting`."""
 
 
 def _rules(*rules: tuple[str, str]) -> ConfigDict:
@@ -86,7 +105,7 @@ class EnvVar(Model):
         ),
     )
 
-    name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Environment variable name.")
     value: str | None = Field(default=None, max_length=32768, description="Literal value.")
     secret_key_ref: SecretKeyRef | None = Field(
         default=None, description="Take the value from a key of a Secret instead."
@@ -124,6 +143,36 @@ class HiCache(Model):
     )
     storage_backend: str | None = Field(
         default=None, max_length=64, description="--hicache-storage-backend (file, mooncake, hf3fs, nixl, ...)."
+    )
+
+
+class Capabilities(Model):
+    add: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to add.")
+    drop: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to drop (e.g. ALL).")
+
+
+class ContainerSecurityContext(Model):
+    """The engine container's securityContext (the fields an engine needs; Kubernetes' names)."""
+
+    allow_privilege_escalation: bool = Field(
+        default=False, description="An engine never needs setuid binaries: false unless an image does."
+    )
+    read_only_root_filesystem: bool | None = Field(default=None, description="Mount the image read-only.")
+    run_as_non_root: bool | None = Field(default=None, description="Refuse to start as UID 0.")
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    capabilities: Capabilities | None = None
+
+
+class PodSecurityContext(Model):
+    """The engine pods' securityContext."""
+
+    run_as_non_root: bool | None = None
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    fs_group: int | None = Field(default=None, ge=0, le=2147483647)
+    seccomp_profile_type: Literal["RuntimeDefault", "Unconfined", "Localhost"] = Field(
+        default="RuntimeDefault", description="seccompProfile.type: the runtime's default filter unless an engine needs another."
     )
 
 
@@ -170,14 +219,20 @@ class Engine(Model):
     hicache: HiCache = _section(HiCache, "Hierarchical cache settings.")
     admin_api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret holding the admin API key (--admin-api-key) the operator uses for "
-        "/set_internal_state.",
+        description="Secret holding the engines' admin API key (they get it as env "
+        "SLIPSTREAM_ADMIN_API_KEY, never as an argument); the operator uses it for "
+        "/set_internal_state. Unset: the operator generates one into an owned Secret "
+        "<name>-admin-key (key api-key).",
     )
     extra_args: list[str] = Field(
         default_factory=list, max_length=128, description="More launch_server arguments, appended verbatim."
     )
     resources: ResourceRequirements = _section(ResourceRequirements, "CPU, memory and other resources.")
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment.")
+    security_context: ContainerSecurityContext = _section(
+        ContainerSecurityContext, "The engine container's securityContext."
+    )
+    pod_security_context: PodSecurityContext = _section(PodSecurityContext, "The engine pods' securityContext.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
 
@@ -317,11 +372,32 @@ class Decision(Model):
     reason: str = Field(max_length=1024, description="Why, in a sentence.")
 
 
+RolloutPhase = Literal["Idle", "Canary", "Analysis", "Promoting", "RollingBack"]
+"""Idle: nothing in flight; Canary: the candidate is being set on the canary pods;
+Analysis: canaries run it and are compared with the baseline pods; Promoting: every pod is
+being moved to it; RollingBack: pods on the candidate are being returned to the baseline."""
+
+
 class RolloutStatus(Model):
-    phase: Literal["Idle", "Canary", "Analysis", "Promoting", "RollingBack"] = "Idle"
-    candidate: EngineSetting | None = None
+    """The rollout's state, persisted so that a restarted operator resumes it."""
+
+    phase: RolloutPhase = "Idle"
+    candidate: EngineSetting | None = Field(default=None, description="The setting being rolled out (or the last one).")
+    baseline: EngineSetting | None = Field(
+        default=None, description="The fleet's setting before this rollout: what a rollback returns to."
+    )
+    reason: str | None = Field(default=None, max_length=1024, description="Why the candidate was chosen.")
     canary_pods: list[str] = Field(default_factory=list, max_length=64)
-    started_at: str | None = Field(default=None, json_schema_extra={"format": "date-time"})
+    started_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="When the current phase began."
+    )
+    attempts: int = Field(default=0, ge=0, description="Rounds of admin calls issued in the current phase.")
+    result: Literal["Promoted", "RolledBack"] | None = Field(
+        default=None, description="How the last rollout ended (phase Idle)."
+    )
+    finished_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="When the last rollout ended."
+    )
     message: str | None = Field(default=None, max_length=1024)
 
 

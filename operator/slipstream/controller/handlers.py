@@ -11,6 +11,8 @@ handler work: owner references let the garbage collector remove the owned object
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import copy
 import datetime
 import logging
 from dataclasses import dataclass, field
@@ -18,10 +20,11 @@ from typing import Any
 
 import kopf
 import prometheus_client
+import pydantic
 
 from slipstream.api import models
+from slipstream.controller import adminkeys, drift, loop, objects, stages, status, tuning
 from slipstream.controller import kube as kube_
-from slipstream.controller import objects, status
 from slipstream.controller import settings as settings_
 
 RECONCILES = prometheus_client.Counter(
@@ -29,6 +32,13 @@ RECONCILES = prometheus_client.Counter(
 )
 OBJECT_CHANGES = prometheus_client.Counter(
     "slipstream_object_changes", "Owned objects created or updated, by kind.", ["kind", "change"]
+)
+TUNING_STEPS = prometheus_client.Counter(
+    "slipstream_tuning_steps", "Steps of the tuning loops, by result.", ["result"]
+)
+TUNING_STEP_SECONDS = prometheus_client.Histogram(
+    "slipstream_tuning_step_seconds", "Wall time of one tuning step (observe, tune, rollout).",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
 
@@ -50,7 +60,12 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
     ref = sd.spec.engine.admin_api_key_secret_ref
     if ref is None:
         return None
-    state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    try:
+        state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    except kube_.ApiError as error:
+        if error.status != 403:
+            raise
+        return "AdminKeySecretForbidden", adminkeys.forbidden(sd, ref)
     if state == "missing-secret":
         return (
             "AdminKeySecretMissing",
@@ -76,44 +91,111 @@ def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | 
     return None
 
 
-def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
+def apply_objects(kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment) -> Outcome:
     """Blocking: run it in a thread. Applies every owned object that should exist."""
-    setting = objects.current_setting(sd)
+    setting = objects.configmap_setting(sd)
     problem = secret_problem(kube, sd)
+    changes: list[tuple[str, str, str]] = []
+    if sd.spec.engine.admin_api_key_secret_ref is None:
+        # The engines always run with an admin key: the operator's own, derived, into an
+        # owned Secret created once.
+        try:
+            generated = objects.admin_key_secret(sd, keys.generated(sd))
+        except adminkeys.KeyUnavailable as error:
+            problem = (error.reason, str(error))
+        else:
+            if kube.create_if_missing(generated) is not None:
+                changes.append(("Secret", generated["metadata"]["name"], "created"))
     desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
     if problem is None:
         desired.append(objects.deployment(sd))
-    changes: list[tuple[str, str, str]] = []
     rolled, deployment = False, None
     for obj in filter(None, desired):
-        after, before, change = kube.apply(obj)
+        try:
+            after, before, change = kube.apply(obj)
+        except kube_.ApiError as error:
+            if error.status not in (400, 403, 422):
+                raise  # the apiserver is unwell, not the spec: kopf retries
+            problem = refused(obj, error)
+            break
         if obj["kind"] == "Deployment":
             deployment = after
             rolled = before is not None and before["spec"]["template"] != after["spec"]["template"]
         if change is not None:
             changes.append((obj["kind"], obj["metadata"]["name"], change))
-    if problem is not None:
+    if problem is not None and deployment is None:
         deployment = kube.get("apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name)
     return Outcome(setting, changes, rolled, deployment, problem)
 
 
-def sync_setting(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
-    """Blocking. Brings the ConfigMap to the current setting (in Auto, the tuner moves it
-    in status; no spec change, so no update handler, follows)."""
-    setting = objects.current_setting(sd)
-    desired = objects.configmap(sd, setting)
-    current = kube.get("v1", "ConfigMap", sd.metadata.namespace, desired["metadata"]["name"])
-    if current is not None and current.get("data") == desired["data"]:
-        return Outcome(setting)
-    _, _, change = kube.apply(desired)
-    changes: list[tuple[str, str, str]] = [("ConfigMap", desired["metadata"]["name"], change)] if change else []
-    return Outcome(setting, changes)
+def revert_drift(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> tuple[dict[str, Any], list[str]] | None:
+    """Blocking. When a person or another controller changed fields the operator owns in
+    `live` (a Deployment or Service), apply them back. Returns (the ServingDeployment, what
+    was reverted), or None when nothing drifted or the owner is gone."""
+    meta = live.get("metadata") or {}
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == models.KIND), None)
+    if owner is None or meta.get("deletionTimestamp"):
+        return None
+    found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
+    if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
+        return None
+    sd = models.ServingDeployment.model_validate(found)
+    if sd.status.observed_generation is None:
+        return None  # not reconciled yet: reconcile applies it
+    desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
+    if desired["metadata"]["name"] != meta["name"]:
+        return None
+    # The event may be older than the object (several arrive for one edit): judge the object now.
+    current = kube.get(desired["apiVersion"], kind, meta["namespace"], meta["name"])
+    paths = drift.of_object(desired, current) if current is not None else []
+    if not paths:
+        return None
+    kube.apply(desired)
+    return found, paths
+
+
+def write_status(kube: kube_.Kube, body: dict[str, Any], patch: dict[str, Any], tries: int = 3) -> None:
+    """Blocking. The tuning loop's status patch, never from a stale read: conditions are one
+    list shared with reconcile, so it is written at the version it was read at, and on a
+    conflict merged into the fresh object's conditions (ours replace only our types)."""
+    meta = body["metadata"]
+    version = meta.get("resourceVersion")
+    for attempt in range(tries):
+        try:
+            kube.patch_status(models.API_VERSION, models.PLURAL, meta["namespace"], meta["name"], patch, version)
+            return
+        except kube_.ApiError as error:
+            if error.status != 409 or attempt == tries - 1:
+                raise
+        fresh = kube.get(models.API_VERSION, models.KIND, meta["namespace"], meta["name"])
+        if fresh is None:
+            return  # deleted meanwhile
+        version = fresh["metadata"]["resourceVersion"]
+        patch = {**patch, **status.merged_conditions(
+            (fresh.get("status") or {}).get("conditions") or [], patch, tuning.CONDITIONS)}
+
+
+def refused(obj: dict[str, Any], error: kube_.ApiError) -> tuple[str, str]:
+    """The problem when the apiserver refuses an owned object built from the spec: its
+    message names the offending field, which the spec's field maps to."""
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    if error.status == 403:
+        return ("Forbidden", f"the operator may not write {kind} {name!r}: {error.message}; "
+                "check the chart's RBAC (watchNamespace, rbac values)")  # fmt: skip
+    return (
+        f"{kind}Refused",
+        f"the apiserver refused {kind} {name!r} built from this ServingDeployment: {error.message}; "
+        "fix the spec field it comes from (spec.engine.resources, spec.engine.env, spec.engine.extraArgs, "
+        "metadata.name, ...)",
+    )
 
 
 def change_message(kind: str, name: str, change: str, sd: models.ServingDeployment, outcome: Outcome) -> str:
     message = f"{change.capitalize()} {kind} {name}"
     if kind == "Deployment" and outcome.rolled:
         message += ": pod template changed, rolling the engine pods"
+    if kind == "Secret":
+        message += ": the engines' admin key (spec.engine.adminApiKeySecretRef names none)"
     if kind == "ConfigMap":
         new = outcome.setting
         message += (
@@ -134,6 +216,17 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
+    fleet = stages.FleetObserver(config)
+
+    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
+        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
+        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
+
+    keys = adminkeys.AdminKeys(kube, config)
+    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
+                     recommender=stages.TwinRecommender(config), latency=latency)  # fmt: skip
+    wakes: dict[str, asyncio.Event] = {}
+    """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
     def record_changes(body: kopf.Body, sd: models.ServingDeployment, outcome: Outcome) -> None:
         for kind, name, change in outcome.changes:
@@ -147,7 +240,10 @@ def register(
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(id="configure", registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(config.worker_threads, thread_name_prefix="slipstream")
+        )
         # The CRD's structural schema prunes unknown status fields: keep kopf's own state
         # in annotations, under our group.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
@@ -163,11 +259,23 @@ def register(
     @kopf.on.create(*resource, id="reconcile", registry=registry)
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
-        outcome = await asyncio.to_thread(apply_objects, kube, sd)
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError as error:  # the CRD let through what the models refuse
+            message = status.invalid_spec_message(error)
+            before = (body.get("status") or {}).get("conditions") or []
+            patch.status.update(status.invalid_spec_patch(before, message, body["metadata"].get("generation", 0), utcnow()))
+            if not any(c.get("reason") == "InvalidSpec" and c.get("status") == "False" for c in before):
+                kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+            RECONCILES.labels("invalid").inc()
+            raise kopf.PermanentError(message) from None  # until the spec changes
+        outcome = await asyncio.to_thread(apply_objects, kube, keys, sd)
         record_changes(body, sd, outcome)
         conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
-        patch.status.update(status.patch(sd, outcome.setting, conditions, outcome.deployment))
+        first = objects.current_setting(sd) if sd.status.threshold is None else None
+        patch.status.update(status.patch(sd, first, conditions, outcome.deployment))
+        if (wake := wakes.get(sd.metadata.uid)) is not None:
+            wake.set()  # a changed spec (a Fixed edit) reaches the engines now, not next interval
         if outcome.problem is not None:
             RECONCILES.labels("deferred").inc()
             if outcome.problem[0] not in {c.reason for c in sd.status.conditions if c.status == "False"}:
@@ -187,8 +295,6 @@ def register(
         sd = models.ServingDeployment.model_validate(dict(body))
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
-        outcome = await asyncio.to_thread(sync_setting, kube, sd)
-        record_changes(body, sd, outcome)
         deployment = await asyncio.to_thread(
             kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
         )
@@ -198,12 +304,89 @@ def register(
         if was != now.status:
             reason = "EnginesReady" if now.status == "True" else "EnginesNotReady"
             kopf.event(body, type="Normal", reason=reason, message=now.message)
-        patch.status.update(
-            status.changed(
-                sd, {**status.setting_patch(sd, outcome.setting), **status.readiness_patch(conditions, deployment)}
-            )
-        )
+        patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
+
+    @kopf.daemon(*resource, id="tuning", cancellation_timeout=10, registry=registry)
+    async def tuning_loop(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
+        """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
+        memory = loop.Memory()
+        wake = wakes.setdefault(uid, asyncio.Event())
+        failed: str | None = None
+        try:
+            while not stopped:
+                wake.clear()
+                read = copy.deepcopy(dict(body))  # the step's view; its version guards the write
+                try:
+                    sd: models.ServingDeployment | None = models.ServingDeployment.model_validate(read)
+                except pydantic.ValidationError:
+                    sd = None  # reconcile reports it (InvalidSpec); nothing moves meanwhile
+                delay = config.rollout_poll_seconds
+                if sd is not None and sd.status.observed_generation is not None:  # reconcile writes first
+                    with TUNING_STEP_SECONDS.time():
+                        try:
+                            outcome = await loop.step(deps, sd, memory)
+                            await asyncio.to_thread(write_status, kube, read, outcome.patch)
+                        except Exception as error:  # fail static: nothing moves, say so once
+                            TUNING_STEPS.labels("error").inc()
+                            problem = f"{type(error).__name__}: {str(error)[:300]}"
+                            logger.warning("tuning step failed: %s", problem)
+                            if problem != failed:
+                                kopf.event(body, type="Warning", reason="TuningStepFailed",
+                                           message=f"the tuning step failed; nothing was changed: {problem}")  # fmt: skip
+                            failed = problem
+                            memory = loop.Memory()  # re-read the persisted state next time
+                        else:
+                            TUNING_STEPS.labels("ok").inc()
+                            failed = None
+                            delay = outcome.delay_s
+                            for event in outcome.events:
+                                kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+                await pause(stopped, wake, delay)
+        finally:
+            wakes.pop(uid, None)
+            fleet.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+    async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:
+        try:
+            found = await asyncio.to_thread(revert_drift, kube, kind, dict(body))
+        except kube_.ApiError as error:  # the next event retries; never a crash loop
+            logger.warning("reverting %s drift failed: %s", kind, error)
+            return
+        if found is not None:
+            owner, paths = found
+            OBJECT_CHANGES.labels(kind, "reverted").inc()
+            listed = "; ".join(paths[:8]) + (f"; and {len(paths) - 8} more" if len(paths) > 8 else "")
+            kopf.event(owner, type="Warning", reason="DriftReverted",
+                       message=f"Reverted {kind} {body['metadata']['name']} to the spec: {listed} "
+                       "(edit the ServingDeployment instead)")  # fmt: skip
+
+    # Hand edits of owned objects: watched as events (no kopf state is written on them) and
+    # applied back at once. The ConfigMap is the tuning loop's: every step re-applies it.
+    managed = {"app.kubernetes.io/managed-by": "slipstream"}
+
+    @kopf.on.event("apps", "v1", "deployments", labels=managed, id="deployment-drift", registry=registry)
+    async def deployment_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+        if type in (None, "MODIFIED"):
+            await reverted("Deployment", body, logger)
+
+    @kopf.on.event("", "v1", "services", labels=managed, id="service-drift", registry=registry)
+    async def service_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+        if type in (None, "MODIFIED"):
+            await reverted("Service", body, logger)
 
     @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
         logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)
+
+
+async def pause(stopped: kopf.DaemonStopped, wake: asyncio.Event, delay: float) -> None:
+    """Sleep `delay` seconds, or less when the operator stops or the spec changes."""
+
+    async def until_stopped() -> None:
+        await stopped.wait(delay)
+
+    waits = {asyncio.ensure_future(until_stopped()), asyncio.ensure_future(wake.wait())}
+    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()

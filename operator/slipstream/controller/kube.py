@@ -7,6 +7,8 @@ twice changes nothing and another actor's fields are left alone.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,9 +26,11 @@ PLURALS = {
     ("v1", "ConfigMap"): "configmaps",
     ("v1", "Secret"): "secrets",
     ("v1", "Service"): "services",
+    ("v1", "Pod"): "pods",
     ("apps/v1", "Deployment"): "deployments",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("serving.slipstream.dev/v1alpha1", "ServingDeployment"): "servingdeployments",
 }
 
 
@@ -34,6 +38,14 @@ class ApiError(RuntimeError):
     def __init__(self, method: str, path: str, status: int, body: str) -> None:
         super().__init__(f"{method} {path}: HTTP {status}: {body[:500]}")
         self.status = status
+        self.message = body[:1000]
+        """The apiserver's own message (it names the field), else the body."""
+        try:
+            found = json.loads(body).get("message")
+        except (ValueError, AttributeError):
+            found = None
+        if isinstance(found, str):
+            self.message = found[:1000]
 
 
 def load_config() -> None:
@@ -113,3 +125,45 @@ class Kube:
                 return False
             raise
         return any(r.get("name") == plural for r in found.get("resources", []))
+
+    def create_if_missing(self, obj: dict[str, Any]) -> Change:
+        """Create an object unless it exists; never rewrites it (a generated key must stay
+        what the running engines were started with)."""
+        meta = obj["metadata"]
+        try:  # no GET first: the operator may create Secrets where it may not read them
+            self.request("POST", path_of(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
+                         query=[("fieldManager", FIELD_MANAGER)])  # fmt: skip
+        except ApiError as error:
+            if error.status == 409:  # created meanwhile (another replica): theirs stands
+                return None
+            raise
+        return "created"
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One decoded value of a Secret; None when the Secret or key is missing or garbled."""
+        secret = self.get("v1", "Secret", namespace, name)
+        raw = ((secret or {}).get("data") or {}).get(key)
+        if raw is None:
+            return None
+        try:
+            return base64.b64decode(raw, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+
+    def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        """The pods matching a label selector (one LIST)."""
+        query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
+        return list(self.request("GET", path_of("v1", "Pod", namespace), query=query).get("items", []))
+
+    def patch_status(
+        self, api_version: str, plural: str, namespace: str, name: str, patch: dict[str, Any],
+        resource_version: str | None = None,
+    ) -> None:
+        """Merge-patch the status subresource of a custom object. With `resource_version`,
+        only if the object is still at that version (409 otherwise): a list such as
+        `conditions` is replaced whole, so a writer must not write it from a stale read."""
+        path = f"/apis/{api_version}/namespaces/{namespace}/{plural}/{name}/status"
+        body: dict[str, Any] = {"status": patch}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self.request("PATCH", path, body=body, content_type="application/merge-patch+json")

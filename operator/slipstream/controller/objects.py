@@ -51,24 +51,38 @@ def metadata(sd: models.ServingDeployment, name: str) -> dict[str, Any]:
     }
 
 
-def current_setting(sd: models.ServingDeployment) -> models.EngineSetting:
-    """The tuned triple new pods start with.
-
-    Off runs the stock engine (T = 0). Fixed and Recommend run `tuning.threshold`. Auto runs
-    what the tuner last applied (status), starting from `tuning.threshold`.
-    """
-    tuning, status = sd.spec.tuning, sd.status
+def spec_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """What the spec asks the engines to run in Fixed and Recommend; Off: the stock engine."""
+    tuning = sd.spec.tuning
     if tuning.mode == "Off":
         return models.EngineSetting(threshold=0, mode=tuning.engine_mode, schedule_policy="fcfs")
-    if tuning.mode == "Auto" and status.threshold is not None:
-        return models.EngineSetting(
-            threshold=status.threshold,
-            mode=status.mode or tuning.engine_mode,
-            schedule_policy=status.schedule_policy or tuning.schedule_policy,
-        )
     return models.EngineSetting(
         threshold=tuning.threshold or 0, mode=tuning.engine_mode, schedule_policy=tuning.schedule_policy
     )
+
+
+def current_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """The setting the fleet runs: status (read back from the engines by the tuning loop),
+    or, before its first step, what the spec starts the engines with."""
+    st = sd.status
+    if st.threshold is None:
+        return spec_setting(sd)
+    return models.EngineSetting(
+        threshold=st.threshold,
+        mode=st.mode or sd.spec.tuning.engine_mode,
+        schedule_policy=st.schedule_policy or sd.spec.tuning.schedule_policy,
+    )
+
+
+def configmap_setting(sd: models.ServingDeployment) -> models.EngineSetting:
+    """What a newly started pod must get: the candidate while it is being promoted, the
+    baseline while rolling back, else the fleet's setting (the rollout moves it first)."""
+    rollout = sd.status.rollout
+    if rollout is not None and rollout.phase == "Promoting" and rollout.candidate is not None:
+        return rollout.candidate
+    if rollout is not None and rollout.phase == "RollingBack" and rollout.baseline is not None:
+        return rollout.baseline
+    return current_setting(sd)
 
 
 def configmap(sd: models.ServingDeployment, setting: models.EngineSetting) -> dict[str, Any]:
@@ -84,6 +98,19 @@ def configmap(sd: models.ServingDeployment, setting: models.EngineSetting) -> di
     }
 
 
+def admin_key_secret(sd: models.ServingDeployment, key: str) -> dict[str, Any]:
+    """The generated admin-key Secret (only when the spec names none); owned, so it goes
+    with the ServingDeployment. Created once and never rewritten: the key must not change
+    under running engines."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(sd, engine_args.admin_key_secret_name(sd.metadata.name)),
+        "type": "Opaque",
+        "stringData": {engine_args.ADMIN_KEY_SECRET_KEY: key},
+    }
+
+
 def _quantities(values: dict[str, int | str]) -> dict[str, str]:
     return {name: str(value) for name, value in values.items()}
 
@@ -95,14 +122,13 @@ def _env(sd: models.ServingDeployment) -> list[dict[str, Any]]:
         {"name": var, "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}}
         for var, key in engine_args.SETTING_ENV
     ]
-    if engine.admin_api_key_secret_ref is not None:
-        ref = engine.admin_api_key_secret_ref
-        env.append(
-            {
-                "name": engine_args.ADMIN_API_KEY_ENV,
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-            }
-        )
+    ref = engine_args.admin_key_ref(sd.metadata.name, engine)
+    env.append(
+        {
+            "name": engine_args.ADMIN_API_KEY_ENV,
+            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+        }
+    )
     for var in engine.env:
         if var.secret_key_ref is not None:
             ref = var.secret_key_ref
@@ -147,8 +173,12 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "readinessProbe": _probe(period=10, failures=3),
         "livenessProbe": _probe(period=30, failures=4),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": engine.security_context.to_k8s(),
     }
+    pod_security = engine.pod_security_context.to_k8s()
+    pod_security["seccompProfile"] = {"type": pod_security.pop("seccompProfileType")}
     pod_spec: dict[str, Any] = {
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 60,
@@ -195,14 +225,27 @@ MONITOR_KINDS = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoin
 of their list of endpoints."""
 
 
+DEPLOYMENT_LABEL = "servingdeployment"
+"""Target label naming the ServingDeployment (INTERFACES E: with `namespace` and `pod`,
+which the Prometheus Operator sets itself); observe aggregates by it."""
+
+
 def monitor(sd: models.ServingDeployment, kind: str) -> dict[str, Any]:
     """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor."""
+    meta_label = "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in NAME_LABEL)
+    endpoint = {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        "relabelings": [
+            {"sourceLabels": [meta_label], "targetLabel": DEPLOYMENT_LABEL, "action": "replace"},
+            {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"},
+        ],
+    }  # fmt: skip
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": kind,
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
             "selector": {"matchLabels": selector(sd)},
-            MONITOR_KINDS[kind]: [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            MONITOR_KINDS[kind]: [endpoint],
         },
     }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
+
+import pydantic
 
 from slipstream.api import models
 from slipstream.engine import args as engine_args
@@ -20,7 +23,8 @@ def set_condition(
     generation: int,
     now: str,
 ) -> list[models.Condition]:
-    """Replace one condition; its lastTransitionTime moves only when its status does."""
+    """Replace one condition (in its place, else appended); its lastTransitionTime moves only
+    when its status does."""
     value: Literal["True", "False"] = "True" if status else "False"
     old = next((c for c in conditions if c.type == type_), None)
     since = old.last_transition_time if old is not None and old.status == value else now
@@ -28,7 +32,9 @@ def set_condition(
         type=type_, status=value, reason=reason, message=message,
         last_transition_time=since, observed_generation=generation,
     )  # fmt: skip
-    return [c for c in conditions if c.type != type_] + [new]
+    if old is None:
+        return [*conditions, new]
+    return [new if c.type == type_ else c for c in conditions]  # in place: writers agree on order
 
 
 def deployment_ready(replicas: int, deployment: dict[str, Any] | None) -> tuple[bool, str, str]:
@@ -91,13 +97,14 @@ def readiness_patch(conditions: list[models.Condition], deployment: dict[str, An
 
 def patch(
     sd: models.ServingDeployment,
-    setting: models.EngineSetting,
+    setting: models.EngineSetting | None,
     conditions: list[models.Condition],
     deployment: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The status fields the controller owns (tuner-owned fields are left alone)."""
+    """The status fields reconcile owns. The setting (threshold, mode, order) only when
+    given: the first time; afterwards the tuning loop writes what the engines report."""
     return {
-        **setting_patch(sd, setting),
+        **(setting_patch(sd, setting) if setting is not None else {}),
         "observedGeneration": sd.metadata.generation,
         **readiness_patch(conditions, deployment),
     }
@@ -116,3 +123,37 @@ def changed(sd: models.ServingDeployment, fields: dict[str, Any]) -> dict[str, A
     """The fields whose value differs from the status now (None: absent)."""
     current = sd.status.to_k8s()
     return {key: value for key, value in fields.items() if current.get(key) != value}
+
+
+def merged_conditions(current: list[dict[str, Any]], patch: dict[str, Any], owned: Iterable[str]) -> dict[str, Any]:
+    """`conditions` and `phase` of a status patch, re-based on the conditions now stored:
+    the patch's conditions of the `owned` types replace those stored, the others stay."""
+    types = set(owned)
+    mine = {c["type"]: c for c in patch.get("conditions", []) if c["type"] in types}
+    merged = [mine.pop(c["type"], c) for c in current] + list(mine.values())
+    parsed = [models.Condition.model_validate(c) for c in merged]
+    return {"conditions": merged, "phase": phase(parsed)}
+
+
+def invalid_spec_message(error: pydantic.ValidationError) -> str:
+    """One line naming each refused field (as the Kubernetes object spells it) and why."""
+    parts = []
+    for e in error.errors()[:5]:
+        field = ""
+        for x in e["loc"]:
+            field += f"[{x}]" if isinstance(x, int) else (f".{x}" if field else str(x))
+        parts.append(f"{field}: {e['msg']}")
+    more = f" (and {error.error_count() - 5} more)" if error.error_count() > 5 else ""
+    return "the spec cannot be served: " + "; ".join(parts) + more + ": fix these fields"
+
+
+def invalid_spec_patch(before: list[dict[str, Any]], message: str, generation: int, now: str) -> dict[str, Any]:
+    """Status for a spec the models refuse: Reconciled False (InvalidSpec), phase Degraded."""
+    conditions = []
+    for c in before:
+        try:
+            conditions.append(models.Condition.model_validate(c))
+        except pydantic.ValidationError:
+            continue  # a garbled condition is replaced, not kept
+    conditions = set_condition(conditions, RECONCILED, False, "InvalidSpec", message, generation, now)
+    return {"conditions": [c.to_k8s() for c in conditions], "phase": "Degraded"}

@@ -4,10 +4,15 @@
 `/set_internal_state` changes allow-listed server args in place (the Slipstream patch adds
 `long_prefill_token_threshold`, `long_prefill_mode` and `schedule_policy` to the allowlist,
 validated by the engine). Requests carry `Authorization: Bearer <admin API key>`.
+
+Answers are read with a bound (`MAX_ANSWER_BYTES`) and must be JSON objects: an oversized,
+non-JSON or unusable answer raises `BadAnswer` (a ValueError naming the URL), an HTTP error
+`AdminError`; network failures and timeouts propagate as aiohttp/asyncio raise them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +31,14 @@ class AdminError(RuntimeError):
         self.body = body
 
 
+class BadAnswer(ValueError):
+    """The engine answered with something that is not a usable admin answer."""
+
+
+MAX_ANSWER_BYTES = 1 << 20
+"""Largest admin answer read (server info is a few KiB); more is refused, not buffered."""
+
+
 def internal_state(setting: models.EngineSetting) -> dict[str, Any]:
     """The `server_args` the engine takes for one tuned setting."""
     return {
@@ -36,12 +49,18 @@ def internal_state(setting: models.EngineSetting) -> dict[str, Any]:
 
 
 def setting_of(server_info: dict[str, Any]) -> models.EngineSetting:
-    """The tuned setting an engine reports in /get_server_info."""
-    return models.EngineSetting(
-        threshold=int(server_info.get("long_prefill_token_threshold") or 0),
-        mode=server_info.get("long_prefill_mode") or "ceiling",
-        schedule_policy=server_info.get("schedule_policy") or "fcfs",
-    )
+    """The tuned setting an engine reports in /get_server_info; BadAnswer if unusable."""
+    threshold = server_info.get("long_prefill_token_threshold") or 0
+    try:
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            raise ValueError(f"long_prefill_token_threshold is {threshold!r}, not a number")
+        return models.EngineSetting(
+            threshold=int(threshold),
+            mode=server_info.get("long_prefill_mode") or "ceiling",
+            schedule_policy=server_info.get("schedule_policy") or "fcfs",
+        )
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadAnswer(f"server info holds no usable setting: {str(exc)[:300]}") from None
 
 
 @dataclass(frozen=True)
@@ -75,7 +94,24 @@ class AdminClient:
             aiohttp.ClientSession(timeout=timeout) as session,
             session.request(method, url, json=body, headers=headers) as response,
         ):
-            text = await response.text()
+            raw = bytearray()
+            while chunk := await response.content.read(MAX_ANSWER_BYTES + 1 - len(raw)):
+                raw += chunk
+                if len(raw) > MAX_ANSWER_BYTES:
+                    raise BadAnswer(f"{url}: answer over {MAX_ANSWER_BYTES} bytes (HTTP {response.status})")
+            text = raw.decode("utf-8", errors="replace")
             if response.status >= 400:
                 raise AdminError(url, response.status, text)
-            return await response.json(content_type=None) if text else {}
+        return _json_object(url, text)
+
+
+def _json_object(url: str, text: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        raise BadAnswer(f"{url}: answer is not JSON: {text[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise BadAnswer(f"{url}: answer is a JSON {type(obj).__name__}, not an object")
+    return obj

@@ -4,7 +4,8 @@ The tuned triple (threshold, mode, admission order) is never written into a pod 
 the template refers to environment variables that come from the deployment's ConfigMap, and
 Kubernetes expands `$(VAR)` in `args` when a container starts. So a new pod starts with the
 current threshold while changing the threshold leaves the template (and the running pods)
-alone. The admin API key reaches the engine the same way, from its Secret.
+alone. The admin API key reaches the engine only as the environment variable
+SLIPSTREAM_ADMIN_API_KEY from a Secret, never as an argument.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ THRESHOLD_ENV = "SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD"
 MODE_ENV = "SLIPSTREAM_LONG_PREFILL_MODE"
 SCHEDULE_POLICY_ENV = "SLIPSTREAM_SCHEDULE_POLICY"
 ADMIN_API_KEY_ENV = "SLIPSTREAM_ADMIN_API_KEY"
+ADMIN_KEY_SECRET_KEY = "api-key"
+"""Key of the admin key in the Secret the operator generates when the spec names none."""
 
 # ConfigMap keys holding the current setting (what a newly started pod uses).
 THRESHOLD_KEY = "threshold"
@@ -70,8 +73,8 @@ def launch_args(engine: models.Engine, tenant_label: str, setting: SettingArgs) 
     if engine.trust_remote_code:
         args.append("--trust-remote-code")
     args += hicache_args(engine.hicache)
-    if engine.admin_api_key_secret_ref is not None:
-        args += ["--admin-api-key", f"$({ADMIN_API_KEY_ENV})"]
+    # No --admin-api-key: argv is world-readable (ps, /proc, pod specs). The engine reads
+    # the key from env SLIPSTREAM_ADMIN_API_KEY, set from a Secret (`admin_key_ref`).
     return args + list(engine.extra_args)
 
 
@@ -91,3 +94,15 @@ def hicache_args(hicache: models.HiCache) -> list[str]:
 def concurrency(chunked_prefill_size: int, threshold: int) -> int:
     """Partial prefills the engine runs at once: C // T, and 1 when the cap is off."""
     return max(1, chunked_prefill_size // threshold) if threshold > 0 else 1
+
+
+def admin_key_secret_name(deployment: str) -> str:
+    """The Secret the operator generates and owns when spec.engine.adminApiKeySecretRef is unset."""
+    return f"{deployment}-admin-key"
+
+
+def admin_key_ref(deployment: str, engine: models.Engine) -> models.SecretKeyRef:
+    """Where the engines' admin key lives: the spec's Secret, else the generated one."""
+    if engine.admin_api_key_secret_ref is not None:
+        return engine.admin_api_key_secret_ref
+    return models.SecretKeyRef(name=admin_key_secret_name(deployment), key=ADMIN_KEY_SECRET_KEY)

@@ -30,14 +30,17 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from slipstream.localkube import (
+    apiread,
     binaries,
     components,
     health,
     kubeconfig,
     nodes,
     pki,
+    podcidr,
     ports,
     processes,
 )
@@ -111,9 +114,15 @@ class Cluster:
         ca_pem: bytes,
         running: list[processes.Component],
         node_names: list[str] | None = None,
+        pod_cidr: podcidr.PodCidrLease | None = None,
+        admin_context: ssl.SSLContext | None = None,
     ) -> None:
         """Wrap already running components; use Cluster.start() to make one."""
         self._node_names = list(node_names or [])
+        self._pod_cidr = pod_cidr
+        self._reader = (
+            apiread.ApiReader(server, admin_context) if admin_context is not None else None
+        )
         self.workdir = workdir
         self.bin_dir = bin_dir
         self.server = server
@@ -148,13 +157,18 @@ class Cluster:
         workdir = workdir.resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         certs, ca = _make_certs(workdir / "pki")
-        for attempt in range(1, START_ATTEMPTS + 1):
-            try:
-                return cls._start_once(workdir, bin_dir, certs, ca, tuple(node_pools))
-            except processes.ComponentError as exc:
-                if ports.ADDRESS_IN_USE not in str(exc) or attempt == START_ATTEMPTS:
-                    raise
-                log.warning("localkube: a port was taken, retrying start-up (%s)", attempt)
+        cidr = podcidr.lease()
+        try:
+            for attempt in range(1, START_ATTEMPTS + 1):
+                try:
+                    return cls._start_once(workdir, bin_dir, certs, ca, tuple(node_pools), cidr)
+                except processes.ComponentError as exc:
+                    if ports.ADDRESS_IN_USE not in str(exc) or attempt == START_ATTEMPTS:
+                        raise
+                    log.warning("localkube: a port was taken, retrying start-up (%s)", attempt)
+        except BaseException:
+            cidr.release()
+            raise
         raise AssertionError("unreachable")
 
     @classmethod
@@ -165,6 +179,7 @@ class Cluster:
         certs: components.Certs,
         ca: pki.CertificateAuthority,
         node_pools: tuple[nodes.NodePool, ...],
+        cidr: podcidr.PodCidrLease,
     ) -> Cluster:
         port_list = ports.free_ports(6)
         port = components.Ports(*port_list)
@@ -251,7 +266,9 @@ class Cluster:
             kwok_home.mkdir(exist_ok=True)
             kwok = launch(
                 "kwok",
-                components.kwok(bin_dir, cert_kubeconfig("kwok", KWOK_USER, kwok_client), port),
+                components.kwok(
+                    bin_dir, cert_kubeconfig("kwok", KWOK_USER, kwok_client), port, cidr.cidr
+                ),
                 f"http://{ports.LOOPBACK}:{port.kwok}/healthz",
                 KWOK_READY_S,
                 # kwok also reads ~/.kwok/kwok.yaml when it exists: a HOME of its
@@ -266,6 +283,8 @@ class Cluster:
                 ca_pem=ca.cert_pem,
                 running=running,
                 node_names=nodes.names(node_pools),
+                pod_cidr=cidr,
+                admin_context=admin_context,
             )
         except BaseException:
             _stop_all(running)
@@ -317,7 +336,11 @@ class Cluster:
         """Stop every component, newest first; safe to call more than once."""
         atexit.unregister(self.stop)
         running, self._components = self._components, []
-        _stop_all(running)
+        try:
+            _stop_all(running)
+        finally:
+            if self._pod_cidr is not None:
+                self._pod_cidr.release()
 
     def __enter__(self) -> Cluster:
         return self
@@ -341,11 +364,30 @@ class Cluster:
         return list(self._node_names)
 
     @property
+    def pod_cidr(self) -> str | None:
+        """The loopback range kwok gives pod IPs from (see localkube.podcidr)."""
+        return self._pod_cidr.cidr if self._pod_cidr is not None else None
+
+    @property
     def log_dir(self) -> Path:
         """Directory of the components' logs (one file each)."""
         return self.workdir / "logs"
 
     # -- clients ------------------------------------------------------------
+
+    @property
+    def reader(self) -> apiread.ApiReader:
+        """The admin's apiserver reader (GET, parsed JSON)."""
+        if self._reader is None:
+            raise RuntimeError("this Cluster handle has no admin credentials")
+        return self._reader
+
+    def get_json(self, path: str) -> Any:
+        """GET ``path`` (e.g. ``/api/v1/pods``) from the apiserver as the admin; parsed JSON.
+
+        For the in-process helpers that poll often (see localkube.apiread).
+        """
+        return self.reader.get_json(path)
 
     def kubectl(
         self,

@@ -16,8 +16,6 @@ from slipstream.localkube.ports import LOOPBACK
 SERVICE_CIDR = "10.0.0.0/24"
 """Service cluster-IP range; only allocated from, never routed (the nodes are simulated)."""
 
-POD_CIDR = "10.244.0.0/16"
-"""Range kwok hands pod IPs out of; apart from SERVICE_CIDR, and never routed either."""
 
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 """Annotation marking the nodes kwok manages (the kwok documentation's convention):
@@ -212,13 +210,15 @@ def scheduler(
     ]
 
 
-def kwok(bin_dir: Path, kubeconfig: Path, ports: Ports) -> list[str]:
+def kwok(bin_dir: Path, kubeconfig: Path, ports: Ports, pod_cidr: str) -> list[str]:
     """kwok as a controller against this apiserver, simulating the annotated nodes.
 
     kwok acts as the kubelet of every node carrying KWOK_NODE_ANNOTATION: it
     keeps the node Ready (status and lease heartbeats) and moves the pods bound
     to it through the stages in ``kwok-stages.yaml`` (kwok's defaults: Running
     and Ready at once, deleted when asked), without running any container.
+    Pod IPs come from ``pod_cidr``, a loopback range of this cluster's own (see
+    localkube.podcidr), so an engine simulator can serve on its pod's IP.
     """
     key, value = KWOK_NODE_ANNOTATION
     return [
@@ -227,7 +227,7 @@ def kwok(bin_dir: Path, kubeconfig: Path, ports: Ports) -> list[str]:
         f"--config={bin_dir / binaries.KWOK_STAGES}",
         f"--manage-nodes-with-annotation-selector={key}={value}",
         f"--node-lease-duration-seconds={KWOK_LEASE_DURATION_S}",
-        f"--cidr={POD_CIDR}",
+        f"--cidr={pod_cidr}",
         # Plain HTTP on loopback: /healthz for the start-up poll, nothing else.
         f"--server-address={LOOPBACK}:{ports.kwok}",
         # At INFO kwok logs every lease renewal of every node (one line per node

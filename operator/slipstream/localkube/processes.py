@@ -86,7 +86,7 @@ class Component:
     def stop(self) -> None:
         """Terminate the process group, then kill it; return once it is gone."""
         pgid = self._popen.pid
-        if not _group_alive(pgid) and not self.running():
+        if not group_alive(pgid) and not self.running():
             self._popen.wait()
             return
         _signal_group(pgid, signal.SIGTERM)
@@ -94,11 +94,11 @@ class Component:
             self._popen.wait(timeout=TERM_GRACE_S)
         # The leader may be gone while something it spawned lives on in the
         # group; SIGKILL whatever is left either way.
-        if _group_alive(pgid):
+        if group_alive(pgid):
             _signal_group(pgid, signal.SIGKILL)
         self._popen.wait()
         deadline = time.monotonic() + KILL_WAIT_S
-        while _group_alive(pgid):
+        while group_alive(pgid):
             if time.monotonic() > deadline:
                 raise ComponentError(f"{self.name}: process group {pgid} survived SIGKILL")
             time.sleep(0.05)
@@ -109,7 +109,8 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:

@@ -1,6 +1,6 @@
 """Roofline cost of one forward pass (one scheduler round).
 
-    time = overhead + max(compute, memory) + host load-back
+    time = overhead(kind of pass) + max(compute, memory) + host load-back
     compute = linear FLOPs of every token in the round / peak
             + attention FLOPs (each token against its whole context) / attention rate
     memory  = (weights + KV cache read by the round) / bandwidth
@@ -18,6 +18,9 @@ import math
 
 from slipstream.sim.profiles import Profile
 
+PREFILL, DECODE, MIXED = 0, 1, 2
+"""Kinds of pass, for their fixed overhead: prefill (extend) only, decode only, or both."""
+
 
 def chunk_pairs(offset: int, length: int) -> int:
     """Attention (query, key) pairs of a causal chunk of ``length`` tokens after ``offset``."""
@@ -27,7 +30,8 @@ def chunk_pairs(offset: int, length: int) -> int:
 class CostModel:
     """Per-pass times from a profile, with the constants folded for the hot loop."""
 
-    __slots__ = ("profile", "linear_s", "attn_s", "weights_s", "kv_s", "overhead_s", "host_s")
+    __slots__ = ("profile", "linear_s", "attn_s", "weights_s", "kv_s", "overhead_s", "host_s",
+                 "overheads")
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
@@ -40,17 +44,24 @@ class CostModel:
         self.weights_s = profile.weight_bytes / profile.mem_bandwidth
         self.kv_s = profile.kv_bytes_per_token / profile.mem_bandwidth
         self.overhead_s = profile.overhead_s
+        self.overheads = (profile.overhead_s, profile.decode_overhead_s, profile.mixed_overhead_s)
+        """Fixed cost per kind of pass, indexed by PREFILL, DECODE, MIXED."""
         self.host_s = (
             profile.kv_bytes_per_token / profile.host_bandwidth if profile.host_bandwidth else 0.0
         )
 
     def pass_time(
-        self, tokens: int, pairs: int, kv_read: int, host_load_tokens: int = 0
+        self, tokens: int, pairs: int, kv_read: int, host_load_tokens: int = 0,
+        kind: int = PREFILL,
     ) -> float:
-        """Seconds for one forward pass over ``tokens`` new tokens."""
+        """Seconds for one forward pass over ``tokens`` new tokens: the one cost formula.
+
+        ``pairs`` are the (query, key) attention pairs of the pass, ``kv_read`` the tokens
+        of KV it reads, ``host_load_tokens`` the HiCache tokens loaded back before it.
+        """
         compute = tokens * self.linear_s + pairs * self.attn_s
         memory = self.weights_s + kv_read * self.kv_s
-        return self.overhead_s + (compute if compute > memory else memory) + (
+        return self.overheads[kind] + (compute if compute > memory else memory) + (
             host_load_tokens * self.host_s
         )
 

@@ -1,7 +1,7 @@
 """The digital twin: one engine simulated round by round (one round = one forward pass).
 
 Two events drive it, taken in time order: a request arrives, or the pass in flight ends.
-At the start of every pass the policy decides what runs:
+At the start of every pass the policy decides what runs (``Engine.advance`` is the loop):
 
 - prefill-first kinds (stock, ceiling, floor: SGLang's default scheduler): if the
   allocator admits any prefill work the pass is a prefill (extend) batch and the running
@@ -14,17 +14,24 @@ tokens at the end of each decode step it is part of. Decoding requests are kept 
 aggregates (count, summed context, a heap of finishing steps) so a pass costs time in the
 number of prefills it carries, not in the number of running streams: the twin has to run
 the whole Mooncake trace in seconds (``slipstream bench --speed``).
+
+``Engine`` is the twin as a steppable object (submit requests, advance the clock, change
+the setting between passes), for the engine simulator and the tuner; ``simulate`` runs a
+whole workload through one.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable
+import math
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from slipstream.sim.admission import allocate, partials_first, srpt_key
 from slipstream.sim.cache import PrefixCache, usable_hit
-from slipstream.sim.cost import CostModel, chunk_pairs
+from slipstream.sim.cost import DECODE, MIXED, PREFILL, CostModel, chunk_pairs
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.sim.queue import WaitQueue
@@ -37,25 +44,61 @@ class Job:
     __slots__ = (
         "req", "rid", "seq", "arrival_s", "need", "cached_est", "offset", "cached",
         "host_tokens", "uncached", "first_token_s", "solo_s", "entry_step",
-        "max_itl_s", "finished_s",
+        "max_itl_s", "finished_s", "_times", "out_reserve", "redo", "epoch", "seg_start_s",
+        "out_base", "_segs", "retractions", "rejected",
     )
 
-    def __init__(self, req: Request, seq: int, cached_est: int) -> None:
+    def __init__(self, req: Request, seq: int) -> None:
         self.req = req
         self.rid = req.rid
         self.seq = seq
         self.arrival_s = req.arrival_s
-        self.cached_est = cached_est
-        self.need = req.prompt_tokens - usable_hit(req.prompt_tokens, cached_est)
+        self.cached_est = 0
+        """Cached prefix found when the request arrived (lpm's key)."""
+        self.need = req.prompt_tokens
+        """Uncached prompt tokens still to prefill (re-matched while it waits)."""
         self.offset = 0
+        """Tokens of context built so far (cached prefix included): its KV in use."""
         self.cached = 0
         self.host_tokens = 0
         self.uncached = 0
         self.first_token_s = -1.0
         self.solo_s = 0.0
         self.entry_step = 0
+        """Index of the decode step of its current decoding segment's first token."""
         self.max_itl_s: float | None = None
         self.finished_s = -1.0
+        self._times: list[float] | None = None
+        self.out_reserve = 0
+        """KV the allocator charges for its output (and its locked prefix) on admission."""
+        self.redo = 0
+        """Output tokens already produced before a retraction (their KV is recomputed)."""
+        self.epoch = 0
+        """Bumped at each retraction: heap entries of an older epoch are stale."""
+        self.seg_start_s = -1.0
+        """Time of the token that opened the current decoding segment."""
+        self.out_base = 1
+        """Output tokens produced before the current segment's decode steps."""
+        self._segs: list[tuple[float, int, int]] | None = None
+        """Closed segments (start time, first step, end step) of a retracted request."""
+        self.retractions = 0
+        self.rejected = False
+        """Refused: its prompt cannot fit the KV pool even on an idle engine."""
+
+    def tokens_out(self, at_s: float) -> int:
+        """Output tokens produced by twin time ``at_s`` (what a stream has sent so far)."""
+        if self.first_token_s < 0 or at_s < self.first_token_s:
+            return 0
+        times = self._times
+        if times is None:
+            return 1
+        segs = [*(self._segs or ()), (self.seg_start_s, self.entry_step,
+                                      self.entry_step + self.req.output_tokens - self.out_base)]
+        total = 0
+        for start_s, first, end in segs:
+            if at_s >= start_s:
+                total += 1 + bisect.bisect_right(times, at_s, first, min(end, len(times))) - first
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +128,615 @@ class SimResult:
     passes: int
     rounds: list[RoundRecord] = field(default_factory=list)
     settings: list[tuple[float, Setting]] = field(default_factory=list)
+    busy_s: float = 0.0
+    """Seconds of every pass (prefill, decode and mixed)."""
+    step_gaps: list[float] = field(default_factory=list)
+    """Time from each decode step to the one before it..."""
+    step_weights: list[int] = field(default_factory=list)
+    """...and how many streams had that gap (those in both steps): every inter-token gap
+    of the run is one of these or one of ``entry_gaps``, without per-stream work."""
+    entry_gaps: list[float] = field(default_factory=list)
+    """Each stream's gap from its first token to its first decode step."""
+    kv_pool_tokens: int | None = None
+    """The KV pool the run had (None = unlimited)."""
+    peak_kv_tokens: int = 0
+    """Most KV tokens in use at once (running requests' context)."""
+    retractions: int = 0
+    """Decoding requests retracted because the pool ran out."""
+    rejected: int = 0
+    """Requests refused because their prompt cannot fit the pool."""
+
+
+# The cache steps of a request's life, shared by the engine and rate.solo_busy_s.
+
+def _arrive(job: Job, cache: PrefixCache) -> None:
+    """A request arrives: its warm prefix enters the cache; estimate its uncached need."""
+    req = job.req
+    if req.warm_blocks:
+        cache.insert(req.blocks[: req.warm_blocks], req.block_sizes[: req.warm_blocks])
+    job.cached_est = cache.peek(req.blocks, req.block_sizes)
+    job.need = req.prompt_tokens - usable_hit(req.prompt_tokens, job.cached_est)
+
+
+def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
+    """First allocation of a request: match its prefix for real; returns host tokens to load."""
+    req = job.req
+    cached, job.host_tokens = cache.admit(req.blocks, req.block_sizes, req.prompt_tokens)
+    job.cached = job.offset = cached
+    job.uncached = job.need = req.prompt_tokens - cached
+    job.solo_s = cost.solo_prefill_s(cached, job.need, budget, job.host_tokens)
+    return job.host_tokens
+
+
+def _prefilled(job: Job, cache: PrefixCache) -> None:
+    """A prompt is computed: its blocks enter the prefix cache."""
+    cache.insert(job.req.blocks, job.req.block_sizes)
+
+
+def solo_replay(workload: Workload, profile: Profile, config: EngineConfig) -> Iterator[Job]:
+    """Each request alone on the engine, in arrival order: the jobs with ``solo_s`` set.
+
+    The same cache steps as ``Engine`` (arrive, admit, cache the prompt), with every
+    request finished before the next arrives: ``rate`` sizes the load from it.
+    """
+    cost = CostModel(profile)
+    cache = PrefixCache(config.cache_tokens, config.host_cache_tokens)
+    for seq, req in enumerate(workload.requests):
+        job = Job(req, seq)
+        _arrive(job, cache)
+        _admit(job, cache, cost, config.chunked_prefill_size)
+        _prefilled(job, cache)
+        yield job
+
+
+CLIP_MAX_NEW_TOKENS = 4096
+"""SGLang clips a request's output estimate at this many tokens (schedule_policy.py)."""
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+RETRACT_DECODE_STEPS = 20
+"""SGLang 0.5.18's defaults (environ.py): SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600,
+SGLANG_RETRACT_DECODE_STEPS 20."""
+
+
+class Engine:
+    """One engine as a steppable object: submit requests, advance the clock, apply settings.
+
+    ``now_s`` is the twin clock. ``advance(until_s)`` runs every pass that starts at or
+    before ``until_s`` (the last may end after it); an idle engine's clock moves to
+    ``until_s``. Requests may be submitted ahead of time (``simulate`` submits a whole
+    workload at once): they join the queue when the clock reaches their arrival.
+
+    Memory, when the profile (or config) gives a KV pool, as SGLang 0.5.18 manages it:
+    the KV in use is every running request's context (partial prefills' built tokens,
+    decoding streams' prompt and output so far); admission follows the shared rule of
+    ``admission.allocate`` with ``kv_free`` = pool - in use - ``new_token_ratio`` x the
+    running decodes' remaining output (clipped at 4096 each); before a decode step, if the
+    pool cannot hold one more token per stream beside the partials' unbuilt remainder,
+    decodes are retracted (fewest output tokens first, longest prompt on ties; at least
+    one kept) and re-queued to recompute their whole context, and ``new_token_ratio`` is
+    re-estimated; otherwise it decays toward its floor, and resets when the engine idles.
+    Simplifications: a prefix shared by several running requests is counted once per
+    request (conservative); the prefix cache lives in the pool's free space and yields to
+    it (its capacity is capped at the pool); a retracted request recomputes its context
+    without a cache hit (SGLang evicts the cache before it retracts).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        profile: Profile,
+        config: EngineConfig | None = None,
+        record_rounds: bool = False,
+        start_s: float = 0.0,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.profile = profile
+        self.config = cfg = config or EngineConfig()
+        self.cost = CostModel(profile)
+        pool = profile.kv_pool_tokens if cfg.kv_pool_tokens is None else cfg.kv_pool_tokens
+        self.kv_pool_tokens: int | None = pool or None
+        """Tokens of KV the engine can hold; None = no memory limit."""
+        cache_tokens = cfg.cache_tokens if pool is None or not pool else min(cfg.cache_tokens, pool)
+        self.cache = PrefixCache(cache_tokens, cfg.host_cache_tokens)
+        self.queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
+        self.record_rounds = record_rounds
+        self.progress = progress
+        """Called with the number of requests arrived so far, every 1024."""
+        self.now_s = start_s
+        self.start_threshold = policy.rule.threshold
+        self.jobs: list[Job] = []
+        """Every submitted job, in submission order."""
+        self.rounds: list[RoundRecord] = []
+        self.settings: list[tuple[float, Setting]] = []
+        self.prefill_busy_s = 0.0
+        """Seconds of passes that carried prefill work."""
+        self.prefill_tokens = 0
+        self.passes = 0
+        self.busy_s = 0.0
+        """Seconds of every pass."""
+        self.peak_kv_tokens = 0
+        self.retractions = 0
+        self.rejected = 0
+        self._pending: deque[Job] = deque()
+        self._arrived = 0
+        self._partials: list[Job] = []
+        self._partial_kv = 0
+        """KV held by the partial prefills (their built context)."""
+        self._observed: list[FirstToken] | None = [] if policy.controller is not None else None
+        # Decoding streams as aggregates: count, summed context, (last step, seq, epoch, job)
+        # heap, the end time of every decode step and the gap before it.
+        self.decoding = 0
+        self._ctx_sum = 0
+        self._dec_heap: list[tuple[int, int, int, Job]] = []
+        self._dtimes: list[float] = []
+        self._dgaps: list[float] = []
+        self._dweights: list[int] = []
+        self._entered = 0
+        """Streams that started decoding since the last decode step."""
+        self._entry_gaps: list[float] = []
+        # Memory bookkeeping (only with a pool): running streams by seq, the clipped
+        # remaining-output sum of SGLang's reservation, and when clipped streams unclip.
+        self._active: dict[int, Job] = {}
+        self._rem_sum = 0
+        self._clipped = 0
+        self._clip_heap: list[tuple[int, int, int, Job]] = []
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+
+    # ---- the API ---------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        """Requests arrived and not yet given any prefill tokens (sglang:num_queue_reqs)."""
+        return len(self.queue.items)
+
+    @property
+    def partials(self) -> int:
+        """Requests part-way through their prefill."""
+        return len(self._partials)
+
+    @property
+    def busy(self) -> bool:
+        """Whether any arrived work is pending (waiting, part-prefilled or decoding)."""
+        return bool(self.queue.items or self._partials or self.decoding)
+
+    @property
+    def kv_in_use(self) -> int:
+        """KV tokens held by running requests (partial prefills and decoding streams)."""
+        return self._partial_kv + self._ctx_sum
+
+    def submit(self, req: Request) -> Job:
+        """A request arriving at ``req.arrival_s`` (not before ``now_s``; ids unique)."""
+        if not req.arrival_s >= self.now_s:
+            raise ValueError(
+                f"request {req.rid!r} arrives at {req.arrival_s} s, before the twin clock "
+                f"{self.now_s} s: submit it with arrival_s >= now_s"
+            )
+        job = Job(req, len(self.jobs))
+        self.jobs.append(job)
+        pending = self._pending
+        if req.arrival_s == self.now_s:  # arrived: counted as waiting at once
+            if pending and pending[0].arrival_s <= self.now_s:
+                self._arrivals()
+            pending.appendleft(job)
+            self._arrivals()
+        elif not pending or req.arrival_s >= pending[-1].arrival_s:
+            pending.append(job)
+        else:
+            items = list(pending)
+            at = bisect.bisect_right([j.arrival_s for j in items], req.arrival_s)
+            items.insert(at, job)
+            self._pending = deque(items)
+        return job
+
+    def apply(self, setting: Setting) -> None:
+        """Change T, mode and order between passes (what /set_internal_state does)."""
+        self.policy.apply(setting)
+        self.queue.set_order(self.policy.order)
+        self.settings.append((self.now_s, setting))
+
+    def abort(self, rid: str) -> bool:
+        """Drop a request that has not been given any tokens yet; False if there is none."""
+        for k, job in enumerate(self._pending):
+            if job.rid == rid:
+                del self._pending[k]
+                return True
+        queue = self.queue
+        for k, job in enumerate(queue.items):
+            if job.rid == rid and not job.redo:
+                del queue.items[k]
+                del queue.keys[k]
+                return True
+        return False
+
+    def advance(self, until_s: float) -> None:
+        """Run every pass that starts at or before ``until_s``: the event loop."""
+        pending = self._pending
+        while True:
+            if pending and pending[0].arrival_s <= self.now_s:
+                self._arrivals()
+            if not self.busy:
+                self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # SGLang resets it when idle
+                if pending and pending[0].arrival_s <= until_s:
+                    self.now_s = pending[0].arrival_s
+                    continue
+                if self.now_s < until_s < math.inf:
+                    self.now_s = until_s
+                return
+            if self.now_s > until_s:
+                return
+            self._control()
+            if self.policy.mixed and self.decoding and self.kv_pool_tokens is not None:
+                self._make_room_for_decodes()
+            alloc = self._allocation()
+            if alloc:
+                self._prefill_pass(alloc)
+            elif self.decoding:
+                self._decode_passes(until_s)
+            elif self.kv_pool_tokens is not None and self.queue.items and not self._partials:
+                self._reject_head()
+            else:
+                raise RuntimeError(
+                    f"engine stalled at t={self.now_s:.3f}s with no admissible prefill"
+                )
+
+    def run(self) -> None:
+        """Advance until every submitted request is done."""
+        self.advance(math.inf)
+
+    # ---- one pass --------------------------------------------------------------------
+
+    def _arrivals(self) -> None:
+        """Move every request whose arrival time has come into the wait queue."""
+        pending, now, cache, queue = self._pending, self.now_s, self.cache, self.queue
+        while pending and pending[0].arrival_s <= now:
+            job = pending.popleft()
+            _arrive(job, cache)
+            queue.push(job)
+            self._arrived += 1
+            if self.progress is not None and not self._arrived % 1024:
+                self.progress(self._arrived)
+
+    def _control(self) -> None:
+        """Call the policy's controller when its interval has elapsed (``auto``)."""
+        policy = self.policy
+        if policy.controller is None or self.now_s < policy.next_control_s:
+            return
+        observed = self._observed
+        assert observed is not None
+        view = RoundView(self.now_s, tuple(j.need for j in self.queue.items),
+                         tuple(j.need for j in self._partials), self.decoding, tuple(observed))
+        observed.clear()
+        setting = policy.controller(view)
+        policy.next_control_s = self.now_s + policy.interval_s
+        if setting is not None:
+            self.apply(setting)
+
+    def _allocation(self) -> dict[str, int]:
+        """Prefill tokens per request for the pass starting now (admission)."""
+        policy, queue, partials = self.policy, self.queue, self._partials
+        if not (queue.items or partials):
+            return {}
+        rule = policy.rule
+        budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
+        if budget <= 0:
+            return {}
+        cfg = self.config
+        slots = cfg.max_running_requests - self.decoding - len(partials)
+        queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
+        max_partials = cfg.max_partial_prefills
+        if self.kv_pool_tokens is None:
+            head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), False)
+            if partials_first(rule, policy.order):
+                return policy.allocator(rule, partials, queue.items[:head], budget,
+                                        max_partials=max_partials)
+            return allocate(rule, (), _srpt_merge(queue, head, partials), budget,
+                            max_partials=max_partials, partial_rids={j.rid for j in partials})
+        # The reservation rule (admission.py): what the running decodes may still need
+        # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
+        reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
+        kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
+        first = partials_first(rule, policy.order)
+        if (kv_free <= 1 + rule.page_size and policy.allocator is allocate
+                and (first or rule.page_size == 1)):
+            # A full pool admits no new request (one needs need + page >= 2 tokens free):
+            # the rule's own refusal, decided without re-matching the queue's head.
+            if not partials:
+                return {}
+            head = 0
+        else:
+            head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), True)
+        if first:
+            alloc = policy.allocator(rule, partials, queue.items[:head], budget,
+                                     kv_free=kv_free, max_partials=max_partials)
+        else:
+            alloc = allocate(rule, (), _srpt_merge(queue, head, partials), budget,
+                             kv_free=kv_free, max_partials=max_partials,
+                             partial_rids={j.rid for j in partials})
+        return self._fit_pool(alloc, reserve)
+
+    def _fit_pool(self, alloc: dict[str, int], reserve: float) -> dict[str, int]:
+        """Drop the last new admissions while the pass would leave the running requests'
+        KV plus the partials' unbuilt remainder beyond the pool.
+
+        The shared rule charges a capped new request's cached prefix only when it finishes
+        in the round (SGLang locks it at once); this keeps the pool an invariant.
+        """
+        pool = self.kv_pool_tokens
+        assert pool is not None
+        partial_rids = {j.rid for j in self._partials}
+        new = [j for j in self.queue.items[: len(alloc)] if j.rid in alloc]
+        while True:
+            after = self._partial_kv + self._ctx_sum + reserve + sum(
+                j.need for j in self._partials)
+            for job in new:
+                after += job.req.prompt_tokens + job.redo - job.need  # prefix it locks
+                after += job.need  # built now or reserved as a partial's remainder
+            if after <= pool or not new:
+                return alloc
+            dropped = new.pop()
+            del alloc[dropped.rid]
+            assert dropped.rid not in partial_rids
+
+    def _reject_head(self) -> None:
+        """The head request cannot fit the pool even on an idle engine: refuse it
+        (SGLang refuses a prompt longer than its pool when the request comes in)."""
+        job = self.queue.items[0]
+        self.queue.pop_front(1)
+        job.rejected = True
+        job.finished_s = self.now_s
+        self.rejected += 1
+
+    def _decode_passes(self, until_s: float) -> None:
+        """Decode-only passes; with nothing waiting, back to back until the next event.
+
+        No per-stream work in this loop: it is the twin's hot path under load.
+        """
+        pending, queue, policy = self._pending, self.queue, self.policy
+        next_event = pending[0].arrival_s if pending else math.inf
+        if policy.controller is not None and policy.next_control_s < next_event:
+            next_event = policy.next_control_s
+        pass_time = self.cost.pass_time
+        pool = self.kv_pool_tokens
+        # what must stay free beside the streams: the partials' KV and unbuilt remainder
+        held = self._partial_kv + sum(j.need for j in self._partials)
+        t = self.now_s
+        while True:
+            if pool is not None:
+                if held + self._ctx_sum + self.decoding > pool:
+                    self._make_room_for_decodes()
+                    if not self.decoding:
+                        return
+                elif self.new_token_ratio > MIN_NEW_TOKEN_RATIO:
+                    self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
+                                               MIN_NEW_TOKEN_RATIO)
+            ctx = self._ctx_sum
+            dt = pass_time(self.decoding, ctx, ctx, 0, DECODE)
+            if self.record_rounds:
+                self.rounds.append(RoundRecord(t, t + dt, (), self.decoding))
+            t += dt
+            self.now_s = t
+            self.busy_s += dt
+            self.passes += 1
+            self._decode_step(t)
+            if queue.items or self._partials or not self.decoding or t >= next_event or t > until_s:
+                return
+
+    def _prefill_pass(self, alloc: dict[str, int]) -> None:
+        """A prefill pass (the running decodes riding along in mixed mode)."""
+        tokens = pairs = kv = host = 0
+        done: list[Job] = []
+        still: list[Job] = []
+        partials, queue, cache, cost = self._partials, self.queue, self.cache, self.cost
+        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc)
+        admitted = queue.items[:n_new]
+        queue.pop_front(n_new)
+        budget_c = self.config.chunked_prefill_size
+        for job in admitted:
+            if job.redo:  # a retracted request recomputes its whole context
+                job.offset = 0
+                job.need = job.req.prompt_tokens + job.redo
+            else:
+                host += _admit(job, cache, cost, budget_c)
+        for job in (*partials, *admitted):
+            take = alloc.get(job.rid, 0)
+            if take:
+                pairs += chunk_pairs(job.offset, take)
+                kv += job.offset
+                tokens += take
+                job.offset += take
+                job.need -= take
+            (done if job.need == 0 else still).append(job)
+        self._partials = still
+        self._partial_kv = sum(j.offset for j in still)
+        self.prefill_tokens += tokens
+
+        n_dec = self.decoding
+        decoding_here = self.policy.mixed and n_dec > 0
+        if decoding_here:
+            tokens += n_dec
+            pairs += self._ctx_sum
+            kv += self._ctx_sum
+        t = self.now_s
+        dt = cost.pass_time(tokens, pairs, kv, host, MIXED if decoding_here else PREFILL)
+        if self.record_rounds:
+            self.rounds.append(RoundRecord(t, t + dt, tuple(alloc.items()),
+                                           n_dec if decoding_here else 0))
+        t += dt
+        self.now_s = t
+        self.prefill_busy_s += dt
+        self.busy_s += dt
+        self.passes += 1
+        if decoding_here:
+            self._decode_step(t)
+        for job in done:
+            self._first_token(job, t)
+        if self.kv_pool_tokens is not None:
+            in_use = self._partial_kv + self._ctx_sum
+            if in_use > self.peak_kv_tokens:
+                self.peak_kv_tokens = in_use
+
+    # ---- memory ----------------------------------------------------------------------
+
+    def _make_room_for_decodes(self) -> None:
+        """Before a decode step: retract decodes until one more token per stream fits
+        beside the partials' unbuilt remainder (SGLang's check_decode_mem/retract_decode)."""
+        pool = self.kv_pool_tokens
+        assert pool is not None
+        reserved = sum(j.need for j in self._partials)
+        if self._partial_kv + self._ctx_sum + self.decoding + reserved <= pool:
+            if self.new_token_ratio > MIN_NEW_TOKEN_RATIO:
+                self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
+                                           MIN_NEW_TOKEN_RATIO)
+            return
+        step = len(self._dtimes)
+        # most-preferred to keep first: most output so far, then shortest prompt
+        keep = sorted(self._active.values(),
+                      key=lambda j: (j.out_base + step - j.entry_step, -j.req.prompt_tokens),
+                      reverse=True)
+        while len(keep) > 1 and (self._partial_kv + self._ctx_sum + self.decoding + reserved
+                                 > pool):
+            self._retract(keep.pop(), step)
+        if self._partial_kv + self._ctx_sum + self.decoding + reserved > pool and keep:
+            # SGLang aborts the last one rather than crash; the twin ends its output here
+            job = keep.pop()
+            self._stop_stream(job, step)
+            job.finished_s = self.now_s
+        # SGLang re-estimates the ratio from the streams left
+        generated = sum(j.out_base + step - j.entry_step for j in keep)
+        max_new = sum(j.req.output_tokens for j in keep)
+        self.new_token_ratio = min(1.0, (generated + RETRACT_DECODE_STEPS * len(keep))
+                                   / (max_new + 1))
+
+    def _stop_stream(self, job: Job, step: int) -> int:
+        """Take a stream out of the decode batch at ``step``; returns its tokens so far."""
+        del self._active[job.seq]
+        produced = job.out_base + step - job.entry_step
+        rem = job.req.output_tokens - produced
+        self._rem_sum -= rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+        if rem > CLIP_MAX_NEW_TOKENS:
+            self._clipped -= 1
+        self._close_segment(job, step)
+        if job._segs is None:
+            job._segs = []
+        job._segs.append((job.seg_start_s, job.entry_step, step))
+        # from now on seg_start_s is the time of its last token (for the resume gap)
+        job.seg_start_s = self._dtimes[step - 1] if step > job.entry_step else job.seg_start_s
+        job.epoch += 1  # its heap entries are stale now
+        self.decoding -= 1
+        self._ctx_sum -= job.req.prompt_tokens + produced
+        return produced
+
+    def _retract(self, job: Job, step: int) -> None:
+        """Put a decoding stream back in the queue to recompute its context later."""
+        produced = self._stop_stream(job, step)
+        job.redo = produced
+        job.need = job.req.prompt_tokens + produced
+        job.cached_est = 0
+        job.retractions += 1
+        self.retractions += 1
+        self.queue.push(job)
+
+    def _close_segment(self, job: Job, end: int) -> None:
+        """Record a decoding segment's gaps (and keep it for ``tokens_out``)."""
+        dtimes, e = self._dtimes, job.entry_step
+        gap = job.max_itl_s or 0.0
+        if end > e:
+            first_gap = dtimes[e] - job.seg_start_s
+            self._entry_gaps.append(first_gap)
+            rest = max(self._dgaps[e + 1 : end], default=0.0)
+            gap = max(gap, first_gap, rest)
+        job.max_itl_s = gap
+
+    # ---- decode bookkeeping ----------------------------------------------------------
+
+    def _first_token(self, job: Job, t: float) -> None:
+        """A prefill finished at ``t``: cache the prompt, start decoding (or finish).
+
+        A retracted request's recomputation ends the same way: one more token at ``t``.
+        """
+        req = job.req
+        if job.redo:
+            produced = job.redo + 1
+            resume_gap = t - job.seg_start_s
+            self._entry_gaps.append(resume_gap)
+            job.max_itl_s = max(job.max_itl_s or 0.0, resume_gap)
+            job.redo = 0
+        else:
+            produced = 1
+            job.first_token_s = t
+            if self._observed is not None:
+                self._observed.append(FirstToken(req.tenant, job.arrival_s, t,
+                                                 req.prompt_tokens, job.uncached, req.output_tokens))
+            _prefilled(job, self.cache)
+        rem = req.output_tokens - produced
+        step = len(self._dtimes)
+        job.entry_step = step  # a segment opened by the token at t: decode steps from step
+        job.seg_start_s = t
+        job.out_base = produced
+        if rem > 0:
+            job._times = self._dtimes
+            heapq.heappush(self._dec_heap, (step + rem, job.seq, job.epoch, job))
+            self.decoding += 1
+            self._entered += 1
+            self._ctx_sum += req.prompt_tokens + produced
+            if self.kv_pool_tokens is not None:
+                self._active[job.seq] = job
+                if rem > CLIP_MAX_NEW_TOKENS:
+                    self._rem_sum += CLIP_MAX_NEW_TOKENS
+                    self._clipped += 1
+                    heapq.heappush(self._clip_heap,
+                                   (step + rem - CLIP_MAX_NEW_TOKENS, job.seq, job.epoch, job))
+                else:
+                    self._rem_sum += rem
+        else:
+            job.finished_s = t
+
+    def _decode_step(self, t: float) -> None:
+        """Every running stream got one more token at ``t``; retire the finished ones."""
+        dtimes = self._dtimes
+        self._dgaps.append(t - dtimes[-1] if dtimes else 0.0)
+        self._dweights.append(self.decoding - self._entered)
+        self._entered = 0
+        dtimes.append(t)
+        n_dec = self.decoding
+        self._ctx_sum += n_dec
+        step = len(dtimes)
+        if self.kv_pool_tokens is not None:
+            self._rem_sum -= n_dec - self._clipped
+            clip = self._clip_heap
+            while clip and clip[0][0] <= step:
+                _, _, epoch, job = heapq.heappop(clip)
+                if epoch == job.epoch:
+                    self._clipped -= 1
+            in_use = self._partial_kv + self._ctx_sum
+            if in_use > self.peak_kv_tokens:
+                self.peak_kv_tokens = in_use
+        heap = self._dec_heap
+        if not heap or heap[0][0] > step:
+            return
+        while heap and heap[0][0] <= step:
+            last, _, epoch, job = heapq.heappop(heap)
+            if epoch != job.epoch:
+                continue
+            self._close_segment(job, last)
+            job.finished_s = dtimes[last - 1]
+            self.decoding -= 1
+            self._ctx_sum -= job.req.prompt_tokens + job.req.output_tokens
+            self._active.pop(job.seq, None)
+
+    def result(self, workload: Workload) -> SimResult:
+        """The run so far as plain data (after ``run``: the whole workload)."""
+        reqs = workload.requests
+        makespan = self.now_s - (reqs[0].arrival_s if reqs else 0.0)
+        return SimResult(workload, self.policy.name, self.start_threshold, self.config,
+                         self.profile, self.jobs, makespan, self.prefill_busy_s,
+                         self.prefill_tokens, self.passes, self.rounds, self.settings,
+                         self.busy_s, self._dgaps, self._dweights, self._entry_gaps,
+                         self.kv_pool_tokens, self.peak_kv_tokens, self.retractions,
+                         self.rejected)
 
 
 def simulate(
@@ -99,190 +751,37 @@ def simulate(
 
     ``progress`` is called with the number of requests arrived so far, every 1024.
     """
-    cfg = config or EngineConfig()
-    start_threshold = policy.rule.threshold
-    cost = CostModel(profile)
-    cache = PrefixCache(cfg.cache_tokens, cfg.host_cache_tokens)
-    queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
     reqs = workload.requests
-    n_reqs = len(reqs)
-    jobs: list[Job] = []
-    partials: list[Job] = []
-    rounds: list[RoundRecord] = []
-    settings: list[tuple[float, Setting]] = []
-    observed: list[FirstToken] | None = [] if policy.controller is not None else None
-
-    # Decoding streams as aggregates.
-    dec_heap: list[tuple[int, int, Job]] = []
-    n_dec = 0
-    ctx_sum = 0
-    dtimes: list[float] = []
-    dgaps: list[float] = []
-
-    linear_s, attn_s = cost.linear_s, cost.attn_s
-    weights_s, kv_s, overhead_s, host_s = cost.weights_s, cost.kv_s, cost.overhead_s, cost.host_s
-    budget_c = cfg.chunked_prefill_size
-
-    t = reqs[0].arrival_s if n_reqs else 0.0
-    i = 0
-    busy = 0.0
-    prefill_tokens = 0
-    passes = 0
-
-    def finish_decodes(now: float) -> None:
-        nonlocal n_dec, ctx_sum
-        step = len(dtimes)
-        while dec_heap and dec_heap[0][0] <= step:
-            last, _, job = heapq.heappop(dec_heap)
-            e = job.entry_step
-            first_gap = dtimes[e] - job.first_token_s
-            rest = max(dgaps[e + 1 : last], default=0.0)
-            job.max_itl_s = first_gap if first_gap > rest else rest
-            job.finished_s = dtimes[last - 1]
-            n_dec -= 1
-            ctx_sum -= job.req.prompt_tokens + job.req.output_tokens
-
-    def decode_step(now: float) -> None:
-        nonlocal ctx_sum
-        dgaps.append(now - dtimes[-1] if dtimes else 0.0)
-        dtimes.append(now)
-        ctx_sum += n_dec
-        finish_decodes(now)
-
-    while i < n_reqs or queue.items or partials or n_dec:
-        while i < n_reqs and reqs[i].arrival_s <= t:
-            req = reqs[i]
-            if req.warm_blocks:
-                cache.insert(req.blocks[: req.warm_blocks], req.block_sizes[: req.warm_blocks])
-            job = Job(req, i, cache.peek(req.blocks, req.block_sizes))
-            jobs.append(job)
-            queue.push(job)
-            i += 1
-            if progress is not None and not i % 1024:
-                progress(i)
-        if not queue.items and not partials and not n_dec:
-            t = reqs[i].arrival_s
-            continue
-
-        if policy.controller is not None and t >= policy.next_control_s:
-            assert observed is not None
-            view = RoundView(t, tuple(j.need for j in queue.items),
-                             tuple(j.need for j in partials), n_dec, tuple(observed))
-            observed.clear()
-            setting = policy.controller(view)
-            policy.next_control_s = t + policy.interval_s
-            if setting is not None:
-                policy.apply(setting)
-                queue.set_order(policy.order)
-                settings.append((t, setting))
-
-        rule = policy.rule
-        alloc: dict[str, int] = {}
-        if queue.items or partials:
-            budget = rule.chunked_prefill_size - (n_dec if policy.decodes_in_budget else 0)
-            if budget > 0:
-                head = _refresh_head(queue, cache, rule.threshold, budget)
-                if partials_first(rule, policy.order):
-                    alloc = allocate(rule, partials, queue.items, budget)
-                else:
-                    alloc = allocate(rule, (), _srpt_merge(queue, head, partials), budget)
-
-        if not alloc:
-            # A decode-only pass; with nothing waiting, run decode steps back to back
-            # until the next arrival (no per-stream work in this loop).
-            if not n_dec:
-                raise RuntimeError(f"engine stalled at t={t:.3f}s with no admissible prefill")
-            next_arrival = reqs[i].arrival_s if i < n_reqs else float("inf")
-            while True:
-                compute = n_dec * linear_s + ctx_sum * attn_s
-                memory = weights_s + ctx_sum * kv_s
-                dt = overhead_s + (compute if compute > memory else memory)
-                if record_rounds:
-                    rounds.append(RoundRecord(t, t + dt, (), n_dec))
-                t += dt
-                passes += 1
-                decode_step(t)
-                if queue.items or partials or not n_dec or t >= next_arrival:
-                    break
-            continue
-
-        # A prefill pass (with the decodes riding along in mixed mode).
-        tokens = pairs = kv = host = 0
-        done: list[Job] = []
-        still: list[Job] = []
-        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc)
-        admitted = queue.items[:n_new]
-        queue.pop_front(n_new)
-        for job in admitted:
-            host += _admit(job, cache, cost, budget_c)
-        for job in (*partials, *admitted):
-            take = alloc.get(job.rid, 0)
-            if take:
-                pairs += chunk_pairs(job.offset, take)
-                kv += job.offset
-                tokens += take
-                job.offset += take
-                job.need -= take
-            (done if job.need == 0 else still).append(job)
-        partials = still
-        prefill_tokens += tokens
-
-        decoding_here = policy.mixed and n_dec > 0
-        if decoding_here:
-            tokens += n_dec
-            pairs += ctx_sum
-            kv += ctx_sum
-        compute = tokens * linear_s + pairs * attn_s
-        memory = weights_s + kv * kv_s
-        dt = overhead_s + (compute if compute > memory else memory) + host * host_s
-        if record_rounds:
-            rounds.append(RoundRecord(t, t + dt, tuple(alloc.items()), n_dec if decoding_here else 0))
-        t += dt
-        busy += dt
-        passes += 1
-        if decoding_here:
-            decode_step(t)
-        step = len(dtimes)
-        for job in done:
-            job.first_token_s = t
-            req = job.req
-            if observed is not None:
-                observed.append(FirstToken(req.tenant, job.arrival_s, t, req.prompt_tokens, job.uncached))
-            cache.insert(req.blocks, req.block_sizes)
-            if req.output_tokens > 1:
-                job.entry_step = step
-                heapq.heappush(dec_heap, (step + req.output_tokens - 1, job.seq, job))
-                n_dec += 1
-                ctx_sum += req.prompt_tokens + 1
-            else:
-                job.finished_s = t
-
-    makespan = t - (reqs[0].arrival_s if n_reqs else 0.0)
-    return SimResult(workload, policy.name, start_threshold, cfg, profile, jobs, makespan, busy, prefill_tokens,
-                     passes, rounds, settings)
+    eng = Engine(policy, profile, config, record_rounds,
+                 start_s=reqs[0].arrival_s if reqs else 0.0, progress=progress)
+    for req in reqs:
+        eng.submit(req)
+    eng.run()
+    return eng.result(workload)
 
 
-def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
-    """First allocation of a request: match its prefix for real; returns host tokens to load."""
-    req = job.req
-    cached, job.host_tokens = cache.admit(req.blocks, req.block_sizes, req.prompt_tokens)
-    job.cached = job.offset = cached
-    job.uncached = job.need = req.prompt_tokens - cached
-    job.solo_s = cost.solo_prefill_s(cached, job.need, budget, job.host_tokens)
-    return job.host_tokens
-
-
-def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int) -> int:
+def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int,
+                  slots: int, limited: bool) -> int:
     """Re-match the requests at the head of the queue that this round could admit.
 
-    Returns how many there are (the allocator never reaches past them).
+    Returns how many there are (the allocator never reaches past them), at most ``slots``
+    (what ``max_running_requests`` leaves). With a KV pool (``limited``) each also gets
+    its ``out_reserve``: its output clipped as SGLang estimates it, and the cached prefix
+    it will lock.
     """
     room = budget
     n = 0
     for job in queue.items:
+        if n >= slots:
+            break
         req = job.req
-        job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
-                                                  cache.peek(req.blocks, req.block_sizes))
+        if not job.redo:
+            job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
+                                                      cache.peek(req.blocks, req.block_sizes))
+        if limited:
+            out = req.output_tokens - job.redo
+            job.out_reserve = (out if out < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) + (
+                req.prompt_tokens + job.redo - job.need)
         n += 1
         room -= min(job.need, threshold) if threshold else job.need
         if room <= 0:

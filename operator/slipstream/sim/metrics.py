@@ -28,20 +28,48 @@ def percentile(values: Sequence[float], q: float) -> float:
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
+def weighted_percentile(values: Sequence[float], weights: Sequence[int], q: float) -> float:
+    """``percentile`` of the multiset holding each value ``weight`` times (same rule)."""
+    pairs = sorted((v, w) for v, w in zip(values, weights, strict=True) if w > 0)
+    total = sum(w for _, w in pairs)
+    if not total:
+        return math.nan
+    pos = (total - 1) * q / 100.0
+    lo = math.floor(pos)
+    seen = 0
+    lo_value = hi_value = pairs[-1][0]
+    for k, (value, weight) in enumerate(pairs):
+        if seen + weight > lo:
+            lo_value = value
+            hi_value = value if seen + weight > lo + 1 else pairs[min(k + 1, len(pairs) - 1)][0]
+            break
+        seen += weight
+    return lo_value + (hi_value - lo_value) * (pos - lo)
+
+
+def itl_p99(result: SimResult) -> float | None:
+    """p99 of every inter-token gap of every stream (None when nothing decoded)."""
+    values = [*result.step_gaps, *result.entry_gaps]
+    weights = [*result.step_weights, *([1] * len(result.entry_gaps))]
+    p = weighted_percentile(values, weights, 99)
+    return None if math.isnan(p) else p
+
+
 def request_rows(result: SimResult) -> list[dict[str, Any]]:
     """The ``requests`` list of the JSON contract, in arrival order."""
     rows = []
     for job in result.jobs:
         ttft = job.first_token_s - job.arrival_s
+        served = not job.rejected  # refused: its prompt cannot fit the KV pool
         rows.append({
             "id": job.rid,
             "tenant": job.req.tenant,
             "arrival_s": round(job.arrival_s, 6),
             "uncached_tokens": job.uncached,
-            "first_token_s": round(job.first_token_s, 6),
-            "ttft_s": round(ttft, 6),
+            "first_token_s": round(job.first_token_s, 6) if served else None,
+            "ttft_s": round(ttft, 6) if served else None,
             "solo_ttft_s": round(job.solo_s, 6),
-            "slowdown": round(ttft / job.solo_s, 6) if job.solo_s > 0 else None,
+            "slowdown": round(ttft / job.solo_s, 6) if served and job.solo_s > 0 else None,
             "max_itl_s": None if job.max_itl_s is None else round(job.max_itl_s, 6),
         })
     return rows
@@ -61,7 +89,7 @@ def _group(jobs: Sequence[Job]) -> dict[str, float]:
 
 def summarize(result: SimResult) -> dict[str, Any]:
     """The ``summary`` object of the JSON contract (plus a few engine totals)."""
-    jobs = result.jobs
+    jobs = [j for j in result.jobs if not j.rejected]
     out: dict[str, Any] = _group(jobs)
     tenants: dict[str, list[Job]] = {}
     for j in jobs:
@@ -71,7 +99,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         (g["slowdown_p99"] for g in out["per_tenant"].values()), default=math.nan
     )
     itl = [j.max_itl_s for j in jobs if j.max_itl_s is not None]
+    # p99 over requests of each request's longest gap (the stall a user feels once)
     out["max_itl_p99_s"] = percentile(itl, 99) if itl else None
+    out["itl_p99_s"] = itl_p99(result)
     out["prefill_tokens_per_s"] = (
         result.prefill_tokens / result.makespan_s if result.makespan_s > 0 else 0.0
     )
@@ -80,6 +110,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
     out["prefill_busy_fraction"] = (
         result.prefill_busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
     )
+    out["busy_fraction"] = result.busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
+    out["kv_pool_tokens"] = result.kv_pool_tokens
+    out["peak_kv_tokens"] = result.peak_kv_tokens
+    out["retractions"] = result.retractions
+    out["rejected"] = result.rejected
     out["passes"] = result.passes
     out["makespan_s"] = result.makespan_s
     return out

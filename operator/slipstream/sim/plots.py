@@ -27,7 +27,7 @@ def ttft_cdfs(results: Mapping[str, SimResult], path: Path, title: str) -> None:
     for ax, panel in zip(axes[0], panels, strict=True):
         for name, result in results.items():
             ttft = sorted(j.first_token_s - j.arrival_s for j in result.jobs
-                          if panel == "(all)" or j.req.tenant == panel)
+                          if not j.rejected and (panel == "(all)" or j.req.tenant == panel))
             if not ttft:
                 continue
             ys = [(k + 1) / len(ttft) for k in range(len(ttft))]

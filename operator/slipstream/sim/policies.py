@@ -6,26 +6,78 @@
 |             | prefill rounds run before decode                                           |
 | ceiling:T   | the seed's patch: no request takes more than T a round (C // T at once)    |
 | floor:T     | T guaranteed per long request, idle budget to partial prefills (work-conserving) |
-| sarathi:B   | stall-free batching: every pass carries all running decodes plus up to B   |
-|             | prefill tokens (partial prefills first, then new requests); B is seed 003's |
-|             | chunk size (Sarathi-Serve's token budget is B + the decodes)               |
+| sarathi:B   | stock's allocation with the decodes riding along: every pass carries all   |
+|             | running decodes plus up to B prefill tokens (partials first, then new       |
+|             | requests, one chunked request at a time). With B = C this is stock plus      |
+|             | piggybacked decodes, NOT Sarathi-Serve's small token budget (B = 512..2048  |
+|             | with the decodes counted in it); to model that, give a small B.            |
 | vllm:T      | vLLM V1: decodes and prefills share the budget C, each request capped at T |
+|             | (``long_prefill_token_threshold``); checked against V1's scheduler, below  |
+| sglang-spf  | SGLang 0.5.23 ``--schedule-policy shortest-prefill-first``: shortest        |
+|             | uncached prefill first, the one chunked request capped so shorter waiting   |
+|             | requests fit beside it (``spf_chunk_limit``)                               |
+| hrrn        | SGLang 0.5.23 ``--schedule-policy hrrn``: highest response ratio next,     |
+|             | waiting measured in prefill tokens processed since arrival                 |
 | auto        | T, mode and order set between rounds by a controller (the tuner)           |
 
-The order (``/fcfs`` default, ``/lpm``, ``/srpt``) is a second dimension of every kind.
-Each kind is a small factory in ``REGISTRY``; a policy is plain settings the engine reads
-every round, so ``auto`` (and the tuner) can change them between rounds.
+The order (``/fcfs`` default, ``/lpm``, ``/srpt``) is a second dimension of every kind
+except ``sglang-spf`` and ``hrrn``, which are orders of their own (stock's allocation
+otherwise). Each kind is a small factory in ``REGISTRY``; a policy is plain settings the
+engine reads every round, so ``auto`` (and the tuner) can change them between rounds.
+
+Sources, read for these models:
+
+- SGLang 0.5.23 (``pip download --no-deps sglang==0.5.23``),
+  ``sglang/srt/managers/schedule_policy.py``: ``SchedulePolicy._sort_by_shortest_prefill``
+  (key: uncached work, then queue entry time), ``SchedulePolicy.shortest_prefill_chunk_limit``
+  (the chunk cap), ``PrefillAdder._select_prefill_admission`` (under shortest-prefill-first a
+  request that would need chunking is refused while a chunked request is in flight: "Only
+  one unfinished chunked request can be tracked"), ``SchedulePolicy._sort_by_hrrn`` (key:
+  ``-(processed_tokens - arrival_processed_tokens) / uncached``), and
+  ``SchedulePolicy._determine_active_policy`` (lpm and hrrn, not shortest-prefill-first,
+  fall back to fcfs past 128 waiting requests); ``sglang/srt/managers/scheduler.py``:
+  ``get_new_batch_prefill`` (``adder.chunked_req_limit = shortest_prefill_chunk_limit(...)``
+  before the chunked request is re-added) and ``run_batch`` (``processed_tokens_counter +=
+  batch.extend_num_tokens``; each request snapshots it in ``_add_request_to_queue``).
+- vLLM V1, ``vllm/v1/core/sched/scheduler.py`` ``Scheduler.schedule`` (vllm-project/vllm at
+  commit 00024d314514900f361ad072af6931e403b7f589): running requests first, in the order
+  they were admitted, each taking ``min(remaining, long_prefill_token_threshold,
+  token_budget)`` (a decode takes 1); then waiting requests in the queue's order (the
+  ``priority`` policy sorts by (priority, arrival), which is fcfs when priorities are
+  equal), each ``min(T-capped remaining, token_budget)``. The twin serves all decodes
+  first and then the partial prefills oldest first; that is the same split, because a
+  decoding request is never refused its one token in V1: it was admitted when the
+  requests ahead of it left budget, and those can only take less later (a partial's take
+  never grows, a prefill that becomes a decode drops to 1). Not modelled: V1's KV
+  preemption, ``max_num_seqs`` and its 16-token KV blocks (the twin's prefix cache
+  follows SGLang's last-token rule).
+
+What the twin does not model of SGLang's two orders: the in-batch prefix de-duplication
+(``temporary_deprioritized``: a waiting request sharing a prefix with another waiting one
+goes last), and re-matching every waiting request every round: the twin matches the head of
+the queue every round and the rest when they arrive. HRRN ties (all requests that arrived
+since the last prefill have ratio 0) fall to SGLang's rid, a random uuid; the twin breaks
+them by arrival.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
-from slipstream.sim.admission import DEFAULT_SRPT_AGING_TOKENS_PER_S, MODES, AdmissionRule
+from slipstream.sim.admission import (
+    DEFAULT_SRPT_AGING_TOKENS_PER_S,
+    MODES,
+    AdmissionRule,
+    HasNeed,
+    allocate,
+)
 
 ORDERS = ("fcfs", "lpm", "srpt")
+"""Orders a user may put after any kind (``/srpt``) and the tuner may set."""
+QUEUE_ORDERS = (*ORDERS, "spf", "hrrn")
+"""Every order the waiting queue knows: SGLang 0.5.23's two belong to their own kinds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +94,38 @@ class EngineConfig:
     """Device prefix-cache capacity in tokens (KV pool left for the radix cache)."""
     host_cache_tokens: int = 0
     """HiCache host-tier capacity in tokens; 0 = no host tier."""
+    kv_pool_tokens: int | None = None
+    """KV pool in tokens; None = the profile's (HBM less weights and activations), 0 = no
+    memory limit (the twin before it modelled memory)."""
+    max_running_requests: int = 2048
+    """SGLang's ``--max-running-requests``: its default is pool / context length x 512
+    clamped to 2048..4096, so 2048 for any pool under four context lengths."""
+    max_partial_prefills: int = 8
+    """``--max-partial-prefills`` of the patched engine: most partial prefills at once."""
     srpt_aging_tokens_per_s: float = DEFAULT_SRPT_AGING_TOKENS_PER_S
     """Aging of the srpt order, uncached tokens per second of waiting (see admission)."""
+
+    def __post_init__(self) -> None:
+        # Messages start with the field's name: spec.py points at that field's line.
+        for name in ("chunked_prefill_size", "page_size", "max_running_requests",
+                     "max_partial_prefills"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be an integer > 0, got {value!r}")
+        for name in ("cache_tokens", "host_cache_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        pool = self.kv_pool_tokens
+        if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 0):
+            raise ValueError(f"kv_pool_tokens must be an integer >= 0 (0 = no memory limit), "
+                             f"got {pool!r}")
+        m = self.max_prefill_tokens
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
+            raise ValueError(f"max_prefill_tokens must be an integer > 0, got {m!r}")
+        aging = self.srpt_aging_tokens_per_s
+        if not aging > 0 or aging == float("inf"):
+            raise ValueError(f"srpt_aging_tokens_per_s must be a finite number > 0, got {aging!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +146,10 @@ class FirstToken:
     first_token_s: float
     prompt_tokens: int
     uncached_tokens: int
+    output_tokens: int = 0
+    """The request's output length. The engine's ``sglang:generation_tokens_histogram``
+    counts it when the request finishes; the controller hook sees first tokens only, so a
+    twin controller counts it here, its decode time earlier (0 = not given)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +173,11 @@ class Controller(Protocol):
     def __call__(self, view: RoundView) -> Setting | None: ...
 
 
+Allocator = Callable[..., dict[str, int]]
+"""``admission.allocate``'s signature (rule, partials, waiting, budget, **limits): a kind
+whose split differs supplies its own."""
+
+
 @dataclass(slots=True)
 class Policy:
     """Mutable scheduler settings the engine reads at the start of every round."""
@@ -99,6 +190,8 @@ class Policy:
     decodes_in_budget: bool = False
     """Mixed passes count each decode token against the budget (vLLM's
     max_num_batched_tokens); sarathi's B is the prefill chunk size, as in seed 003."""
+    allocator: Allocator = allocate
+    """Splits a round's budget (``admission.allocate`` unless the kind differs)."""
     controller: Controller | None = None
     interval_s: float = 0.0
     next_control_s: float = field(default=0.0)
@@ -158,6 +251,73 @@ def _vllm(arg: int | None, cfg: EngineConfig) -> Policy:
                   decodes_in_budget=True)
 
 
+def spf_chunk_limit(remaining: int, waiting_needs: Sequence[int], budget: int, page: int) -> int | None:
+    """Cap on the chunked request's next chunk under SGLang 0.5.23's shortest-prefill-first.
+
+    ``SchedulePolicy.shortest_prefill_chunk_limit`` (schedule_policy.py): walking the waiting
+    queue in its (shortest-first) order, reserve the page-rounded work of every request
+    shorter than what the chunked request has left, while the reservation stays within
+    ``budget - page``; the chunk gets the rest, page-aligned. None (no cap) when nothing is
+    reserved or the budget is under two pages. Without the cap a long prompt in flight would
+    hold the whole budget and the short requests the order put first would still wait.
+    """
+    if budget < 2 * page:
+        return None
+    reserved = 0
+    for need in waiting_needs:
+        work = max(1, need)
+        charge = -(-work // page) * page
+        if work >= remaining or reserved + charge > budget - page:
+            break
+        reserved += charge
+    if not reserved:
+        return None
+    return (budget - reserved) // page * page
+
+
+def spf_allocate(rule: AdmissionRule, partials: Sequence[HasNeed], waiting: Sequence[HasNeed],
+                 budget: int | None = None, *, kv_free: int | None = None,
+                 max_partials: int | None = None, **rest: Any) -> dict[str, int]:
+    """A round under ``sglang-spf``: stock's split (T = 0) with the chunked request (at most
+    one) capped by ``spf_chunk_limit`` (``adder.chunked_req_limit`` in scheduler.py).
+
+    ``waiting`` is already in shortest-prefill order (the queue's ``spf`` order). The
+    capped chunk is served here and the rest of the round is ``admission.allocate``'s, with
+    what the chunk used taken off the budget, the ``max_prefill_tokens`` check, the
+    partials bound and the KV left (its chunk, one page, and the unbuilt remainder it
+    keeps reserved, as allocate would charge a partial). SGLang also refuses to start a
+    second chunked request while one is unfinished (``_select_prefill_admission``); in the
+    twin that never binds: the capped chunk leaves less than a page of budget.
+    """
+    rem = rule.chunked_prefill_size if budget is None else budget
+    page = rule.page_size
+    limit = (spf_chunk_limit(partials[0].need, [w.need for w in waiting], rem, page)
+             if partials else None)
+    if limit is None or limit >= partials[0].need:
+        return allocate(rule, partials, waiting, budget, kv_free=kv_free,
+                        max_partials=max_partials, **rest)
+    head = partials[0]
+    take = limit  # page-aligned, under the budget and under the chunk's need
+    used = -(-take // page) * page
+    m = rule.max_prefill_tokens
+    tail_rule = replace(rule, max_prefill_tokens=None if m is None else m - used)
+    if kv_free is not None:
+        kv_free -= used + page + -(-(head.need - take) // page) * page
+    if max_partials is not None:
+        max_partials -= 1
+    tail = allocate(tail_rule, partials[1:], waiting, rem - used, kv_free=kv_free,
+                    max_partials=max_partials, **rest)
+    return {head.rid: take, **tail}
+
+
+def _sglang_spf(arg: int | None, cfg: EngineConfig) -> Policy:
+    return Policy("sglang-spf", _rule(cfg), order="spf", allocator=spf_allocate)
+
+
+def _hrrn(arg: int | None, cfg: EngineConfig) -> Policy:
+    return Policy("hrrn", _rule(cfg), order="hrrn")
+
+
 def _auto(arg: int | None, cfg: EngineConfig) -> Policy:
     return Policy("auto", _rule(cfg, arg or 0))
 
@@ -174,8 +334,13 @@ REGISTRY: dict[str, Factory] = {
     "floor": _floor,
     "sarathi": _sarathi,
     "vllm": _vllm,
+    "sglang-spf": _sglang_spf,
+    "hrrn": _hrrn,
     "auto": _auto,
 }
+
+OWN_ORDER = ("sglang-spf", "hrrn")
+"""Kinds that are an order themselves: no argument, no ``/ORDER``."""
 
 DEFAULT_BENCH = (
     "stock",
@@ -187,6 +352,8 @@ DEFAULT_BENCH = (
     "floor:4096/srpt",
     "sarathi:8192",
     "vllm:4096",
+    "sglang-spf",
+    "hrrn",
 )
 
 
@@ -205,8 +372,10 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
             "(with ':N' where needed and an optional '/fcfs', '/lpm' or '/srpt')"
         )
     arg: int | None = None
-    if sep and kind == "stock":
-        raise PolicyError(f"policy {name!r}: 'stock' takes no argument")
+    if sep and kind in ("stock", *OWN_ORDER):
+        raise PolicyError(f"policy {name!r}: '{kind}' takes no argument")
+    if kind in OWN_ORDER and text.count("/"):
+        raise PolicyError(f"policy {name!r}: '{kind}' is an order of its own; drop '/{order}'")
     if sep:
         try:
             arg = int(arg_text)
@@ -216,19 +385,21 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
             raise PolicyError(f"policy {name!r}: the token count must be > 0")
     if kind == "auto" and controller is None:
         raise PolicyError(
-            "policy 'auto' needs a controller (the closed-loop tuner) plugged in; "
-            "use a fixed policy such as 'floor:4096/srpt' until the tuner is available"
+            "policy 'auto' needs a controller (the closed-loop tuner) plugged in: the "
+            "slipstream CLI plugs in slipstream.tune's; in Python pass controller="
+            "slipstream.tune.auto.TwinAuto(...)"
         )
     try:
         policy = REGISTRY[kind](arg, cfg)
     except ValueError as exc:
         raise PolicyError(f"policy {name!r}: {exc}") from None
-    policy.order = order
-    policy.name = f"{policy.name}/{order}" if order != "fcfs" else policy.name
+    if kind not in OWN_ORDER:
+        policy.order = order
+        policy.name = f"{policy.name}/{order}" if order != "fcfs" else policy.name
     if controller is not None:
         policy.controller = controller
         policy.interval_s = interval_s
     return policy
 
 
-__all__ = ["MODES", "ORDERS", "EngineConfig", "FirstToken", "Policy", "PolicyError", "RoundView", "Setting", "parse"]
+__all__ = ["MODES", "ORDERS", "QUEUE_ORDERS", "EngineConfig", "FirstToken", "Policy", "PolicyError", "RoundView", "Setting", "parse"]

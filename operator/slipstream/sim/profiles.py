@@ -9,6 +9,8 @@ with a ``source`` field saying where every number comes from.
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from pathlib import Path
@@ -36,11 +38,34 @@ class Profile:
     mem_bandwidth: float
     """Device memory bandwidth, bytes/s, summed over the tensor-parallel group."""
     overhead_s: float
-    """Fixed cost of one forward pass (launches, scheduling, collectives), seconds."""
+    """Fixed cost of one prefill (extend) pass: launches, scheduling, collectives, seconds."""
     host_bandwidth: float = 0.0
     """Host-to-device bytes/s for HiCache load-back; 0 = no host tier."""
+    overhead_source: str = ""
+    """Where ``overhead_s`` comes from."""
+    decode_overhead_s: float = -1.0
+    """Fixed cost of one decode-only pass (CUDA graphs in SGLang); absent = ``overhead_s``."""
+    decode_overhead_source: str = ""
+    mixed_overhead_s: float = -1.0
+    """Fixed cost of a pass carrying prefill chunks and decodes together (an extend batch,
+    no CUDA graph); absent = ``overhead_s``."""
+    mixed_overhead_source: str = ""
+    hbm_bytes: float = 0.0
+    """Device memory of the tensor-parallel group, bytes; 0 = no KV pool limit."""
+    activation_bytes: float = 0.0
+    """Memory SGLang keeps out of the KV pool for activations and CUDA graphs, bytes."""
+    kv_pool_bytes_per_token: float = 0.0
+    """Pool bytes one token of context takes over the whole group (MLA under tensor
+    parallelism keeps a full copy on every device); absent = ``kv_bytes_per_token``."""
+    memory_source: str = ""
+    """Where the KV pool's numbers come from."""
 
     def __post_init__(self) -> None:
+        for name in ("decode_overhead_s", "mixed_overhead_s"):
+            if getattr(self, name) == -1.0:  # absent: the prefill pass's overhead
+                object.__setattr__(self, name, self.overhead_s)
+        if not self.kv_pool_bytes_per_token:
+            object.__setattr__(self, "kv_pool_bytes_per_token", self.kv_bytes_per_token)
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float | int) and value < 0:
@@ -52,36 +77,71 @@ class Profile:
             raise ValueError(
                 f"profile {self.name!r}: attn_flops_per_s must be > 0 when attn_flops_per_pair is set"
             )
+        _ = self.kv_pool_tokens  # refuses a pool that HBM cannot hold
+
+    @property
+    def kv_pool_tokens(self) -> int | None:
+        """Tokens of KV the pool holds: HBM less weights and activations; None = unlimited."""
+        if not self.hbm_bytes:
+            return None
+        free = self.hbm_bytes - self.weight_bytes - self.activation_bytes
+        if free < self.kv_pool_bytes_per_token:
+            raise ValueError(
+                f"profile {self.name!r}: hbm_bytes {self.hbm_bytes:.4g} leaves no KV pool after "
+                f"weight_bytes {self.weight_bytes:.4g} and activation_bytes "
+                f"{self.activation_bytes:.4g}"
+            )
+        return int(free // self.kv_pool_bytes_per_token)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
 
 
-def from_dict(data: dict[str, object], origin: str = "<dict>") -> Profile:
-    """Build a profile from parsed JSON, naming the missing or unknown field on error."""
+OPTIONAL_FIELDS = frozenset(f.name for f in fields(Profile)) - {
+    "name", "description", "source", "flops_per_token", "peak_flops", "attn_flops_per_pair",
+    "attn_flops_per_s", "weight_bytes", "kv_bytes_per_token", "mem_bandwidth", "overhead_s",
+}
+"""Fields a profile file may leave out (older files and the calibration probe's output)."""
+
+
+def _key_line(text: str | None, key: str) -> str:
+    """``:N`` with the line of ``"key":`` in the JSON text, or "" when unknown."""
+    if text is None:
+        return ""
+    match = re.search(r'"' + re.escape(key) + r'"\s*:', text)
+    return f":{text.count(chr(10), 0, match.start()) + 1}" if match else ""
+
+
+def from_dict(data: dict[str, object], origin: str = "<dict>", text: str | None = None) -> Profile:
+    """Build a profile from parsed JSON, naming the missing or unknown field on error
+    (with its line when the JSON ``text`` is given). Numbers must be finite: Python's json
+    reads NaN and Infinity, and a NaN cost would make every comparison false."""
     known = {f.name for f in fields(Profile)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"{origin}: unknown profile field(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"{origin}{_key_line(text, unknown[0])}: unknown profile field(s) "
+                         f"{unknown}; known: {sorted(known)}")
     kwargs: dict[str, object] = {}
     for f in fields(Profile):
         if f.name not in data:
-            if f.name == "host_bandwidth":
+            if f.name in OPTIONAL_FIELDS:
                 continue
             raise ValueError(f"{origin}: profile field {f.name!r} is missing")
         value = data[f.name]
         if f.type == "str":
             if not isinstance(value, str):
                 raise ValueError(f"{origin}: profile field {f.name!r} must be a string")
-        elif not isinstance(value, int | float) or isinstance(value, bool):
-            raise ValueError(f"{origin}: profile field {f.name!r} must be a number, got {value!r}")
+        elif not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{origin}{_key_line(text, f.name)}: profile field {f.name!r} must be a "
+                             f"finite number, got {value!r}")
         else:
             value = float(value)
         kwargs[f.name] = value
     try:
         return Profile(**kwargs)  # type: ignore[arg-type]
     except ValueError as exc:
-        raise ValueError(f"{origin}: {exc}") from None
+        field = next((f.name for f in fields(Profile) if f"{f.name} must" in str(exc)), "")
+        raise ValueError(f"{origin}{_key_line(text, field) if field else ''}: {exc}") from None
 
 
 def builtin_names() -> list[str]:
@@ -96,13 +156,16 @@ def load(name_or_path: str) -> Profile:
         if not path.is_file():
             raise ValueError(f"profile file {name_or_path} does not exist")
         try:
-            data = json.loads(path.read_text())
+            text = path.read_text()
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{name_or_path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        return from_dict(data, origin=name_or_path)
+        if not isinstance(data, dict):
+            raise ValueError(f"{name_or_path}: a profile is a JSON object")
+        return from_dict(data, origin=name_or_path, text=text)
     if name_or_path not in builtin_names():
         raise ValueError(
             f"unknown profile {name_or_path!r}: use one of {builtin_names()} or a JSON file path"
         )
     text = (resources.files("slipstream.sim") / "profiles" / f"{name_or_path}.json").read_text()
-    return from_dict(json.loads(text), origin=f"builtin:{name_or_path}")
+    return from_dict(json.loads(text), origin=f"builtin:{name_or_path}", text=text)

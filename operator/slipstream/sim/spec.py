@@ -22,7 +22,9 @@ or both::
 
 ``cached_tokens``/``cache_hit`` become a block placed in the prefix cache when the
 request arrives (``Request.warm_blocks``), so the hit survives only if the cache
-keeps it. Errors name the file and the field.
+keeps it. Errors name the file, the line and the field (``spec.yaml:12: requests[3]
+(cold): field 'arrival_s' must be a finite number``); numbers must be finite (``.nan`` and
+``.inf`` are refused) and request ids unique.
 """
 
 from __future__ import annotations
@@ -41,7 +43,41 @@ from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
 
 
 class SpecError(ValueError):
-    """A workload spec that cannot be used; the message names file and field."""
+    """A workload spec that cannot be used; the message names file, line and field."""
+
+
+class _Map(dict):  # type: ignore[type-arg]
+    """A YAML mapping that remembers its line and each key's line (1-based)."""
+
+    line: int = 0
+    lines: dict[Any, int]
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load`` whose mappings keep line numbers for error messages."""
+
+
+def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
+    loader.flatten_mapping(node)
+    out = _Map(loader.construct_pairs(node, deep=True))
+    out.line = node.start_mark.line + 1
+    out.lines = {loader.construct_object(k, deep=True): k.start_mark.line + 1
+                 for k, _ in node.value}
+    return out
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+
+
+def _fail(where: str, obj: Any, key: str | None, message: str) -> SpecError:
+    """An error whose prefix ``origin: path`` gains the line of ``key`` in ``obj``."""
+    line = None
+    if isinstance(obj, _Map):
+        line = obj.lines.get(key, obj.line) if key is not None else obj.line
+    if line is not None:
+        origin, sep, rest = where.partition(": ")
+        where = f"{origin}:{line}: {rest}" if sep else f"{where}:{line}"
+    return SpecError(f"{where}: {message}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +94,9 @@ _ENGINE_FIELDS = {
     "cache_tokens": int,
     "host_cache_tokens": int,
     "srpt_aging_tokens_per_s": float,
+    "kv_pool_tokens": int,
+    "max_running_requests": int,
+    "max_partial_prefills": int,
 }
 
 
@@ -91,7 +130,7 @@ def load(ref: str, tenant_base: int = 0) -> Spec:
 
 def parse(text: str, origin: str, tenant_base: int = 0) -> Spec:
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -99,31 +138,53 @@ def parse(text: str, origin: str, tenant_base: int = 0) -> Spec:
     if not isinstance(doc, dict):
         raise SpecError(f"{origin}: a workload spec is a YAML mapping")
     known = {"name", "description", "profile", "engine", "seed", "duration_s", "requests", "tenants"}
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise SpecError(f"{origin}: unknown field(s) {unknown}; known: {sorted(known)}")
+    _no_unknown(doc, known, origin)
     name = str(doc.get("name") or Path(origin).stem)
-    engine = _engine(doc.get("engine") or {}, origin)
+    engine = _engine(doc.get("engine") or {}, f"{origin}: engine")
     rng = random.Random(_num(doc, "seed", origin, int, 0))
     requests: list[Request] = []
     next_block = tenant_base * BLOCK_SPACE
-    for idx, item in enumerate(doc.get("requests") or []):
-        req, next_block = _explicit(item, f"{origin}: requests[{idx}]", next_block)
+    seen: dict[str, str] = {}
+    items = doc.get("requests") or []
+    if not isinstance(items, list):
+        raise _fail(origin, doc, "requests", "field 'requests' must be a list of mappings")
+    for idx, item in enumerate(items):
+        where = f"{origin}: requests[{idx}]"
+        req, next_block = _explicit(item, where, next_block)
+        _unique(req.rid, f"{where} ({req.rid})", item, "id", seen)
         requests.append(req)
     tenants = doc.get("tenants") or []
     if tenants:
         duration = _num(doc, "duration_s", origin, float, None)
         if duration is None or duration <= 0:
-            raise SpecError(f"{origin}: field 'duration_s' (> 0) is required with 'tenants'")
+            raise _fail(origin, doc, "duration_s", "field 'duration_s' (> 0) is required with 'tenants'")
         for idx, tenant in enumerate(tenants):
             base = (tenant_base + idx + 1) * BLOCK_SPACE
-            requests += _generate(tenant, f"{origin}: tenants[{idx}]", rng, duration, base)
+            where = f"{origin}: tenants[{idx}]"
+            generated = _generate(tenant, where, rng, duration, base)
+            for req in generated:
+                _unique(req.rid, f"{where} ({tenant['name']})", tenant, "name", seen)
+            requests += generated
     if not requests:
         raise SpecError(f"{origin}: the spec has neither 'requests' nor 'tenants'")
     profile = doc.get("profile")
     if profile is not None and not isinstance(profile, str):
-        raise SpecError(f"{origin}: field 'profile' must be a profile name")
+        raise _fail(origin, doc, "profile", "field 'profile' must be a profile name")
     return Spec(build(name, requests, str(doc.get("description") or "")), engine, profile)
+
+
+def _no_unknown(obj: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(obj) - known, key=str)
+    if unknown:
+        raise _fail(where, obj, unknown[0],
+                    f"unknown field(s) {unknown}; known: {sorted(known)} (remove or rename it)")
+
+
+def _unique(rid: str, where: str, obj: Any, key: str, seen: dict[str, str]) -> None:
+    if rid in seen:
+        raise _fail(where, obj, key, f"request id {rid!r} is used twice (first by {seen[rid]}); "
+                    "ids must be unique")
+    seen[rid] = where
 
 
 def _num(obj: dict[str, Any], key: str, where: str, kind: type, default: Any) -> Any:
@@ -131,44 +192,51 @@ def _num(obj: dict[str, Any], key: str, where: str, kind: type, default: Any) ->
         return default
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"{where}: field '{key}' must be a number, got {value!r}")
+        raise _fail(where, obj, key, f"field '{key}' must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise _fail(where, obj, key, f"field '{key}' must be a finite number, got {value!r}")
     if kind is int and value != int(value):
-        raise SpecError(f"{where}: field '{key}' must be an integer, got {value!r}")
+        raise _fail(where, obj, key, f"field '{key}' must be an integer, got {value!r}")
     return kind(value)
 
 
-def _engine(obj: Any, origin: str) -> EngineConfig:
+def _engine(obj: Any, where: str) -> EngineConfig:
     if not isinstance(obj, dict):
-        raise SpecError(f"{origin}: field 'engine' must be a mapping")
-    unknown = sorted(set(obj) - set(_ENGINE_FIELDS))
-    if unknown:
-        raise SpecError(f"{origin}: engine: unknown field(s) {unknown}; known: {sorted(_ENGINE_FIELDS)}")
-    kwargs = {k: _num(obj, k, f"{origin}: engine", t, None) for k, t in _ENGINE_FIELDS.items()}
+        raise _fail(where, obj, None, "field 'engine' must be a mapping")
+    _no_unknown(obj, set(_ENGINE_FIELDS), where)
+    kwargs = {k: _num(obj, k, where, t, None) for k, t in _ENGINE_FIELDS.items()}
     try:
         return EngineConfig(**{k: v for k, v in kwargs.items() if v is not None})
     except (TypeError, ValueError) as exc:
-        raise SpecError(f"{origin}: engine: {exc}") from None
+        # EngineConfig's messages start with the field's name
+        key = str(exc).split(" ", 1)[0]
+        raise _fail(where, obj, key, f"field '{key}': {exc}") from None
+
+
+_REQUEST_FIELDS = {"id", "tenant", "arrival_s", "prompt_tokens", "cached_tokens", "output_tokens"}
 
 
 def _explicit(item: Any, where: str, next_block: int) -> tuple[Request, int]:
     if not isinstance(item, dict):
-        raise SpecError(f"{where}: each request is a mapping")
+        raise _fail(where, item, None, "each request is a mapping")
     rid = item.get("id")
     if not isinstance(rid, str) or not rid:
-        raise SpecError(f"{where}: field 'id' (a string) is required")
+        raise _fail(where, item, "id", "field 'id' (a string) is required")
     where = f"{where} ({rid})"
+    _no_unknown(item, _REQUEST_FIELDS, where)
     arrival = _num(item, "arrival_s", where, float, None)
     prompt = _num(item, "prompt_tokens", where, int, None)
     if arrival is None:
-        raise SpecError(f"{where}: field 'arrival_s' is required")
+        raise _fail(where, item, "arrival_s", "field 'arrival_s' is required")
     if prompt is None or prompt <= 0:
-        raise SpecError(f"{where}: field 'prompt_tokens' must be > 0")
+        raise _fail(where, item, "prompt_tokens", "field 'prompt_tokens' must be > 0")
     cached = _num(item, "cached_tokens", where, int, 0)
     if not 0 <= cached < prompt:
-        raise SpecError(f"{where}: field 'cached_tokens' must be >= 0 and < prompt_tokens ({prompt})")
+        raise _fail(where, item, "cached_tokens",
+                    f"field 'cached_tokens' must be >= 0 and < prompt_tokens ({prompt})")
     output = _num(item, "output_tokens", where, int, 1)
     if output < 1:
-        raise SpecError(f"{where}: field 'output_tokens' must be >= 1")
+        raise _fail(where, item, "output_tokens", "field 'output_tokens' must be >= 1")
     tenant = str(item.get("tenant") or rid)
     req, next_block = _request(rid, tenant, arrival, prompt, cached, output, next_block)
     return req, next_block
@@ -196,10 +264,8 @@ def _request(rid: str, tenant: str, arrival: float, prompt: int, cached: int, ou
 
 def _dist(obj: Any, where: str) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("dist") not in ("lognormal", "uniform", "constant"):
-        raise SpecError(
-            f"{where}: must be a mapping with dist: lognormal (median, sigma), "
-            "uniform (min, max) or constant (value)"
-        )
+        raise _fail(where, obj, "dist", "must be a mapping with dist: lognormal (median, sigma), "
+                    "uniform (min, max) or constant (value)")
     return obj
 
 
@@ -208,17 +274,17 @@ def _draw(d: dict[str, Any], where: str, rng: random.Random) -> int:
     if kind == "constant":
         value = _num(d, "value", where, float, None)
         if value is None:
-            raise SpecError(f"{where}: field 'value' is required for dist: constant")
+            raise _fail(where, d, None, "field 'value' is required for dist: constant")
     elif kind == "uniform":
         lo, hi = _num(d, "min", where, float, None), _num(d, "max", where, float, None)
         if lo is None or hi is None or lo > hi:
-            raise SpecError(f"{where}: fields 'min' <= 'max' are required for dist: uniform")
+            raise _fail(where, d, "min", "fields 'min' <= 'max' are required for dist: uniform")
         value = rng.uniform(lo, hi)
     else:
         median = _num(d, "median", where, float, None)
         sigma = _num(d, "sigma", where, float, None)
         if median is None or median <= 0 or sigma is None or sigma < 0:
-            raise SpecError(f"{where}: fields 'median' > 0 and 'sigma' >= 0 are required for lognormal")
+            raise _fail(where, d, "median", "fields 'median' > 0 and 'sigma' >= 0 are required for lognormal")
         value = rng.lognormvariate(math.log(median), sigma)
     lo = _num(d, "min", where, float, 1)
     hi = _num(d, "max", where, float, math.inf)
@@ -228,20 +294,18 @@ def _draw(d: dict[str, Any], where: str, rng: random.Random) -> int:
 def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
               base: int) -> list[Request]:
     if not isinstance(tenant, dict) or not isinstance(tenant.get("name"), str):
-        raise SpecError(f"{where}: each tenant is a mapping with a 'name'")
+        raise _fail(where, tenant, None, "each tenant is a mapping with a 'name'")
     name = tenant["name"]
     where = f"{where} ({name})"
     known = {"name", "rate_per_s", "prompt_tokens", "output_tokens", "cache_hit",
              "shared_prefix_tokens", "giant"}
-    unknown = sorted(set(tenant) - known)
-    if unknown:
-        raise SpecError(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+    _no_unknown(tenant, known, where)
     rate = _num(tenant, "rate_per_s", where, float, 0.0)
     if rate < 0:
-        raise SpecError(f"{where}: field 'rate_per_s' must be >= 0")
+        raise _fail(where, tenant, "rate_per_s", "field 'rate_per_s' must be >= 0")
     hit = _num(tenant, "cache_hit", where, float, 0.0)
     if not 0.0 <= hit < 1.0:
-        raise SpecError(f"{where}: field 'cache_hit' must be in [0, 1)")
+        raise _fail(where, tenant, "cache_hit", "field 'cache_hit' must be in [0, 1)")
     shared_tokens = _num(tenant, "shared_prefix_tokens", where, int, 0)
     shared = (base, shared_tokens) if shared_tokens > 0 else None
     next_block = base + 1
@@ -252,7 +316,7 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
     giant = tenant.get("giant")
     if giant is not None:
         if not isinstance(giant, dict):
-            raise SpecError(f"{where}: field 'giant' must be a mapping")
+            raise _fail(where, tenant, "giant", "field 'giant' must be a mapping")
         per_hour = _num(giant, "rate_per_hour", f"{where}: giant", float, 0.0)
         if per_hour > 0:
             streams.append((per_hour / 3600.0,

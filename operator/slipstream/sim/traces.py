@@ -19,7 +19,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, block_sizes_for, build
+from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, block_sizes_for, build, merge
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -60,8 +60,12 @@ def load_mooncake(
             if not isinstance(obj, dict):
                 raise TraceError(f"{where}: expected a JSON object per line")
             ts = obj.get("timestamp")
-            if isinstance(ts, bool) or not isinstance(ts, int | float) or ts < 0:
-                raise TraceError(f"{where}: field 'timestamp' must be a number >= 0 (ms)")
+            if (isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts)
+                    or ts < 0):
+                # json reads NaN, Infinity and 1e400 (= inf) as floats: refuse them here, or
+                # the twin's clock would never reach the request
+                raise TraceError(f"{where}: field 'timestamp' must be a finite number >= 0 (ms), "
+                                 f"got {ts!r}")
             n_in = _int_field(obj, "input_length", where)
             n_out = _int_field(obj, "output_length", where)
             if n_in == 0:
@@ -184,3 +188,17 @@ def load(path: str | Path, tenant: str | None = None, tenant_index: int = 0) -> 
     if p.suffix == ".csv":
         return load_azure(p, name, tenant_index)
     raise TraceError(f"{p}: unknown trace format '{p.suffix}': use .jsonl (Mooncake) or .csv (Azure)")
+
+
+def load_many(paths: list[str], tenants: list[str] | None = None) -> Workload:
+    """Several traces as one workload, one tenant each (``tenants`` match ``paths``; default:
+    the file stems), each in its own hash-id space."""
+    names_given = tenants or []
+    if names_given and len(names_given) != len(paths):
+        raise TraceError(f"--tenant given {len(names_given)} times for {len(paths)} --trace")
+    parts = [load(path, names_given[k] if names_given else None, tenant_index=k + 1)
+             for k, path in enumerate(paths)]
+    names = [w.name for w in parts]
+    if len(set(names)) != len(names):
+        raise TraceError(f"two traces share the tenant name {names}: name them with --tenant")
+    return merge("+".join(names), parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,250 @@
+"""The tuning loop of one ServingDeployment: observe -> tune -> rollout, one step per interval.
+
+Each ServingDeployment has its own loop (a kopf daemon) with its own timer, and every
+network call in a step has a timeout: one deployment's slow Prometheus or dead engines
+never delay another's loop, and there is no lock shared between loops. A step:
+
+1. observe: a `WorkloadSnapshot` of the last interval (Auto and Recommend only);
+2. tune: the recommendation, when the snapshot is valid (fail-static otherwise);
+3. read: what every ready engine pod runs (`/get_server_info`, all pods at once);
+4. analyse: the canary figures, when an analysis window has ended;
+5. decide: `rollout.machine.decide` (pure);
+6. act: the ConfigMap first (a pod starting now gets the new value), then each pod's
+   `/set_internal_state`, then read back and decide once more to acknowledge what took;
+7. record: status (what the engines run, read back), conditions and Events.
+
+While a rollout is in flight the loop steps every `rollout_poll_seconds`; otherwise every
+`spec.tuning.intervalSeconds` (times `tuning_time_scale`), or at once when the spec changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from slipstream.api import models, snapshot
+from slipstream.controller import adminkeys, objects, tuning
+from slipstream.controller import kube as kube_
+from slipstream.controller import settings as settings_
+from slipstream.engine import admin
+from slipstream.rollout import analysis, engines, machine
+
+log = logging.getLogger(__name__)
+
+
+class Observer(Protocol):
+    """`slipstream.observe` as the loop uses it: never raises, says why a snapshot is invalid."""
+
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot: ...
+
+
+class Recommender(Protocol):
+    """`slipstream.tune` (recommender + guardrails) as the loop uses it: pure."""
+
+    def recommend(
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation: ...
+
+
+@dataclass(frozen=True)
+class NotBuilt:
+    """Stands in for a stage that is not wired yet: metrics unavailable, so nothing moves."""
+
+    what: str = "the observe stage is not built into this operator yet"
+
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        return snapshot.invalid(name, now, window_s, snapshot.UNREACHABLE, self.what)
+
+    def recommend(
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation:
+        return tuning.Recommendation(fleet, False, "the tuner is not built into this operator yet")
+
+
+LatencyFor = Callable[[models.ServingDeployment], analysis.PodLatency]
+"""A deployment -> where its canary figures are read."""
+
+
+@dataclass
+class Deps:
+    """Everything a step talks to; tests swap any of them."""
+
+    kube: kube_.Kube
+    config: settings_.ControllerSettings
+    keys: adminkeys.AdminKeys
+    observer: Observer = field(default_factory=NotBuilt)
+    recommender: Recommender = field(default_factory=NotBuilt)
+    latency: LatencyFor | None = None
+    clock: Callable[[], float] = time.time
+
+
+@dataclass
+class Memory:
+    """What the loop wrote last (the watch may not have delivered it back yet)."""
+
+    rollout: models.RolloutStatus | None = None
+    fleet: models.EngineSetting | None = None
+    conditions: list[models.Condition] | None = None
+    refusals: dict[str, str] = field(default_factory=dict)
+    """Pod -> why its last change failed (a later read shows only the setting it kept)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one step did: the status patch, the Events to record, when to step again."""
+
+    patch: dict[str, Any]
+    events: list[machine.Event]
+    delay_s: float
+    decision: machine.Decision
+
+
+def ready_pods(items: list[dict[str, Any]]) -> dict[str, str]:
+    """{pod name: pod IP} of the engine pods that are Ready, have an IP and are not going."""
+    out = {}
+    for pod in items:
+        meta, st = pod["metadata"], pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        if ready and st.get("podIP") and not meta.get("deletionTimestamp"):
+            out[meta["name"]] = st["podIP"]
+    return out
+
+
+def address(sd: models.ServingDeployment, ip: str) -> str:
+    """An engine pod's admin API: its pod IP and the engine port."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{sd.spec.engine.port}"
+
+
+def allowed(url: str, networks: str) -> bool:
+    """Whether the operator may contact this engine address (settings.engine_networks)."""
+    if not networks.strip():
+        return True
+    try:
+        ip = ipaddress.ip_address((urllib.parse.urlsplit(url).hostname or "").strip("[]"))
+    except ValueError:
+        return False
+    return any(ip in ipaddress.ip_network(n.strip(), strict=False) for n in networks.split(",") if n.strip())
+
+
+async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float
+                  ) -> tuple[snapshot.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+    if not tuning.observes(sd):
+        return None, None
+    window = tuning.interval(sd, deps.config)
+    name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+    try:
+        snap = await asyncio.wait_for(
+            deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
+        )
+    except Exception as error:  # a failed read is a reason, never zero traffic
+        snap = snapshot.invalid(name, now, window, snapshot.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
+    if not snap.valid:
+        return snap, None
+    # The twin runs on a worker thread: this deployment's recommendation must not stall
+    # the event loop that every other deployment's loop shares.
+    return snap, await asyncio.to_thread(deps.recommender.recommend, sd, snap, fleet, now)
+
+
+async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,
+                  pods: dict[str, str], now: float) -> analysis.Verdict:  # fmt: skip
+    """Canary vs baseline per-tenant p99 over the analysis window; without a baseline pod,
+    the canaries over the window before the canary started."""
+    window = tuning.policy(sd, deps.config).analysis_window_s
+    if deps.latency is None:
+        return analysis.failed_read("no source of canary figures is configured")
+    source = deps.latency(sd)
+    ns, name = sd.metadata.namespace, sd.metadata.name
+    canaries = sorted(state.canary_pods)
+    others = sorted(set(pods) - set(canaries))
+    try:
+        canary = await source.tenant_p99(ns, name, canaries, now - window, now)
+        if others:
+            baseline = await source.tenant_p99(ns, name, others, now - window, now)
+        else:
+            started = machine.seconds(state.started_at) or now - window
+            baseline = await source.tenant_p99(ns, name, canaries, started - window, started)
+    except Exception as error:
+        return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent)
+
+
+async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:
+    desired = objects.configmap(sd, setting)
+    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, desired["metadata"]["name"])
+    if current is not None and current.get("data") == desired["data"]:
+        return None
+    await asyncio.to_thread(deps.kube.apply, desired)
+    return machine.Event("Normal", "Updated", f"Updated ConfigMap {desired['metadata']['name']}: new pods start with "
+                         f"{machine.show(setting)}")  # fmt: skip
+
+
+async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outcome:
+    """One observe -> tune -> rollout step of one ServingDeployment."""
+    config, now = deps.config, deps.clock()
+    fleet = memory.fleet or tuning.fleet_setting(sd)
+    state = memory.rollout or sd.status.rollout
+    snap, recommendation = await observe(deps, sd, fleet, now)
+    target = tuning.target(sd, recommendation)
+    pol = tuning.policy(sd, config)
+
+    items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
+    pods = ready_pods(items)
+    try:
+        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
+    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
+        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
+        key = None
+    urls = {pod: address(sd, ip) for pod, ip in pods.items()}
+    blocked = {pod for pod, url in urls.items() if not allowed(url, config.engine_networks)}
+
+    def client(pod: str) -> admin.AdminClient:
+        return admin.AdminClient(urls[pod], key, config.admin_timeout_seconds)
+
+    views = await engines.read(sorted(set(pods) - blocked), client)
+    views += [machine.Pod(p, None, f"pod IP {pods[p]} is outside SLIPSTREAM_ENGINE_NETWORKS") for p in sorted(blocked)]
+    views = sorted(
+        (dataclasses.replace(p, error=memory.refusals[p.name]) if p.setting is not None and p.name in memory.refusals
+         else p for p in views),
+        key=lambda p: p.name,
+    )  # fmt: skip
+    verdict = None
+    if state is not None and machine.analysis_due(state, pol, now):
+        verdict = await analyse(deps, sd, state, pods, now)
+    decision = machine.decide(state, fleet, target, views, pol, now, verdict)
+    started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
+    events = list(decision.events)
+    if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
+        events.append(event)
+    if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
+        results = await engines.apply(reachable, client)
+        memory.refusals = {p.name: p.error for p in results.values() if p.error}
+        views = [results.get(p.name, p) for p in views]
+        # Acknowledge what took (canaries verified, promotion complete) in this same step;
+        # a step that would call the engines again waits for the next one (spaced retries).
+        again = machine.decide(decision.state, decision.fleet, target, views, pol, now, verdict)
+        if not again.apply:
+            decision = again
+            events += again.events
+            if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
+                events.append(event)
+    stamp = machine.stamp(now)
+    before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)
+    remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
+    current = [remembered.pop(c.type, c) for c in sd.status.conditions] + list(remembered.values())
+    conds = tuning.conditions(sd, current, decision, views, snap, stamp)
+    events += tuning.new_warnings(before, conds)
+    if (event := tuning.recommended_event(sd, decision.fleet, recommendation)) is not None:
+        events.append(event)
+    patch = tuning.status_patch(sd, decision, conds, snap, recommendation, started, stamp)
+    memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
+    delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
+    return Outcome(patch, events, delay, decision)

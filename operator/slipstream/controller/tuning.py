@@ -1,0 +1,218 @@
+"""One step of a ServingDeployment's tuning loop, as pure functions of plain data.
+
+What the fleet should run (`target`: the spec in Fixed, Off and Recommend, the tuner's
+choice in Auto), the rollout policy from the spec, the conditions the step leaves
+(MetricsAvailable, RolloutProgressing, EnginesInSync), the Warnings that are new (one per
+new problem, not one per interval) and the status patch. `loop.py` does the I/O around it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from slipstream.api import models, snapshot
+from slipstream.controller import objects, status
+from slipstream.controller import settings as settings_
+from slipstream.engine import args as engine_args
+from slipstream.rollout import machine
+
+METRICS_AVAILABLE = "MetricsAvailable"
+ROLLOUT_PROGRESSING = "RolloutProgressing"
+ENGINES_IN_SYNC = "EnginesInSync"
+CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC)
+
+PODS_UNREACHABLE = "PodsUnreachable"
+PODS_OFF_SETTING = "PodsOnOtherSetting"
+
+WARN_ON_FALSE = {METRICS_AVAILABLE: None, ENGINES_IN_SYNC: {PODS_UNREACHABLE}}
+"""Condition -> the False reasons that are a Warning (None: all). A pod on another setting
+is corrected at once (a Normal StalePodCorrected Event), not a problem to warn about."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What the tuner returned for one snapshot (the controller's view of `slipstream.tune`)."""
+
+    setting: models.EngineSetting
+    """What it would run."""
+    move: bool
+    """Whether its guardrails let the fleet move there now (hysteresis, cooldown, ...)."""
+    reason: str
+    """One line with the numbers, e.g. `heterogeneity 0.81, predicted worst-tenant p99 TTFT
+    38.2 s -> 1.9 s`."""
+    heterogeneity: float | None = None
+
+
+spec_setting = objects.spec_setting
+fleet_setting = objects.current_setting
+
+
+def target(sd: models.ServingDeployment, recommendation: Recommendation | None) -> machine.Target | None:
+    """The setting the fleet should run; None: hold what it runs (Auto without a move)."""
+    tuning = sd.spec.tuning
+    if tuning.mode == "Auto":
+        if recommendation is None or not recommendation.move:
+            return None
+        return machine.Target(recommendation.setting, recommendation.reason, canary=True)
+    reasons = {
+        "Off": "tuning is Off: the stock engine (threshold 0)",
+        "Fixed": f"spec.tuning.threshold is {tuning.threshold} (mode Fixed)",
+        "Recommend": f"mode Recommend runs spec.tuning.threshold ({tuning.threshold or 0}) and only reports",
+    }
+    return machine.Target(spec_setting(sd), reasons[tuning.mode], canary=False)
+
+
+def scale(seconds: float, config: settings_.ControllerSettings) -> float:
+    return seconds * config.tuning_time_scale
+
+
+def policy(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> machine.Policy:
+    tuning = sd.spec.tuning
+    window = scale(tuning.rollout.analysis_window_seconds, config)
+    return machine.Policy(
+        canary_replicas=tuning.rollout.canary_replicas,
+        analysis_window_s=window,
+        max_regression_percent=tuning.rollout.max_regression_percent,
+        max_attempts=config.admin_attempts,
+        retry_after_s=max(scale(tuning.cooldown_seconds, config), window),
+        chunked_prefill_size=sd.spec.engine.chunked_prefill_size,
+    )
+
+
+def interval(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> float:
+    return scale(sd.spec.tuning.interval_seconds, config)
+
+
+def observes(sd: models.ServingDeployment) -> bool:
+    """Whether this deployment's mode reads metrics at all."""
+    return sd.spec.tuning.mode in ("Auto", "Recommend") and sd.spec.prometheus.url is not None
+
+
+# -- conditions and warnings -------------------------------------------------------------
+
+
+def conditions(
+    sd: models.ServingDeployment,
+    current: Sequence[models.Condition],
+    decision: machine.Decision,
+    pods: Sequence[machine.Pod],
+    snap: snapshot.WorkloadSnapshot | None,
+    now: str,
+) -> list[models.Condition]:
+    """`current` with the three tuning conditions set from this step."""
+    gen = sd.metadata.generation
+    out = list(current)
+    if snap is not None:
+        if snap.valid:
+            detail = snap.detail or f"{snap.requests:.0f} first tokens over {snap.window_s:.0f} s"
+            out = status.set_condition(out, METRICS_AVAILABLE, True, "Fresh", detail, gen, now)
+        else:
+            out = status.set_condition(out, METRICS_AVAILABLE, False, snap.invalid or "Invalid", snap.detail, gen, now)
+    elif not observes(sd):
+        out = [c for c in out if c.type != METRICS_AVAILABLE]
+    state = decision.state
+    if decision.in_flight:
+        out = status.set_condition(out, ROLLOUT_PROGRESSING, True, state.phase, decision.message or state.message or "", gen, now)
+    else:
+        reason = state.result or "Idle"
+        out = status.set_condition(out, ROLLOUT_PROGRESSING, False, reason, state.message or "no rollout in flight", gen, now)
+    unreadable = [p for p in pods if p.setting is None]
+    off = [p for p in pods if p.setting is not None and p.setting != decision.fleet]
+    if decision.in_flight:
+        out = status.set_condition(out, ENGINES_IN_SYNC, False, "RollingOut", "a rollout is in flight", gen, now)
+    elif unreadable:
+        listed = ", ".join(f"{p.name} ({machine.explain(p)})" for p in unreadable)
+        out = status.set_condition(out, ENGINES_IN_SYNC, False, PODS_UNREACHABLE,
+                                   f"the setting of {len(unreadable)} of {len(pods)} engine pod(s) cannot be read or set: {listed}",
+                                   gen, now)  # fmt: skip
+    elif off:
+        listed = ", ".join(f"{p.name} ({machine.explain(p)})" for p in off)
+        out = status.set_condition(out, ENGINES_IN_SYNC, False, PODS_OFF_SETTING, f"being set back: {listed}", gen, now)
+    else:
+        out = status.set_condition(out, ENGINES_IN_SYNC, True, "AllPodsOnSetting",
+                                   f"{len(pods)} engine pod(s) report {machine.show(decision.fleet)}", gen, now)  # fmt: skip
+    return out
+
+
+def new_warnings(before: Sequence[models.Condition], after: Sequence[models.Condition]) -> list[machine.Event]:
+    """A Warning for each tuning condition that turned False with a new problem reason."""
+    was = {c.type: c for c in before}
+    events = []
+    for c in after:
+        if c.type not in WARN_ON_FALSE or c.status != "False":
+            continue
+        reasons = WARN_ON_FALSE[c.type]
+        if reasons is not None and c.reason not in reasons:
+            continue
+        old = was.get(c.type)
+        if old is None or old.status != "False" or old.reason != c.reason:
+            events.append(machine.Event("Warning", c.reason, c.message))
+    return events
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+def tenants(sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot) -> list[dict[str, Any]]:
+    """Per-tenant p99 TTFT of the window, with each tenant's target."""
+    objective = sd.spec.tuning.objective
+    targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
+    rows = []
+    for t in sorted(snap.tenants, key=lambda t: t.name)[:256]:
+        p99 = t.ttft_p99_s
+        rows.append(models.TenantLatency(
+            name=t.name[:253],
+            ttft_p99_seconds=round(p99, 4) if math.isfinite(p99) else None,
+            target_seconds=targets.get(t.name, objective.ttft_p99_seconds),
+            requests_per_second=round(t.requests_per_s, 4) if math.isfinite(t.requests_per_s) else None,
+        ).to_k8s())  # fmt: skip
+    return rows
+
+
+def status_patch(
+    sd: models.ServingDeployment,
+    decision: machine.Decision,
+    conds: list[models.Condition],
+    snap: snapshot.WorkloadSnapshot | None,
+    recommendation: Recommendation | None,
+    started: bool,
+    now: str,
+) -> dict[str, Any]:
+    """The status fields the tuning loop owns (reconcile owns observedGeneration and Ready)."""
+    fleet = decision.fleet
+    out: dict[str, Any] = {
+        "threshold": fleet.threshold,
+        "concurrency": engine_args.concurrency(sd.spec.engine.chunked_prefill_size, fleet.threshold),
+        "mode": fleet.mode,
+        "schedulePolicy": fleet.schedule_policy,
+        "rollout": decision.state.to_k8s(),
+        "conditions": [c.to_k8s() for c in conds],
+        "phase": status.phase(conds),
+    }
+    if snap is not None and snap.valid:
+        out["tenants"] = tenants(sd, snap)
+    if recommendation is not None:
+        out["recommendation"] = recommendation.setting.to_k8s()
+        if recommendation.heterogeneity is not None and math.isfinite(recommendation.heterogeneity):
+            out["heterogeneity"] = round(recommendation.heterogeneity, 3)
+    if started and decision.state.candidate is not None:  # a rollout began this step
+        out["lastDecision"] = models.Decision.model_validate({
+            "time": now, "from": (decision.state.baseline or fleet).to_k8s(),
+            "to": decision.state.candidate.to_k8s(), "reason": (decision.state.reason or "")[:1024],
+        }).to_k8s()  # fmt: skip
+    return out
+
+
+def recommended_event(
+    sd: models.ServingDeployment, fleet: models.EngineSetting, recommendation: Recommendation | None
+) -> machine.Event | None:
+    """In Recommend, an Event when the tuner's choice changes (and differs from the fleet's)."""
+    if sd.spec.tuning.mode != "Recommend" or recommendation is None:
+        return None
+    if recommendation.setting == sd.status.recommendation or recommendation.setting == fleet:
+        return None
+    change = machine.describe_change(fleet, recommendation.setting, sd.spec.engine.chunked_prefill_size)
+    return machine.Event("Normal", "Recommended", f"{change}: {recommendation.reason} (mode Recommend: not applied)")

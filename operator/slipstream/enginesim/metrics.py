@@ -1,0 +1,130 @@
+"""The simulated engine's /metrics: SGLang 0.5.18's names, labels and buckets, plus the
+patch's gauges (``slipstream.engine.metrics``), every duration in TWIN seconds.
+
+Bucket bounds are copied from sglang/srt/observability/metrics_collector.py of 0.5.18
+(TokenizerMetricsCollector: the default TTFT, e2e and prompt-token buckets), so
+``histogram_quantile`` over the simulator means what it means over a real engine.
+Request metrics carry the tokenizer's labels (model_name, engine_type, then every
+``--tokenizer-metrics-allowed-custom-labels`` label, e.g. tenant); the scheduler's gauges
+carry model_name, engine_type, tp_rank, pp_rank and moe_ep_rank.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from slipstream.engine import metrics as names
+
+TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
+               600, 1200, 1800, 2400)
+PROMPT_TOKEN_BUCKETS = (
+    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000,
+    12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000,
+    100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000,
+)
+MODES = ("ceiling", "floor")
+MAX_PARTIAL_PREFILLS = "sglang:max_partial_prefills"
+"""Gauge (patch): the partials cap in force (--max-partial-prefills, settable in place)."""
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class EngineMetrics:
+    """One engine's metric families in their own registry (several servers per process)."""
+
+    def __init__(self, model_name: str, allowed_labels: tuple[str, ...]) -> None:
+        self.registry = CollectorRegistry()
+        self.base = {"model_name": model_name, "engine_type": "unified"}
+        req = [*self.base, *allowed_labels]
+        streaming = [*req, "is_streaming"]
+        sched = [*self.base, "tp_rank", "pp_rank", "moe_ep_rank"]
+        self.sched_labels = {**self.base, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        r = self.registry
+        self.ttft = Histogram(names.TTFT_SECONDS, "Histogram of time to first token in seconds.",
+                              streaming, buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram(names.E2E_REQUEST_LATENCY_SECONDS,
+                             "Histogram of End-to-end request latency in seconds", streaming,
+                             buckets=E2E_BUCKETS, registry=r)
+        self.prompt_hist = Histogram("sglang:prompt_tokens_histogram",
+                                     "Histogram of prompt token length.", req,
+                                     buckets=PROMPT_TOKEN_BUCKETS, registry=r)
+        self.uncached_hist = Histogram(names.UNCACHED_PROMPT_TOKENS,
+                                       "Histogram of uncached (compute) prompt token length.", req,
+                                       buckets=PROMPT_TOKEN_BUCKETS, registry=r)
+        self.generation_hist = Histogram("sglang:generation_tokens_histogram",
+                                         "Histogram of generation token length.", req,
+                                         buckets=PROMPT_TOKEN_BUCKETS, registry=r)
+        self.prompt_total = Counter(names.PROMPT_TOKENS_TOTAL, "Number of prefill tokens processed.",
+                                    streaming, registry=r)
+        self.generation_total = Counter("sglang:generation_tokens_total",
+                                        "Number of generation tokens processed.", streaming, registry=r)
+        self.cached_total = Counter(names.CACHED_TOKENS_TOTAL,
+                                    "Number of cached prompt tokens by source (device/host/storage).",
+                                    [*req, "cache_source"], registry=r)
+        self.requests_total = Counter("sglang:num_requests_total", "Number of requests processed.",
+                                      streaming, registry=r)
+        self.aborted_total = Counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
+                                     req, registry=r)
+        self.running = Gauge(names.NUM_RUNNING_REQS, "The number of running requests.", sched, registry=r)
+        self.queued = Gauge(names.NUM_QUEUE_REQS, "The number of requests in the waiting queue.",
+                            sched, registry=r)
+        self.token_usage = Gauge("sglang:token_usage", "The token usage.", sched, registry=r)
+        self.threshold = Gauge(names.LONG_PREFILL_TOKEN_THRESHOLD,
+                               "Most prefill tokens one request may take per round (0 = off).",
+                               sched, registry=r)
+        self.partials = Gauge(names.NUM_PARTIAL_PREFILLS, "Partial (chunked) prefills in progress.",
+                              sched, registry=r)
+        self.max_partials = Gauge(MAX_PARTIAL_PREFILLS,
+                                  "Most partial prefills in progress at once (--max-partial-prefills).",
+                                  sched, registry=r)
+        self.mode = Gauge(names.LONG_PREFILL_MODE,
+                          "1 for the long-prefill mode in force (label mode), else 0.",
+                          [*sched, "mode"], registry=r)
+        self.policy = Gauge(names.SCHEDULE_POLICY,
+                            "1 for the admission order in force (label policy), else 0.",
+                            [*sched, "policy"], registry=r)
+        self._policies: set[str] = set()
+
+    def first_token(self, labels: dict[str, str], stream: bool, ttft_s: float) -> None:
+        self.ttft.labels(**self.base, **labels, is_streaming=_flag(stream)).observe(ttft_s)
+
+    def aborted(self, labels: dict[str, str]) -> None:
+        self.aborted_total.labels(**self.base, **labels).inc()
+
+    def finished(self, labels: dict[str, str], stream: bool, prompt_tokens: int, cached_tokens: int,
+                 output_tokens: int, e2e_s: float) -> None:
+        """What SGLang's tokenizer records when a request finishes."""
+        req = {**self.base, **labels}
+        s = _flag(stream)
+        self.prompt_total.labels(**req, is_streaming=s).inc(prompt_tokens)
+        self.generation_total.labels(**req, is_streaming=s).inc(output_tokens)
+        if cached_tokens > 0:
+            self.cached_total.labels(**req, cache_source="device").inc(cached_tokens)
+        self.requests_total.labels(**req, is_streaming=s).inc()
+        self.e2e.labels(**req, is_streaming=s).observe(e2e_s)
+        self.prompt_hist.labels(**req).observe(prompt_tokens)
+        self.uncached_hist.labels(**req).observe(prompt_tokens - cached_tokens)
+        self.generation_hist.labels(**req).observe(output_tokens)
+
+    def scheduler(self, running: int, queued: int, partials: int, threshold: int, mode: str,
+                  policy: str, max_partials: int, token_usage: float) -> None:
+        """The scheduler's gauges, set just before a scrape (the patch's log_long_prefill)."""
+        s = self.sched_labels
+        self.token_usage.labels(**s).set(token_usage)
+        self.running.labels(**s).set(running)
+        self.queued.labels(**s).set(queued)
+        self.partials.labels(**s).set(partials)
+        self.threshold.labels(**s).set(threshold)
+        self.max_partials.labels(**s).set(max_partials)
+        for m in MODES:
+            self.mode.labels(**s, mode=m).set(1 if m == mode else 0)
+        self._policies.add(policy)
+        for p in self._policies:
+            self.policy.labels(**s, policy=p).set(1 if p == policy else 0)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _flag(stream: bool) -> str:
+    return "true" if stream else "false"

@@ -1,0 +1,282 @@
+"""Everything a local closed loop needs, started and stopped as one: the stack.
+
+1. the control plane (localkube.Cluster: etcd, apiserver, controller manager,
+   scheduler, kwok with a loopback pod CIDR of its own);
+2. Prometheus, discovering the engine pods through the apiserver
+   (localkube.prometheus: kubernetes_sd, pod role, 1 s scrape);
+3. the chart, installed with ``helm install``, and the operator running as a
+   local process with a token of the chart's ServiceAccount, so the chart's
+   RBAC is what it gets (the chart's own operator Deployment has kwok pods
+   that run nothing: kwok runs no containers);
+4. the engine-pod runner (localkube.podrunner): an engine simulator per engine pod.
+
+Used by ``slipstream cluster up`` (through localkube.supervisor), the demo and
+the closed-loop test. ``stop()`` stops them in reverse order and leaves no
+process behind; every process leads a process group of its own, and
+``pids()`` lists them for a supervisor's state file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from slipstream.localkube import cluster as cluster_mod
+from slipstream.localkube import health, podrunner, ports, processes
+
+log = logging.getLogger(__name__)
+
+REPO_CHART = Path(__file__).resolve().parents[3] / "charts" / "slipstream"
+"""The chart in this checkout (the package is installed editable from it)."""
+
+RELEASE = "slipstream"
+RELEASE_NAMESPACE = "slipstream-system"
+SERVICE_ACCOUNT = "slipstream"
+"""The chart's ServiceAccount for release ``slipstream`` (its full name)."""
+
+PEERING = "slipstream"
+"""The ClusterKopfPeering the chart creates; the operator process joins it."""
+
+OPERATOR_READY_S = 90.0
+"""Deadline for the operator's health endpoint: kopf imports and the first
+list of every watched resource take ~5-20 s on a loaded two-core machine."""
+
+CRD_ESTABLISHED_S = "60s"
+
+SCRAPE_INTERVAL_S = 1.0
+"""Prometheus scrapes every engine each second: the loop's intervals are seconds."""
+
+
+class PrometheusServer(Protocol):
+    """What the stack needs of localkube.prometheus's server handle."""
+
+    url: str
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StackOptions:
+    """What to start, and how fast simulated time runs."""
+
+    time_scale: float = 1.0
+    """Twin seconds per wall second in every engine simulator."""
+
+    chart: Path = REPO_CHART
+    helm_values: Sequence[str] = ()
+    """Extra ``--set`` values for ``helm install``."""
+
+    operator: bool = True
+    prometheus: bool = True
+    engine_namespace: str | None = None
+    """Run simulators only for engine pods of this namespace (None: every namespace)."""
+
+    operator_env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment of the operator (intervals, cooldowns: its settings)."""
+
+    simulator_args: Sequence[str] = ()
+    """Extra ``slipstream engine-sim`` arguments for every simulator (e.g. --profile)."""
+
+    prometheus_port: int | None = None
+    """Prometheus's port (None: a free one). ``cluster up`` asks for 9090 when it is free,
+    so a ServingDeployment written by hand can name http://127.0.0.1:9090."""
+
+
+class Stack:
+    """A running stack; make one with Stack.start()."""
+
+    def __init__(self, cluster: cluster_mod.Cluster, options: StackOptions, *, owns_cluster: bool) -> None:
+        self.cluster = cluster
+        self.options = options
+        self.owns_cluster = owns_cluster
+        self._installed = False
+        self.prometheus: PrometheusServer | None = None
+        self.operator: processes.Component | None = None
+        self.operator_kubeconfig: Path | None = None
+        self.runner: podrunner.PodRunner | None = None
+
+    @classmethod
+    def start(cls, workdir: Path, options: StackOptions | None = None) -> Stack:
+        """Start every part in order; on any failure stop what started and re-raise."""
+        cluster = cluster_mod.Cluster.start(workdir)
+        try:
+            return cls.attach(cluster, options, owns_cluster=True)
+        except BaseException:
+            cluster.stop()
+            raise
+
+    @classmethod
+    def attach(
+        cls, cluster: cluster_mod.Cluster, options: StackOptions | None = None, *, owns_cluster: bool = False
+    ) -> Stack:
+        """Start the rest of the stack on a running cluster (the cluster tests' fixture).
+
+        ``stop()`` then leaves the cluster running unless ``owns_cluster``.
+        """
+        options = options or StackOptions()
+        t0 = time.monotonic()
+        stack = cls(cluster, options, owns_cluster=owns_cluster)
+        try:
+            if options.prometheus:
+                stack.prometheus = start_prometheus(cluster, options)
+                log.info("stack: prometheus at %s", stack.prometheus.url)
+            stack.runner = podrunner.PodRunner(
+                cluster.get_json,
+                cluster.log_dir / "engines",
+                time_scale=options.time_scale,
+                namespace=options.engine_namespace,
+                extra_args=options.simulator_args,
+                state_path=cluster.workdir / "podrunner.json",
+            ).start()
+            if options.operator:
+                stack.install_chart()
+                stack.start_operator()
+        except BaseException:
+            stack.stop()
+            raise
+        log.info("stack: up after %.1fs", time.monotonic() - t0)
+        return stack
+
+    # parts
+
+    def install_chart(self) -> None:
+        """``helm install`` the chart and wait for its CRDs to be served."""
+        self._installed = True
+        sets = [f"--set={value}" for value in self.options.helm_values]
+        self.cluster.helm(
+            "install", RELEASE, str(self.options.chart),
+            f"--namespace={RELEASE_NAMESPACE}", "--create-namespace", *sets,
+        )  # fmt: skip
+        self.cluster.kubectl(
+            "wait", "--for=condition=Established", f"--timeout={CRD_ESTABLISHED_S}",
+            "crd/servingdeployments.serving.slipstream.dev",
+        )  # fmt: skip
+
+    def uninstall_chart(self) -> None:
+        """``helm uninstall`` (a shared cluster's next user installs its own)."""
+        self._installed = False
+        self.cluster.helm("uninstall", RELEASE, f"--namespace={RELEASE_NAMESPACE}", "--wait", check=False)
+
+    def start_operator(self) -> None:
+        """The operator as a process with the chart ServiceAccount's token; waits until healthy."""
+        self.operator_kubeconfig = self.cluster.token_kubeconfig(RELEASE_NAMESPACE, SERVICE_ACCOUNT)
+        health_port, metrics_port = ports.free_ports(2)
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.operator_kubeconfig),
+            "SLIPSTREAM_METRICS_PORT": str(metrics_port),
+            **self.operator_env(),
+        }
+        url = f"http://{ports.LOOPBACK}:{health_port}/healthz"
+        argv = [sys.executable, "-m", "slipstream.controller", f"--peering={PEERING}", f"--liveness={url}"]
+        self.operator = processes.Component("operator", argv, self.cluster.log_dir / "operator.log", env=env)
+        health.wait_healthy(self.operator, url, deadline_s=OPERATOR_READY_S)
+
+    def operator_env(self) -> dict[str, str]:
+        """The operator's settings for this stack (controller.settings), then the options'.
+
+        The whole stack runs on the simulators' clock: with time scale S every
+        duration of a ServingDeployment's spec.tuning (interval, cooldown, analysis
+        window) is divided by S, so a spec written for production (a 60 s interval)
+        runs here as it would there, only S times faster. The operator may reach
+        engine pods only in this cluster's loopback pod CIDR.
+        """
+        env = {
+            "SLIPSTREAM_TUNING_TIME_SCALE": f"{1.0 / self.options.time_scale:.6g}",
+            "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
+            "SLIPSTREAM_RETRY_DELAY_SECONDS": "5",
+            "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "1",
+        }
+        if self.cluster.pod_cidr:
+            env["SLIPSTREAM_ENGINE_NETWORKS"] = self.cluster.pod_cidr
+        env.update(self.options.operator_env)
+        return env
+
+    def stop_operator(self) -> None:
+        operator, self.operator = self.operator, None
+        if operator is not None:
+            operator.stop()
+
+    def stop(self) -> None:
+        """Stop every part, newest first; safe to call more than once."""
+        errors: list[BaseException] = []
+        steps = [self.stop_operator, self._stop_runner, self._stop_prometheus]
+        if self.owns_cluster:
+            steps.append(self.cluster.stop)
+        elif self._installed:
+            steps.append(self.uninstall_chart)
+        for stop in steps:
+            try:
+                stop()
+            except Exception as exc:  # noqa: BLE001 - stop the rest, then report
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _stop_runner(self) -> None:
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            runner.stop()
+
+    def _stop_prometheus(self) -> None:
+        prometheus, self.prometheus = self.prometheus, None
+        if prometheus is not None:
+            prometheus.stop()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # what others read
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.kubeconfig
+
+    def pids(self) -> dict[str, int]:
+        """Every process of the stack by name (each also its process group's id)."""
+        pids = dict(self.cluster.pids)
+        pid = getattr(self.prometheus, "pid", None)
+        if pid is not None:
+            pids["prometheus"] = int(pid)
+        if self.operator is not None:
+            pids["operator"] = self.operator.pid
+        if self.runner is not None:
+            for sim in self.runner.simulators():
+                pids[f"engine-sim {sim['pod']}"] = sim["pid"]
+        return pids
+
+    def describe(self) -> dict[str, Any]:
+        """Plain facts for a state file and `cluster status`."""
+        return {
+            "server": self.cluster.server,
+            "kubeconfig": str(self.cluster.kubeconfig),
+            "bin_dir": str(self.cluster.bin_dir),
+            "pod_cidr": self.cluster.pod_cidr,
+            "prometheus_url": self.prometheus.url if self.prometheus is not None else None,
+            "operator_log": str(self.operator.log_path) if self.operator is not None else None,
+            "logs": str(self.cluster.log_dir),
+            "time_scale": self.options.time_scale,
+        }
+
+
+def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusServer:
+    """Prometheus scraping every engine pod each second, found through the apiserver
+    (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd)."""
+    from slipstream.localkube import prometheus
+
+    namespaces = (options.engine_namespace,) if options.engine_namespace else ()
+    return prometheus.PrometheusServer.start(
+        cluster.workdir / "prometheus",
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        discovery=prometheus.PodDiscovery(kubeconfig=cluster.kubeconfig, namespaces=namespaces),
+        port=options.prometheus_port,
+    )

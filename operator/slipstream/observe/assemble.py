@@ -1,0 +1,381 @@
+"""From the samples of one interval's queries to a WorkloadSnapshot per ServingDeployment.
+
+Pure: samples, the evaluation time and the rules in, snapshots out; no client, no clock.
+
+A snapshot is valid only when every check below passes; the first that fails names the
+reason (``slipstream.api.snapshot.REASONS``) and the detail says it in words:
+
+1. ``NoSeries``: Prometheus has no series at all for the deployment (not one of the
+   queries mentions it): its pods are not scraped, or carry no ``servingdeployment`` label.
+2. ``StaleMetrics``: the newest sample of its engines' queue gauge is older than
+   ``max_staleness_s`` or there is none now (scrapes failing: Prometheus marks a failed
+   target's series stale at once) while older samples remain in the window.
+3. ``NotFinite``: a value that matters (a bucket, a count, a sum, a token counter, the queue
+   depth, a setting gauge) is NaN or infinite.
+4. ``NoTraffic``: Prometheus answered and no request got its first token in the window.
+5. ``TooFewSamples``: fewer first tokens than ``min_samples``.
+
+``PrometheusUnreachable`` is decided before this (any failed query fails the interval); it
+is never confused with NoTraffic, which needs an answer that says "zero".
+
+Histograms are assembled the way Prometheus's ``histogram_quantile`` reads them: buckets
+of equal ``le`` coalesced, counts made monotonic (``increase()`` extrapolates each bucket
+on its own, so a cumulative count can dip below the one before), ``+Inf`` as the total;
+``Histogram.quantile`` then gives the same figure as the server (an integration test
+checks it against a real Prometheus).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from slipstream.api import snapshot as snap
+from slipstream.observe import parse, queries
+
+UNLABELLED_TENANT = "unlabelled"
+"""Tenant name for requests sent without the tenant header (empty ``tenant`` label)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """When a window's data may be acted on."""
+
+    window_s: float
+    """Seconds of history each query covers (``increase(...[window])``)."""
+    min_samples: int
+    """First tokens needed in the window, all tenants together."""
+    max_staleness_s: float
+    """Oldest the newest engine sample may be; a few scrape intervals."""
+
+
+Key = tuple[str, ...]
+
+
+def deployment_name(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+def split_name(deployment: str) -> Key:
+    """``namespace/name`` -> (namespace, name); ValueError naming the fix otherwise."""
+    namespace, sep, name = deployment.partition("/")
+    if not sep or not namespace or not name:
+        raise ValueError(f"deployment {deployment!r} must be written namespace/name")
+    return (namespace, name)
+
+
+def _le(text: str) -> float:
+    try:
+        return parse.number(text)
+    except parse.MalformedAnswer:
+        return math.nan
+
+
+def histograms(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, snap.Histogram]:
+    """One Histogram per key from ``histogram_increase`` rows (bucket and sum parts)."""
+    buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    sums: dict[Key, float] = defaultdict(float)
+    for s in samples:
+        k = key(s)
+        part = s.label(queries.PART_LABEL)
+        if part == queries.SUM_PART:
+            sums[k] += s.value
+        elif part == queries.BUCKET_PART:
+            buckets[k][_le(s.label("le"))] += s.value
+            sums.setdefault(k, 0.0)
+    return {k: _histogram(buckets.get(k, {}), sums[k]) for k in sums}
+
+
+def _histogram(by_le: Mapping[float, float], total_sum: float) -> snap.Histogram:
+    if any(math.isnan(le) for le in by_le):
+        return snap.Histogram((math.nan,), (math.nan,), math.nan, total_sum)
+    bounds = sorted(le for le in by_le if not math.isinf(le))
+    counts = [by_le[b] for b in bounds]
+    total = by_le.get(math.inf, math.nan)
+    values = [*counts, total]
+    if all(math.isfinite(v) for v in values):
+        # ensureMonotonic, as histogram_quantile does.
+        for i in range(1, len(values)):
+            values[i] = max(values[i], values[i - 1])
+    return snap.Histogram(tuple(bounds), tuple(values[:-1]), values[-1], total_sum)
+
+
+def merge(hists: Sequence[snap.Histogram]) -> snap.Histogram | None:
+    """Several histograms with the same bounds added up; None when there are none."""
+    if not hists:
+        return None
+    bounds = hists[0].bounds
+    if any(h.bounds != bounds for h in hists):
+        nan = tuple(math.nan for _ in bounds)
+        return snap.Histogram(bounds, nan, math.nan, math.nan)
+    counts = tuple(sum(h.counts[i] for h in hists) for i in range(len(bounds)))
+    return snap.Histogram(bounds, counts, sum(h.total for h in hists), sum(h.sum for h in hists))
+
+
+def _dep(s: parse.Sample) -> Key:
+    return (s.label("namespace"), s.label("servingdeployment"))
+
+
+def _dep_tenant(tenant_label: str) -> Callable[[parse.Sample], Key]:
+    def key(s: parse.Sample) -> Key:
+        return (*_dep(s), s.label(tenant_label) or UNLABELLED_TENANT)
+    return key
+
+
+def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, dict[str, float]]:
+    out: dict[Key, dict[str, float]] = defaultdict(dict)
+    for s in samples:
+        out[key(s)][s.label(queries.PART_LABEL)] = s.value
+    return out
+
+
+def _settings(samples: Iterable[parse.Sample]) -> tuple[dict[Key, list[snap.PodSetting]], dict[Key, list[str]]]:
+    """Pod settings per deployment, and the names of gauges that are not finite."""
+    threshold: dict[Key, float] = {}
+    mode: dict[Key, str] = {}
+    policy: dict[Key, str] = {}
+    bad: dict[Key, list[str]] = defaultdict(list)
+    for s in samples:
+        pod = (*_dep(s), s.label(queries.POD_LABEL))
+        part = s.label(queries.PART_LABEL)
+        if not math.isfinite(s.value):
+            bad[_dep(s)].append(f"{part} of pod {pod[2]} is {s.value}")
+            continue
+        if part == "threshold":
+            threshold[pod] = s.value
+        elif part == "mode":
+            mode[pod] = s.label("mode")
+        elif part == "policy":
+            policy[pod] = s.label("policy")
+    pods: dict[Key, list[snap.PodSetting]] = defaultdict(list)
+    for pod, value in sorted(threshold.items()):
+        # A pod missing its mode or policy gauge reports "" (unknown), so a comparison
+        # with any wanted setting fails and the rollout re-applies rather than assumes.
+        pods[pod[:2]].append(snap.PodSetting(pod[2], int(value), mode.get(pod, ""), policy.get(pod, "")))
+    return pods, bad
+
+
+def unusable(hist: snap.Histogram) -> str | None:
+    """Why a histogram's numbers cannot be used (None when they can).
+
+    NaN or infinite values, negative counts (no real ``increase()`` gives one), or
+    observations without a single finite bucket bound (no quantile can be read: Prometheus's
+    ``histogram_quantile`` returns NaN there too).
+    """
+    if not hist.finite:
+        return "NaN or infinite"
+    if hist.total < 0 or any(c < 0 for c in hist.counts):
+        return "negative counts"
+    if hist.total > 0 and not hist.bounds:
+        return "no finite bucket bound"
+    return None
+
+
+def _not_finite(tenant_hists: Mapping[str, snap.Histogram], what: str) -> list[str]:
+    return [
+        f"{what} of tenant {t}: {why}"
+        for t, h in sorted(tenant_hists.items())
+        if (why := unusable(h)) is not None
+    ]
+
+
+EMPTY = snap.Histogram((), (), 0.0, 0.0)
+
+
+def snapshots(
+    results: Mapping[str, list[parse.Sample]],
+    *,
+    now: float,
+    rules: Rules,
+    deployments: Iterable[str] | None = None,
+    tenant_label: str = queries.TENANT_LABEL,
+) -> dict[str, snap.WorkloadSnapshot]:
+    """A snapshot for each deployment (``namespace/name``) from ``queries.fleet`` answers.
+
+    ``results`` maps each ``FleetQueries`` field name to its samples. Without
+    ``deployments``, every deployment any answer mentions gets one.
+    """
+    per_tenant = _dep_tenant(tenant_label)
+    ttft = histograms(results["ttft"], per_tenant)
+    uncached = histograms(results["uncached"], per_tenant)
+    tokens = _parts(results["tokens"], per_tenant)
+    queue = _parts(results["queue"], _dep)
+    targets = _parts(results["targets"], _dep)
+    pods, bad_gauges = _settings(results["settings"])
+
+    seen = {k[:2] for k in (*ttft, *uncached, *tokens)} | set(queue) | set(targets) | set(pods)
+    wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]
+    by_dep_ttft, by_dep_uncached, by_dep_tokens = _by_deployment(ttft), _by_deployment(uncached), _by_deployment(tokens)
+    out: dict[str, snap.WorkloadSnapshot] = {}
+    for dep in wanted:
+        name = deployment_name(*dep)
+        out[name] = _one(
+            name,
+            now=now,
+            rules=rules,
+            present=dep in seen,
+            ttft=by_dep_ttft.get(dep, {}),
+            uncached=by_dep_uncached.get(dep, {}),
+            tokens=by_dep_tokens.get(dep, {}),
+            queue=queue.get(dep, {}),
+            targets=targets.get(dep, {}),
+            pods=tuple(pods.get(dep, ())),
+            bad_gauges=bad_gauges.get(dep, []),
+        )
+    return out
+
+
+V = TypeVar("V")
+
+
+def _by_deployment(per_tenant: Mapping[Key, V]) -> dict[Key, dict[str, V]]:
+    """(namespace, name, tenant) -> value, regrouped as (namespace, name) -> tenant -> value:
+    one pass, so assembling N deployments costs O(N), not O(N^2)."""
+    out: dict[Key, dict[str, V]] = defaultdict(dict)
+    for key, value in per_tenant.items():
+        out[key[:2]][key[2]] = value
+    return out
+
+
+def _ratio(parts: Mapping[str, float]) -> float | None:
+    prompt = parts.get("prompt", 0.0)
+    if not prompt > 0:
+        return None
+    return parts.get("cached", 0.0) / prompt
+
+
+def _one(
+    name: str,
+    *,
+    now: float,
+    rules: Rules,
+    present: bool,
+    ttft: Mapping[str, snap.Histogram],
+    uncached: Mapping[str, snap.Histogram],
+    tokens: Mapping[str, Mapping[str, float]],
+    queue: Mapping[str, float],
+    targets: Mapping[str, float],
+    pods: tuple[snap.PodSetting, ...],
+    bad_gauges: list[str],
+) -> snap.WorkloadSnapshot:
+    window = rules.window_s
+    if not present:
+        return snap.invalid(
+            name, now, window, snap.NO_SERIES,
+            f"Prometheus has no series for {name}: are its engine pods scraped with the labels "
+            f"namespace, pod and servingdeployment? (check up{{servingdeployment=\"{name.split('/')[1]}\"}})",
+        )
+    # Counts from count(); kept as floats so a garbled answer (inf, NaN) cannot raise here.
+    up, down = targets.get("up", 0.0), targets.get("down", 0.0)
+    scrape = f"{up:g} of {up + down:g} scrape targets up"
+    newest = queue.get("newest")
+    if newest is None:
+        return snap.invalid(
+            name, now, window, snap.STALE,
+            f"no current sample of the engines' gauges ({scrape}): scrapes are failing",
+        )
+    if not math.isfinite(newest):
+        return snap.invalid(name, now, window, snap.NOT_FINITE, f"newest sample time is {newest}")
+    age = now - newest
+    if not age <= rules.max_staleness_s:
+        return snap.invalid(
+            name, now, window, snap.STALE,
+            f"newest sample is {age:.1f} s old (limit {rules.max_staleness_s:g} s; {scrape})",
+        )
+
+    total_uncached = merge([uncached[t] for t in sorted(uncached)])
+    depth = queue.get("depth")
+    tenants: list[snap.TenantWindow] = []
+    for tenant, hist in sorted(ttft.items()):
+        if hist.total > 0 or unusable(hist):
+            tenants.append(snap.TenantWindow(
+                tenant,
+                requests_per_s=hist.total / window,
+                ttft=hist,
+                uncached_tokens=uncached.get(tenant, EMPTY),
+                cache_hit_ratio=_ratio(tokens.get(tenant, {})),
+            ))
+    cached = sum(v.get("cached", 0.0) for v in tokens.values())
+    prompt = sum(v.get("prompt", 0.0) for v in tokens.values())
+    requests = sum(h.total for h in ttft.values())
+    extra = {
+        "requests": requests,
+        "requests_per_s": requests / window,
+        "newest_sample_age_s": age,
+        "targets_up": up,
+        "targets_down": down,
+    }
+    if prompt > 0:
+        extra["cache_hit_ratio"] = cached / prompt
+    full = snap.WorkloadSnapshot(
+        name, now, window, tenants=tuple(tenants), uncached_tokens=total_uncached,
+        queue_depth=depth, pods=pods, extra=extra,
+    )
+
+    not_finite = [
+        *_not_finite(ttft, "TTFT histogram"),
+        *_not_finite(uncached, "uncached-token histogram"),
+        *(f"token counters of tenant {t}: {dict(v)}" for t, v in sorted(tokens.items())
+          if not all(math.isfinite(x) for x in v.values())),
+        *([] if depth is None or math.isfinite(depth) else [f"queue depth ({depth})"]),
+        *bad_gauges,
+    ]
+    if not_finite:
+        return _with(full, snap.NOT_FINITE, "not finite: " + "; ".join(not_finite[:5]))
+    if requests <= 0:
+        return _with(
+            full, snap.NO_TRAFFIC,
+            f"Prometheus answered: no request got its first token in the last {window:g} s ({scrape})",
+        )
+    if requests < rules.min_samples:
+        return _with(
+            full, snap.TOO_FEW_SAMPLES,
+            f"{requests:.0f} first tokens in the last {window:g} s, fewer than the {rules.min_samples} needed",
+        )
+    p99 = ", ".join(f"{t.name} {t.ttft_p99_s:.3g} s" for t in tenants)
+    return _with(full, None, f"{requests:.0f} first tokens in {window:g} s; TTFT p99 {p99}")
+
+
+def _with(full: snap.WorkloadSnapshot, reason: str | None, detail: str) -> snap.WorkloadSnapshot:
+    """``full`` (everything read) with its verdict: invalid ones still show what was seen."""
+    return dataclasses.replace(full, invalid=reason, detail=detail)
+
+
+def pod_group(
+    samples: Iterable[parse.Sample],
+    *,
+    name: str,
+    now: float,
+    window_s: float,
+    min_samples: int,
+    tenant_label: str = queries.TENANT_LABEL,
+) -> snap.WorkloadSnapshot:
+    """Per-tenant TTFT of a subset of one deployment's pods (``queries.pods_ttft``'s answer).
+
+    For canary analysis: valid only with ``min_samples`` first tokens and finite counts;
+    ``tenants[i].ttft_p99_s`` is then that tenant's p99 over those pods.
+    """
+    hists = histograms(samples, lambda s: (s.label(tenant_label) or UNLABELLED_TENANT,))
+    if not hists:
+        return snap.invalid(name, now, window_s, snap.NO_SERIES, f"no TTFT series for these pods of {name}")
+    tenants = tuple(
+        snap.TenantWindow(k[0], h.total / window_s, h, EMPTY)
+        for k, h in sorted(hists.items()) if h.total > 0 or unusable(h)
+    )
+    full = snap.WorkloadSnapshot(name, now, window_s, tenants=tenants)
+    bad = _not_finite({t.name: t.ttft for t in tenants}, "TTFT histogram")
+    requests = sum(t.ttft.total for t in tenants)
+    if bad:
+        return _with(full, snap.NOT_FINITE, "not finite: " + "; ".join(bad[:5]))
+    if requests <= 0:
+        return _with(full, snap.NO_TRAFFIC, f"no first token on these pods in the last {window_s:g} s")
+    if requests < min_samples:
+        return _with(
+            full, snap.TOO_FEW_SAMPLES,
+            f"{requests:.0f} first tokens on these pods, fewer than the {min_samples} needed",
+        )
+    return _with(full, None, f"{requests:.0f} first tokens on these pods in {window_s:g} s")

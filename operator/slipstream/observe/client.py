@@ -1,0 +1,95 @@
+"""The one place that talks to Prometheus (through prometheus-api-client).
+
+Every failure of a read becomes ``QueryFailed`` with words for the condition message:
+connection refused, timeout, an HTTP error status, a body that is not JSON, JSON that is
+not an instant vector. Nothing else escapes, so a misbehaving Prometheus can fail a read
+but never a reconcile (issue 10: "no exception escapes a handler"). The client library
+retries 500s three times with growing sleeps by default; here it does not retry at all:
+the observer's backoff decides when to ask again, and one interval's read must not stall
+the loop for seconds.
+
+``queries_made`` counts round trips (the scale benchmark prints it per interval).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from slipstream.observe import parse
+
+DEFAULT_TIMEOUT_S = 5.0
+"""Seconds one query may take: Prometheus answers these aggregations in milliseconds; a
+hung server must not hold the control loop for longer than a fraction of its interval."""
+
+
+class QueryFailed(RuntimeError):
+    """A read that gave no usable answer; the message says why, for humans."""
+
+
+class PromClient:
+    """Instant queries against one Prometheus, evaluated at a caller-given time."""
+
+    def __init__(
+        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, bearer_token: str | None = None
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.queries_made = 0
+        # The token goes in a header only: never in the URL, an error message or a log line.
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else None
+        self._connect = PrometheusConnect(
+            url=self.url, headers=headers, disable_ssl=True, retry=Retry(total=0, status_forcelist=())
+        )
+
+    def close(self) -> None:
+        self._connect.close()
+
+    def query(self, promql: str, at: float) -> list[parse.Sample]:
+        """The instant vector of ``promql`` at unix time ``at``; QueryFailed on any failure."""
+        self.queries_made += 1
+        try:
+            result: Any = self._connect.custom_query(
+                promql, params={"time": f"{at:.3f}"}, timeout=self.timeout_s
+            )
+        except requests.ConnectionError as exc:
+            # Without retries urllib3 reports a read timeout as a ConnectionError too.
+            if isinstance(exc, requests.Timeout) or _timed_out(exc):
+                raise QueryFailed(
+                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s"
+                ) from None
+            raise QueryFailed(f"cannot connect to Prometheus at {self.url}: {_root(exc)}") from None
+        except requests.Timeout:
+            raise QueryFailed(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s") from None
+        except PrometheusApiClientException as exc:
+            raise QueryFailed(f"Prometheus at {self.url} answered {str(exc)[:300]}") from None
+        except Exception as exc:  # noqa: BLE001 - the edge: a garbled answer fails the read, never the caller
+            raise QueryFailed(
+                f"Prometheus at {self.url} gave an unreadable answer ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        try:
+            return parse.vector(result)
+        except parse.MalformedAnswer as exc:
+            raise QueryFailed(f"Prometheus at {self.url} gave a malformed answer: {exc}") from None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and its causes (requests wraps urllib3 wraps the socket error)."""
+    out = [exc]
+    while out[-1].__context__ is not None and out[-1].__context__ not in out and len(out) < 10:
+        out.append(out[-1].__context__)
+    return out
+
+
+def _root(exc: BaseException) -> str:
+    """The innermost cause's words."""
+    root = _chain(exc)[-1]
+    return f"{type(root).__name__}: {str(root)[:200]}"
+
+
+def _timed_out(exc: BaseException) -> bool:
+    return any(isinstance(e, TimeoutError) or "timed out" in str(e).lower() for e in _chain(exc))

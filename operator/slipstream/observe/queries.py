@@ -1,0 +1,167 @@
+"""The PromQL the operator sends: one query per metric family per interval, for every
+ServingDeployment at once.
+
+Each query aggregates ``by (namespace, servingdeployment, ...)`` (the target labels of
+INTERFACES.md section E), so the number of queries per interval is ``len(FLEET_QUERIES)``
+whether one deployment or five hundred are watched. Where a family needs more than one
+series (a histogram's buckets and its ``_sum``; cached and prompt token counters), the parts
+are joined with ``or`` and told apart by a ``part`` label added with ``label_replace``: one
+round trip, one evaluation time, so the parts can never disagree about the window.
+
+Pure: strings in, strings out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from slipstream.engine import metrics
+
+DEPLOYMENT_LABELS = ("namespace", "servingdeployment")
+"""Target labels naming a ServingDeployment."""
+TENANT_LABEL = "tenant"
+"""The custom label the engines take from the ``x-custom-labels`` header (the default of
+``spec.tuning.objective.tenantLabel``)."""
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+POD_LABEL = "pod"
+PART_LABEL = "part"
+"""Added by ``label_replace`` to tell the parts of one query's answer apart."""
+
+SUM_PART = "sum"
+BUCKET_PART = "bucket"
+
+_DNS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def window(seconds: float) -> str:
+    """A PromQL range for ``seconds`` (whole milliseconds, never below 1 ms)."""
+    if seconds <= 0:
+        raise ValueError(f"window must be > 0 s, got {seconds}")
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def _by(*labels: str) -> str:
+    return ", ".join(labels)
+
+
+def tagged(part: str, expr: str) -> str:
+    """``expr`` with a constant label ``part="<part>"`` (to join parts with ``or``)."""
+    return f'label_replace({expr}, "{PART_LABEL}", "{part}", "", "")'
+
+
+def union(*exprs: str) -> str:
+    return " or ".join(f"({e})" for e in exprs)
+
+
+def name_matcher(metric: str) -> str:
+    """A ``__name__`` matcher for ``sglang:x`` that also takes ``sglang_x``.
+
+    prometheus_client 0.26 (SGLang's, the engine simulator's) writes ``sglang_x`` sample
+    names when the scraper negotiates OpenMetrics, as Prometheus 2.x does
+    (prometheus/client_python#1177), and ``sglang:x`` in the text format. Which one a
+    Prometheus stores depends on its version and config, so queries take either.
+    """
+    prefix, colon, rest = metric.partition(":")
+    if not colon:
+        return f'__name__="{metric}"'
+    return f'__name__=~"{re.escape(prefix)}[:_]{re.escape(rest)}"'
+
+
+def selector(metric: str, matchers: Sequence[str] = ()) -> str:
+    """``{__name__=~"sglang[:_]x", servingdeployment!="", ...}``: engine targets only."""
+    return "{" + ", ".join([name_matcher(metric), 'servingdeployment!=""', *matchers]) + "}"
+
+
+def histogram_increase(metric: str, by: Sequence[str], rng: str, matchers: Sequence[str] = ()) -> str:
+    """The increase of a histogram's buckets (``le`` kept) and of its ``_sum``, by ``by``."""
+    buckets = f"sum by ({_by(*by, 'le')}) (increase({selector(metric + '_bucket', matchers)}[{rng}]))"
+    total = f"sum by ({_by(*by)}) (increase({selector(metric + '_sum', matchers)}[{rng}]))"
+    return union(tagged(BUCKET_PART, buckets), tagged(SUM_PART, total))
+
+
+@dataclass(frozen=True, slots=True)
+class FleetQueries:
+    """The queries of one interval, every deployment together (one per metric family)."""
+
+    ttft: str
+    """TTFT histogram increase by deployment, tenant and ``le``, plus its ``_sum``."""
+    uncached: str
+    """Uncached-prompt-token histogram increase, same shape."""
+    tokens: str
+    """Cached and prompt token increases by deployment and tenant (the cache-hit ratio)."""
+    queue: str
+    """Queue depth now (sum over pods) and the newest sample's timestamp (freshness)."""
+    settings: str
+    """Each pod's setting gauges: threshold, mode in force, admission order in force."""
+    targets: str
+    """Scrape targets up and down, by deployment."""
+
+    def items(self) -> list[tuple[str, str]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+
+def check_label(label: str) -> str:
+    if not _LABEL_NAME.match(label) or label.startswith("__"):
+        raise ValueError(f"tenant label {label!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+    return label
+
+
+def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
+    """All queries of one observation over the last ``window_s`` seconds."""
+    rng = window(window_s)
+    dep = DEPLOYMENT_LABELS
+    per_tenant = (*dep, check_label(tenant_label))
+    per_pod = (*dep, POD_LABEL)
+    return FleetQueries(
+        ttft=histogram_increase(metrics.TTFT_SECONDS, per_tenant, rng),
+        uncached=histogram_increase(metrics.UNCACHED_PROMPT_TOKENS, per_tenant, rng),
+        tokens=union(
+            tagged("cached", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.CACHED_TOKENS_TOTAL)}[{rng}]))"),
+            tagged("prompt", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.PROMPT_TOKENS_TOTAL)}[{rng}]))"),
+        ),
+        queue=union(
+            tagged("depth", f"sum by ({_by(*dep)}) ({selector(metrics.NUM_QUEUE_REQS)})"),
+            tagged("newest", f"max by ({_by(*dep)}) (timestamp({selector(metrics.NUM_QUEUE_REQS)}))"),
+        ),
+        settings=union(
+            tagged("threshold", f"max by ({_by(*per_pod)}) ({selector(metrics.LONG_PREFILL_TOKEN_THRESHOLD)})"),
+            tagged("mode", f"max by ({_by(*per_pod, 'mode')}) ({selector(metrics.LONG_PREFILL_MODE)} == 1)"),
+            tagged("policy", f"max by ({_by(*per_pod, 'policy')}) ({selector(metrics.SCHEDULE_POLICY)} == 1)"),
+        ),
+        targets=union(
+            tagged("up", f"count by ({_by(*dep)}) ({selector('up')} == 1)"),
+            tagged("down", f"count by ({_by(*dep)}) ({selector('up')} == 0)"),
+        ),
+    )
+
+
+def _quote(value: str) -> str:
+    """A PromQL string literal (double-quoted, Go escapes)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def check_name(field: str, value: str) -> str:
+    """Refuse anything that is not a Kubernetes (DNS-1123) name, naming the field."""
+    if not _DNS_NAME.match(value) or len(value) > 253:
+        raise ValueError(
+            f"{field} {value!r} is not a Kubernetes name (lower-case letters, digits, '-' and '.')"
+        )
+    return value
+
+
+def pods_ttft(
+    namespace: str, deployment: str, pods: Sequence[str], window_s: float, tenant_label: str = TENANT_LABEL
+) -> str:
+    """TTFT increase by tenant over ``pods`` of one deployment (canary or baseline subset)."""
+    if not pods:
+        raise ValueError("pods must name at least one pod")
+    names = [check_name("pod", p) for p in pods]
+    pod_regex = "|".join(re.escape(p) for p in names)
+    matchers = [
+        f"namespace={_quote(check_name('namespace', namespace))}",
+        f"servingdeployment={_quote(check_name('deployment', deployment))}",
+        f"pod=~{_quote(pod_regex)}",
+    ]
+    return histogram_increase(metrics.TTFT_SECONDS, (check_label(tenant_label),), window(window_s), matchers)

@@ -1,0 +1,95 @@
+"""Canary analysis: do the canary pods serve any tenant worse than the baseline pods?
+
+The comparison is pure (`compare`): per-tenant p99 TTFT of the canaries against the
+baseline's over the same window, and a verdict that carries its numbers so the Event can
+say them. Where the figures come from is a `PodLatency` (the controller's Prometheus reader
+implements it): the rollout never queries anything itself.
+
+Rules:
+- A tenant regresses when its canary p99 exceeds its baseline p99 by more than
+  `max_regression_percent`. Any regressing tenant fails the analysis.
+- Only tenants with a finite figure on both sides are compared. When none is, there is
+  nothing to judge by and the analysis fails: the safe answer to missing data is the
+  setting that was already running (a failed read is never a pass).
+- A tenant whose baseline p99 is 0 (every first token under the smallest bucket) cannot
+  regress by a percentage; it regresses if its canary p99 is above the same absolute
+  floor of `min_p99_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class PodLatency(Protocol):
+    """Per-tenant p99 TTFT (seconds) of some pods of one ServingDeployment over a window.
+
+    `start_s` and `end_s` are Unix seconds. Raises on a failed read; returns only tenants
+    that had first tokens in the window.
+    """
+
+    async def tenant_p99(
+        self, namespace: str, deployment: str, pods: Sequence[str], start_s: float, end_s: float
+    ) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class TenantComparison:
+    tenant: str
+    canary_p99_s: float
+    baseline_p99_s: float
+
+    @property
+    def regression_percent(self) -> float:
+        if self.baseline_p99_s <= 0:
+            return 0.0 if self.canary_p99_s <= 0 else math.inf
+        return 100.0 * (self.canary_p99_s - self.baseline_p99_s) / self.baseline_p99_s
+
+    def words(self) -> str:
+        return (
+            f"{self.tenant} p99 TTFT {self.canary_p99_s:.2f} s vs {self.baseline_p99_s:.2f} s "
+            f"({self.regression_percent:+.0f}%)"
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    passed: bool
+    summary: str
+    tenants: tuple[TenantComparison, ...] = ()
+
+
+def compare(
+    canary: Mapping[str, float],
+    baseline: Mapping[str, float],
+    max_regression_percent: float,
+    min_p99_s: float = 0.0,
+) -> Verdict:
+    """The verdict of one analysis window (see the module docstring)."""
+    shared = sorted(
+        t for t in set(canary) & set(baseline) if math.isfinite(canary[t]) and math.isfinite(baseline[t])
+    )
+    if not shared:
+        return Verdict(
+            False,
+            f"no tenant has figures on both the canary ({len(canary)} tenant(s)) and the baseline "
+            f"({len(baseline)} tenant(s)) pods",
+        )
+    rows = tuple(TenantComparison(t, canary[t], baseline[t]) for t in shared)
+    worse = [
+        r for r in rows
+        if r.regression_percent > max_regression_percent and r.canary_p99_s > min_p99_s
+    ]  # fmt: skip
+    if worse:
+        listed = "; ".join(r.words() for r in worse)
+        return Verdict(False, f"regressed beyond {max_regression_percent:g}%: {listed}", rows)
+    listed = "; ".join(r.words() for r in rows)
+    return Verdict(True, f"no tenant regressed beyond {max_regression_percent:g}%: {listed}", rows)
+
+
+def failed_read(error: str) -> Verdict:
+    """The verdict when the figures could not be read."""
+    return Verdict(False, f"the canary figures could not be read: {error}")

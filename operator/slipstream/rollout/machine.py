@@ -1,0 +1,392 @@
+"""The rollout state machine: canary -> analysis -> promote | roll back, as one pure function.
+
+`decide(state, fleet, target, pods, policy, now, analysis)` looks at what every engine pod
+reports it runs and returns an explicit `Decision` (the VPA updater's style): which pods to
+set to which setting through their admin API, what the ConfigMap (the setting new pods start
+with) must hold, the setting the fleet runs, the rollout state to persist in the CR status,
+and the Events to record. It does no I/O and takes the clock as an argument, so every
+transition is a unit test on plain data and a restarted operator resumes from the persisted
+state alone.
+
+The rollout, step by step:
+
+1. Idle. When the target differs from the fleet's setting, start a rollout. With a canary
+   (mode Auto) the first `canary_replicas` pods that run the fleet's setting become
+   canaries (phase Canary); without one (a user's Fixed edit, Off) go straight to Promoting.
+   A candidate that was rolled back is not tried again before `retry_after_s`. While Idle,
+   any pod that reports another setting than the fleet's (a pod started from a stale
+   ConfigMap, an engine restarted, a hand edit) is set back to the fleet's setting.
+2. Canary. Set the candidate on the canaries. When all of them report it, phase Analysis
+   starts its clock. A canary that keeps failing (`max_attempts` rounds of admin calls) or
+   that goes away rolls the rollout back.
+3. Analysis. After `analysis_window_s`, compare the canaries' per-tenant p99 TTFT with the
+   baseline pods' (`analysis.compare`): any tenant worse by more than
+   `max_regression_percent`, or no figures to judge by, rolls back; otherwise promote. A
+   target that changed meanwhile rolls back too (the next rollout starts from the fleet).
+4. Promoting. The ConfigMap takes the candidate first (a pod starting now gets it), then
+   every pod is set to it. When every pod reports it, the candidate is the fleet's setting
+   (phase Idle, result Promoted). A pod that keeps failing rolls the whole fleet back.
+5. RollingBack. The ConfigMap returns to the baseline and every pod not on it is set back.
+   When all report the baseline: Idle, result RolledBack. Pods that cannot be reached are
+   retried every step; nothing else can be done without a restart, which is never done.
+
+"Reports" always means read back from the engine (`/get_server_info`), never what was
+asked: a pod whose read failed counts as not on any setting.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from slipstream.api import models
+from slipstream.engine import args as engine_args
+from slipstream.rollout import analysis as analysis_
+
+Setting = models.EngineSetting
+Action = Literal[
+    "Hold", "Correct", "StartCanary", "ApplyCanary", "StartAnalysis", "Analyse", "Promote",
+    "Promoted", "RollBack", "RolledBack",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One ready engine pod, as read back this step."""
+
+    name: str
+    setting: Setting | None
+    """What it reports it runs; None when the read failed."""
+    error: str = ""
+    """Why the read failed, or why the last change of this pod failed (for messages)."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The setting the fleet should run, and why (the tuner's reason or "spec")."""
+
+    setting: Setting
+    reason: str
+    canary: bool
+    """Roll out through canaries and analysis (Auto); False applies it to every pod at once
+    (a user's own Fixed edit, Off: the user asked for exactly this)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    canary_replicas: int = 1
+    """Pods that try a candidate first (spec.tuning.rollout.canaryReplicas)."""
+    analysis_window_s: float = 300.0
+    """Seconds canaries and baseline are compared (spec.tuning.rollout.analysisWindowSeconds)."""
+    max_regression_percent: float = 5.0
+    """Largest p99 TTFT regression any tenant may show on the canaries (spec)."""
+    max_attempts: int = 3
+    """Rounds of admin calls per phase before giving up: an engine that refuses three times
+    (5xx, timeout, connection refused) is not going to take the setting; roll back."""
+    retry_after_s: float = 600.0
+    """Least seconds before a rolled-back candidate is tried again (the tuner's cooldown)."""
+    chunked_prefill_size: int = 8192
+    """C, to word Events in concurrency (C // T) as well as T."""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    state: models.RolloutStatus
+    """The rollout state to persist in status.rollout."""
+    fleet: Setting
+    """The setting the fleet runs after this step (status.threshold, mode, schedulePolicy)."""
+    configmap: Setting
+    """The setting a newly started pod must get (the ConfigMap's data)."""
+    apply: dict[str, Setting] = field(default_factory=dict)
+    """Pod name -> setting to set now through its admin API."""
+    events: tuple[Event, ...] = ()
+    message: str = ""
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state.phase != "Idle"
+
+
+# -- time as it is kept in status ---------------------------------------------------------
+
+
+def stamp(t: float) -> str:
+    """Unix seconds -> the RFC 3339 timestamp status keeps (second precision)."""
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def seconds(text: str | None) -> float | None:
+    if not text:
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+# -- wording ---------------------------------------------------------------------------------
+
+
+def describe_change(before: Setting, after: Setting, c: int) -> str:
+    """`4096 -> 2048 (concurrency 2 -> 4, order srpt)`: what an Event says first."""
+    conc = engine_args.concurrency
+    parts = [f"concurrency {conc(c, before.threshold)} -> {conc(c, after.threshold)}"]
+    if before.schedule_policy != after.schedule_policy:
+        parts.append(f"order {before.schedule_policy} -> {after.schedule_policy}")
+    else:
+        parts.append(f"order {after.schedule_policy}")
+    if before.mode != after.mode:
+        parts.append(f"mode {before.mode} -> {after.mode}")
+    return f"{before.threshold} -> {after.threshold} ({', '.join(parts)})"
+
+
+def show(setting: Setting) -> str:
+    return f"threshold={setting.threshold} mode={setting.mode} schedulePolicy={setting.schedule_policy}"
+
+
+def explain(pod: Pod) -> str:
+    """What is wrong with a pod that is not on the expected setting."""
+    if pod.setting is None:
+        return pod.error or "its setting could not be read"
+    runs = "runs " + show(pod.setting)
+    return f"{runs}; {pod.error}" if pod.error else runs
+
+
+# -- the machine -----------------------------------------------------------------------------
+
+
+def analysis_due(state: models.RolloutStatus, policy: Policy, now: float) -> bool:
+    """Whether the caller must fetch canary and baseline figures before calling `decide`."""
+    started = seconds(state.started_at)
+    return state.phase == "Analysis" and started is not None and now - started >= policy.analysis_window_s
+
+
+def decide(
+    state: models.RolloutStatus | None,
+    fleet: Setting,
+    target: Target | None,
+    pods: list[Pod],
+    policy: Policy,
+    now: float,
+    verdict: analysis_.Verdict | None = None,
+) -> Decision:
+    """One step. `fleet` is the setting the fleet runs (status); `target` None: hold it.
+    `verdict` is the canary analysis, needed only when `analysis_due`."""
+    state = state or models.RolloutStatus()
+    step = _Step(state, fleet, target, pods, policy, now)
+    if state.phase == "Canary":
+        return step.canary()
+    if state.phase == "Analysis":
+        return step.analysis(verdict)
+    if state.phase == "Promoting":
+        return step.promoting()
+    if state.phase == "RollingBack":
+        return step.rolling_back()
+    return step.idle()
+
+
+@dataclass(frozen=True)
+class _Step:
+    state: models.RolloutStatus
+    fleet: Setting
+    target: Target | None
+    pods: list[Pod]
+    policy: Policy
+    now: float
+
+    # helpers
+
+    @property
+    def candidate(self) -> Setting:
+        assert self.state.candidate is not None, f"phase {self.state.phase} without a candidate"
+        return self.state.candidate
+
+    @property
+    def baseline(self) -> Setting:
+        return self.state.baseline or self.fleet
+
+    def off(self, pods: list[Pod], setting: Setting) -> list[Pod]:
+        """The pods that do not (verifiably) run `setting`."""
+        return [p for p in pods if p.setting != setting]
+
+    def change(self, before: Setting, after: Setting) -> str:
+        return describe_change(before, after, self.policy.chunked_prefill_size)
+
+    def phase(self, phase: models.RolloutPhase, **update: object) -> models.RolloutStatus:
+        fields: dict[str, object] = {"phase": phase, "started_at": stamp(self.now), "attempts": 0}
+        fields.update(update)
+        return self.state.model_copy(update=fields)
+
+    def failures(self, pods: Sequence[Pod]) -> str:
+        return ", ".join(f"{p.name} ({explain(p)})" for p in pods)
+
+    def decision(self, action: Action, state: models.RolloutStatus, configmap: Setting, apply: Sequence[Pod] = (),
+                 setting: Setting | None = None, events: tuple[Event, ...] = (), fleet: Setting | None = None,
+                 message: str = "") -> Decision:  # fmt: skip
+        targets = {p.name: setting for p in apply if setting is not None}
+        state = state.model_copy(update={"message": message[:1024] or state.message})
+        return Decision(action, state, fleet or self.fleet, configmap, targets, events, message)
+
+    def superseded(self) -> bool:
+        """A new target other than the candidate. None is no new target: in Auto the tuner
+        holds while a rollout is in flight (its guardrail), so the rollout goes on."""
+        return self.target is not None and self.target.setting != self.candidate
+
+    # phases
+
+    def idle(self) -> Decision:
+        target = self.target
+        if target is not None and target.setting != self.fleet:
+            if self.blocked(target.setting):
+                finished = seconds(self.state.finished_at) or self.now
+                wait = finished + self.policy.retry_after_s - self.now
+                return self.hold(
+                    f"{show(target.setting)} was rolled back at {self.state.finished_at}; "
+                    f"not tried again for {wait:.0f} s"
+                )
+            return self.start(target)
+        return self.hold("")
+
+    def blocked(self, setting: Setting) -> bool:
+        finished = seconds(self.state.finished_at)
+        return (
+            self.state.result == "RolledBack" and self.state.candidate == setting
+            and finished is not None and self.now - finished < self.policy.retry_after_s
+        )  # fmt: skip
+
+    def hold(self, why: str) -> Decision:
+        """Nothing to roll out: keep every pod on the fleet's setting."""
+        stale = self.off(self.pods, self.fleet)
+        fixable = [p for p in stale if p.setting is not None]
+        unreadable = [p for p in stale if p.setting is None]
+        events: tuple[Event, ...] = ()
+        message = why
+        if fixable:
+            names = ", ".join(f"{p.name} ({show(p.setting)})" for p in fixable if p.setting)
+            message = f"pods on another setting than the fleet's {show(self.fleet)}: {names}; setting them back"
+            events = (Event("Normal", "StalePodCorrected", message),)
+        if unreadable:
+            message = (message + "; " if message else "") + f"cannot read the setting of {self.failures(unreadable)}"
+        action: Action = "Correct" if fixable or unreadable else "Hold"
+        return self.decision(action, self.state.model_copy(update={"phase": "Idle"}), self.fleet,
+                             apply=stale, setting=self.fleet, events=events, message=message)  # fmt: skip
+
+    def start(self, target: Target) -> Decision:
+        change = self.change(self.fleet, target.setting)
+        on_fleet = [p for p in self.pods if p.setting == self.fleet]
+        if target.canary and on_fleet:
+            canaries = sorted(on_fleet, key=lambda p: p.name)[: self.policy.canary_replicas]
+            state = self.phase("Canary", candidate=target.setting, baseline=self.fleet,
+                               canary_pods=[p.name for p in canaries], result=None, finished_at=None,
+                               reason=target.reason)  # fmt: skip
+            message = (
+                f"{change}: {target.reason}; trying it on canary pod(s) {', '.join(p.name for p in canaries)} "
+                f"for {self.policy.analysis_window_s:.0f} s"
+            )
+            event = Event("Normal", "CanaryStarted", message)
+            return self.decision("StartCanary", state, self.fleet, apply=canaries, setting=target.setting,
+                                 events=(event,), message=message)  # fmt: skip
+        state = self.phase("Promoting", candidate=target.setting, baseline=self.fleet,
+                           canary_pods=[], result=None, finished_at=None, reason=target.reason)  # fmt: skip
+        why = "" if target.canary else " (applied to every pod at once: no canary for a setting the spec fixes)"
+        message = f"{change}: {target.reason}{why}"
+        event = Event("Normal", "RolloutStarted", message)
+        return self.decision("Promote", state, target.setting, apply=self.pods, setting=target.setting,
+                             events=(event,), message=message)  # fmt: skip
+
+    def canary(self) -> Decision:
+        canaries = [p for p in self.pods if p.name in self.state.canary_pods]
+        gone = sorted(set(self.state.canary_pods) - {p.name for p in canaries})
+        if gone:
+            return self.roll_back(f"canary pod(s) {', '.join(gone)} went away before the analysis")
+        if self.superseded():
+            return self.roll_back("the target changed during the canary")
+        waiting = self.off(canaries, self.candidate)
+        if not waiting:
+            message = (
+                f"canary pod(s) {', '.join(self.state.canary_pods)} run {show(self.candidate)}; "
+                f"comparing them with the other pods for {self.policy.analysis_window_s:.0f} s"
+            )
+            return self.decision("StartAnalysis", self.phase("Analysis"), self.baseline, message=message)
+        if self.state.attempts >= self.policy.max_attempts:
+            return self.roll_back(
+                f"the canary did not take the setting after {self.state.attempts} attempt(s): {self.failures(waiting)}"
+            )
+        state = self.state.model_copy(update={"attempts": self.state.attempts + 1})
+        return self.decision("ApplyCanary", state, self.baseline, apply=waiting, setting=self.candidate,
+                             message=f"setting {show(self.candidate)} on {', '.join(p.name for p in waiting)}")  # fmt: skip
+
+    def analysis(self, verdict: analysis_.Verdict | None) -> Decision:
+        canaries = [p for p in self.pods if p.name in self.state.canary_pods]
+        gone = sorted(set(self.state.canary_pods) - {p.name for p in canaries})
+        if gone:
+            return self.roll_back(f"canary pod(s) {', '.join(gone)} went away during the analysis")
+        if self.superseded():
+            return self.roll_back("the target changed during the analysis")
+        drifted = self.off(canaries, self.candidate)
+        if drifted:
+            return self.roll_back(f"canary pod(s) no longer run the candidate: {self.failures(drifted)}")
+        if not analysis_due(self.state, self.policy, self.now):
+            started = seconds(self.state.started_at) or self.now
+            left = started + self.policy.analysis_window_s - self.now
+            return self.decision("Hold", self.state, self.baseline, message=f"analysis: {left:.0f} s left")
+        if verdict is None or not verdict.passed:
+            why = verdict.summary if verdict is not None else "no canary figures to judge by"
+            return self.roll_back(f"canary analysis failed: {why}")
+        message = f"canary analysis passed: {verdict.summary}; promoting {show(self.candidate)} to every pod"
+        state = self.phase("Promoting")
+        return self.decision("Promote", state, self.candidate, apply=self.off(self.pods, self.candidate),
+                             setting=self.candidate, events=(Event("Normal", "CanaryPassed", message),),
+                             message=message)  # fmt: skip
+
+    def promoting(self) -> Decision:
+        waiting = self.off(self.pods, self.candidate)
+        if not waiting:
+            change = self.change(self.baseline, self.candidate)
+            state = self.state.model_copy(update={
+                "phase": "Idle", "result": "Promoted", "finished_at": stamp(self.now), "canary_pods": [],
+                "attempts": 0,
+            })  # fmt: skip
+            message = f"{change}: every pod runs {show(self.candidate)}"
+            return self.decision("Promoted", state, self.candidate, fleet=self.candidate,
+                                 events=(Event("Normal", "ThresholdChanged", f"{change}: {self.reason()}"),),
+                                 message=message)  # fmt: skip
+        if self.state.attempts >= self.policy.max_attempts:
+            return self.roll_back(
+                f"promotion stopped after {self.state.attempts} attempt(s): {self.failures(waiting)}"
+            )
+        state = self.state.model_copy(update={"attempts": self.state.attempts + 1})
+        return self.decision("Promote", state, self.candidate, apply=waiting, setting=self.candidate,
+                             message=f"setting {show(self.candidate)} on {', '.join(p.name for p in waiting)}")  # fmt: skip
+
+    def reason(self) -> str:
+        return self.state.reason or "promoted"
+
+    def roll_back(self, why: str) -> Decision:
+        state = self.phase("RollingBack")
+        message = f"rolling back {show(self.candidate)} to {show(self.baseline)}: {why}"
+        targets = self.off(self.pods, self.baseline)
+        event = Event("Warning", "RollingBack", message)
+        return self.decision("RollBack", state, self.baseline, apply=targets, setting=self.baseline,
+                             events=(event,), fleet=self.baseline, message=message)  # fmt: skip
+
+    def rolling_back(self) -> Decision:
+        waiting = self.off(self.pods, self.baseline)
+        if not waiting:
+            state = self.state.model_copy(update={
+                "phase": "Idle", "result": "RolledBack", "finished_at": stamp(self.now), "canary_pods": [],
+                "attempts": 0,
+            })  # fmt: skip
+            message = f"rolled back: every pod runs {show(self.baseline)}; {self.state.message or ''}".rstrip("; ")
+            return self.decision("RolledBack", state, self.baseline, fleet=self.baseline,
+                                 events=(Event("Warning", "RolledBack", message),), message=message)  # fmt: skip
+        state = self.state.model_copy(update={"attempts": self.state.attempts + 1})
+        return self.decision("RollBack", state, self.baseline, apply=waiting, setting=self.baseline,
+                             fleet=self.baseline, message=self.state.message or "")  # fmt: skip

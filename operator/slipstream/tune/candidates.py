@@ -1,0 +1,110 @@
+"""The settings the tuner may choose from, and what the spec allows of them.
+
+A candidate is the engine's tuned triple (``sim.policies.Setting``): admission order
+(fcfs, lpm, srpt), mode (ceiling, floor) and threshold T. T is set through a concurrency
+K, the number of long prefills that share a round: ``T = C // K`` rounded down to whole
+pages. T = 0 is off (stock's whole-request admission): one long prefill at a time, so it
+counts as concurrency 1; its mode does not matter and it is listed once per order (as
+``ceiling``). K = 1 (T = C) behaves like off and is not listed separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slipstream.api.models import ServingDeploymentSpec
+from slipstream.sim.admission import MODES
+from slipstream.sim.policies import ORDERS, Setting
+
+
+@dataclass(frozen=True, slots=True)
+class TuningSpec:
+    """What the ServingDeployment's spec says the tuner may do, as plain data."""
+
+    chunked_prefill_size: int = 8192
+    """C, tokens per round (``spec.engine.chunkedPrefillSize``)."""
+    page_size: int = 1
+    """KV page size, tokens (``spec.engine.pageSize``): T is a whole number of pages."""
+    min_concurrency: int = 1
+    """Fewest concurrent prefills (``spec.tuning.minConcurrency``); off counts as 1."""
+    max_concurrency: int = 8
+    """Most concurrent prefills (``spec.tuning.maxConcurrency``)."""
+    ttft_target_s: float = 2.0
+    """p99 TTFT target of every tenant not listed (``spec.tuning.objective.ttftP99Seconds``)."""
+    tenant_targets: tuple[tuple[str, float], ...] = ()
+    """(tenant, p99 TTFT target seconds) (``spec.tuning.objective.tenants``)."""
+
+    def __post_init__(self) -> None:
+        if self.chunked_prefill_size <= 0 or self.page_size <= 0:
+            raise ValueError("chunked_prefill_size and page_size must be > 0")
+        if not 1 <= self.min_concurrency <= self.max_concurrency:
+            raise ValueError(
+                f"concurrency bounds must satisfy 1 <= min ({self.min_concurrency}) <= max "
+                f"({self.max_concurrency})"
+            )
+        if self.max_concurrency * self.page_size > self.chunked_prefill_size:
+            raise ValueError("max_concurrency must be <= chunked_prefill_size / page_size")
+
+    def target_for(self, tenant: str) -> float:
+        return dict(self.tenant_targets).get(tenant, self.ttft_target_s)
+
+    def threshold_for(self, concurrency: int) -> int:
+        """T giving ``concurrency`` prefills a round: C // K rounded down to pages."""
+        return self.chunked_prefill_size // concurrency // self.page_size * self.page_size
+
+    def allows(self, setting: Setting) -> bool:
+        """Inside the spec's bounds (order and mode known, concurrency in range, whole pages)."""
+        if setting.order not in ORDERS or setting.mode not in MODES:
+            return False
+        if setting.threshold % self.page_size or setting.threshold > self.chunked_prefill_size:
+            return False
+        return self.min_concurrency <= concurrency(setting, self.chunked_prefill_size) <= self.max_concurrency
+
+
+def from_spec(spec: ServingDeploymentSpec) -> TuningSpec:
+    """The tuner's view of a ServingDeployment's spec."""
+    tuning = spec.tuning
+    return TuningSpec(
+        chunked_prefill_size=spec.engine.chunked_prefill_size,
+        page_size=spec.engine.page_size,
+        min_concurrency=tuning.min_concurrency,
+        max_concurrency=tuning.max_concurrency,
+        ttft_target_s=tuning.objective.ttft_p99_seconds,
+        tenant_targets=tuple((t.name, t.ttft_p99_seconds) for t in tuning.objective.tenants),
+    )
+
+
+def concurrency(setting: Setting, chunked_prefill_size: int) -> int:
+    """Long prefills that share a round: C // T, 1 when T is 0 (off), as status shows it."""
+    return max(1, chunked_prefill_size // setting.threshold) if setting.threshold else 1
+
+
+PREFERRED_ORDERS = ("srpt", "fcfs", "lpm")
+"""Tie-break among orders. srpt (with aging) predicts as well as fcfs on a calm window and
+far better once a long prompt arrives, which a short window may not have shown: on
+builtin:multi-tenant a tie at t=61 s went to ceiling:2730 (fcfs) and the next giant cost
+the worst tenant a p99 slowdown of 264 against 24 (README bench: stock/srpt 36 vs stock
+105 on the traces)."""
+
+
+def preference(setting: Setting, chunked_prefill_size: int) -> tuple[int, int, int]:
+    """Sort key among near-equal candidates: least concurrency, then srpt, fcfs, lpm, then
+    ceiling. Least concurrency first: fewer partial prefills hold less KV and stall decodes
+    less, and off is the setting an operator can reason about without the patch."""
+    return (concurrency(setting, chunked_prefill_size), PREFERRED_ORDERS.index(setting.order),
+            MODES.index(setting.mode))
+
+
+def enumerate_candidates(spec: TuningSpec, orders: tuple[str, ...] = ORDERS,
+                         modes: tuple[str, ...] = MODES) -> list[Setting]:
+    """Every candidate inside the spec's bounds, preferred first, without duplicates."""
+    out: list[Setting] = []
+    if spec.min_concurrency <= 1:
+        out += [Setting(0, "ceiling", order) for order in orders]
+    for k in range(max(2, spec.min_concurrency), spec.max_concurrency + 1):
+        threshold = spec.threshold_for(k)
+        if threshold <= 0:
+            continue
+        out += [Setting(threshold, mode, order) for order in orders for mode in modes]
+    unique = list(dict.fromkeys(out))
+    return sorted(unique, key=lambda s: preference(s, spec.chunked_prefill_size))

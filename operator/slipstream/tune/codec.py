@@ -1,0 +1,58 @@
+"""WorkloadSnapshot <-> plain JSON-able dicts (``slipstream recommend --snapshot FILE.json``).
+
+Pure: parsing and formatting only; the caller reads and writes the file. Field names are
+the dataclasses' own; errors name the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from slipstream.api.snapshot import Histogram, PodSetting, TenantWindow, WorkloadSnapshot
+
+
+def to_dict(snapshot: WorkloadSnapshot) -> dict[str, Any]:
+    return asdict(snapshot)
+
+
+def _hist(data: Any, where: str) -> Histogram:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be an object with bounds, counts, total, sum")
+    try:
+        return Histogram(tuple(float(b) for b in data["bounds"]), tuple(float(c) for c in data["counts"]),
+                         float(data["total"]), float(data["sum"]))
+    except KeyError as exc:
+        raise ValueError(f"{where}.{exc.args[0]} is missing") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def from_dict(data: Any) -> WorkloadSnapshot:
+    """A snapshot from ``to_dict``'s shape; ValueError naming the bad field."""
+    if not isinstance(data, dict):
+        raise ValueError("a snapshot must be a JSON object")
+    for key in ("deployment", "taken_at", "window_s"):
+        if key not in data:
+            raise ValueError(f"snapshot field {key!r} is missing")
+    tenants = []
+    for k, t in enumerate(data.get("tenants") or ()):
+        where = f"tenants[{k}]"
+        if not isinstance(t, dict) or "name" not in t or "requests_per_s" not in t:
+            raise ValueError(f"{where} needs name and requests_per_s")
+        hit, out = t.get("cache_hit_ratio"), t.get("output_tokens")
+        tenants.append(TenantWindow(str(t["name"]), float(t["requests_per_s"]),
+                                    _hist(t.get("ttft"), f"{where}.ttft"),
+                                    _hist(t.get("uncached_tokens"), f"{where}.uncached_tokens"),
+                                    None if hit is None else float(hit),
+                                    None if out is None else _hist(out, f"{where}.output_tokens")))
+    pods = tuple(PodSetting(str(p["pod"]), int(p["threshold"]), str(p["mode"]), str(p["schedule_policy"]))
+                 for p in data.get("pods") or ())
+    mix = data.get("uncached_tokens")
+    return WorkloadSnapshot(
+        str(data["deployment"]), float(data["taken_at"]), float(data["window_s"]), tuple(tenants),
+        None if mix is None else _hist(mix, "uncached_tokens"),
+        None if data.get("queue_depth") is None else float(data["queue_depth"]),
+        pods, data.get("invalid"), str(data.get("detail", "")),
+        {str(k): float(v) for k, v in (data.get("extra") or {}).items()},
+    )

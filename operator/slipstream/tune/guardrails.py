@@ -1,0 +1,185 @@
+"""Guardrails: whether a recommendation may become a step, as one pure function.
+
+Like the VPA updater, ``decide`` re-checks safety at the moment of acting and returns an
+explicit decision: ``Move`` (the controller starts a rollout of ``to``), ``Hold`` (stay,
+with a machine reason and a human message) or ``Infeasible`` (no allowed candidate meets
+the constraints and no step is worth taking; stay, and say so). The checks, in order:
+
+1. a rollout in progress (canary, analysis, promotion or rollback): Hold ``RolloutInProgress``;
+2. an invalid snapshot: Hold with the snapshot's own reason (``NoTraffic``, ``StaleMetrics``,
+   ``PrometheusUnreachable``, ...) and its detail: fail-static, a failed read never moves;
+3. fewer first tokens in the window than ``min_samples``: Hold ``TooFewSamples``;
+4. less than ``interval_s`` since the last step: Hold ``Interval`` (one step per interval);
+5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``;
+6. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
+   with ``recommend``'s candidates; re-checked because the spec may have changed);
+7. the best differs from the current setting and its predicted gain clears the margin
+   (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
+   confirming run: ``Recommendation.gain``): Move, with the recommendation's
+   one-line reason. This holds even when no candidate meets every target: the best effort
+   still serves the tenants better, and the reason says which targets it misses. Also a
+   Move: the best has less concurrency than the current setting,
+   predicts within ``step_back_tolerance`` of it and the mix is near-uniform (heterogeneity
+   at most ``step_back_max_heterogeneity``): uniform traffic returns to off;
+8. no allowed candidate meets the targets and the long-prompt bound: ``Infeasible`` (the
+   user's targets are out of reach of any setting; status says so);
+9. the best is the current setting: Hold ``AtBest``;
+10. otherwise the gain is below the margin: Hold ``BelowMargin`` (hysteresis: noisy
+    windows do not flap).
+
+Steps 1-5 need no twin run: ``gate`` returns their Hold (or None) so a controller can skip
+the recommendation's cost when nothing could move anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
+from slipstream.sim.policies import Setting
+from slipstream.tune.candidates import TuningSpec, concurrency
+from slipstream.tune.recommend import Recommendation, describe
+
+ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+INTERVAL = "Interval"
+COOLDOWN = "Cooldown"
+OUT_OF_BOUNDS = "OutOfBounds"
+AT_BEST = "AtBest"
+BELOW_MARGIN = "BelowMargin"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardrailSettings:
+    """When a recommendation may become a step; every field with its unit and why."""
+
+    min_samples: int = 50
+    """First tokens in the window (count), all tenants. Below ~50 a p99 is the maximum of a
+    handful of requests and one slow request would decide the setting."""
+    min_gain: float = 0.2
+    """Least relative predicted improvement of the objective (fraction of the current
+    figure). Consecutive windows of the same traffic differ by ~10% in the twin's
+    prediction; twice that keeps noise from moving the setting back and forth."""
+    min_gain_abs: float = 0.5
+    """Least absolute predicted improvement (slowdown units, or seconds for the TTFT
+    objective): 20% of a slowdown of 1.5 is not worth a rollout."""
+    step_back_tolerance: float = 0.05
+    """Relative band (fraction) within which a setting with less concurrency counts as
+    predicting as well as the current one: the tuner then steps back to
+    it without a gain, so uniform traffic returns to off. Same band as the recommender's
+    ties; far below ``min_gain``, so stepping back and forth needs a real change of mix."""
+    step_back_max_heterogeneity: float = 0.1
+    """Step back without a gain only when the mix is near-uniform (heterogeneity at most
+    this, dimensionless). A calm window of a mixed workload predicts the plainer settings
+    as good until the next long prompt arrives (measured on builtin:multi-tenant: a step
+    back at heterogeneity 0.36 doubled the worst tenant's p99 slowdown, 23 -> 46; windows of
+    that mix measure as low as 0.14)."""
+    cooldown_s: float = 600.0
+    """Least time between two steps, seconds (``spec.tuning.cooldownSeconds``): a step's
+    effect must show in the metrics window before the next is judged."""
+    interval_s: float = 60.0
+    """The control interval, seconds (``spec.tuning.intervalSeconds``): at most one step per
+    interval even with no cooldown."""
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 1 or min(self.min_gain, self.min_gain_abs, self.step_back_tolerance,
+                                       self.step_back_max_heterogeneity) < 0:
+            raise ValueError("min_samples must be >= 1 and the gain margins >= 0")
+        if self.cooldown_s < 0 or self.interval_s <= 0:
+            raise ValueError("cooldown_s must be >= 0 and interval_s > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class TunerState:
+    """What the controller remembers between intervals (kept in the CR status)."""
+
+    current: Setting
+    """What the engines run (read back from their gauges)."""
+    last_step_at: float | None = None
+    """When the last step was decided (seconds on the injected clock), None if never."""
+    rollout_in_progress: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Roll ``to`` out: the predicted gain clears the margin and nothing forbids a step."""
+
+    from_: Setting
+    to: Setting
+    reason: str
+    recommendation: Recommendation
+    kind: str = "Move"
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Stay: ``reason`` is a condition-style word, ``message`` the human sentence."""
+
+    reason: str
+    message: str
+    recommendation: Recommendation | None = None
+    kind: str = "Hold"
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    """Stay: no allowed candidate meets the targets and the long-prompt bound, and none
+    improves on the current setting by the margin either."""
+
+    message: str
+    recommendation: Recommendation
+    reason: str = "Infeasible"
+    kind: str = "Infeasible"
+
+
+Decision = Move | Hold | Infeasible
+
+
+def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSettings,
+         now: float) -> Hold | None:
+    """Checks 1-5 of the module doc: the Hold that applies before any twin run, or None."""
+    if state.rollout_in_progress:
+        return Hold(ROLLOUT_IN_PROGRESS, "a rollout is in progress: no new step until it ends")
+    if not snapshot.valid:
+        assert snapshot.invalid is not None
+        return Hold(snapshot.invalid, snapshot.detail or f"metrics not usable: {snapshot.invalid}")
+    if snapshot.requests < settings.min_samples:
+        return Hold(TOO_FEW_SAMPLES, f"{snapshot.requests:.0f} first tokens in the window, "
+                    f"fewer than the {settings.min_samples} needed")
+    if state.last_step_at is not None:
+        since = now - state.last_step_at
+        if since < settings.interval_s:
+            return Hold(INTERVAL, f"last step {since:.0f} s ago: one step per {settings.interval_s:.0f} s interval")
+        if since < settings.cooldown_s:
+            return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s")
+    return None
+
+
+def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, state: TunerState,
+           spec: TuningSpec, settings: GuardrailSettings, now: float) -> Decision:
+    """The decision for this interval (module doc); ``recommendation`` may be None only when
+    ``gate`` holds (the caller skipped the twin)."""
+    held = gate(snapshot, state, settings, now)
+    if held is not None:
+        return Hold(held.reason, held.message, recommendation)
+    if recommendation is None:
+        raise ValueError("decide needs a recommendation when no guardrail holds")
+    rec = recommendation
+    c = spec.chunked_prefill_size
+    best = rec.best.setting
+    if not spec.allows(best):
+        return Hold(OUT_OF_BOUNDS, f"{describe(best, c)} is outside the spec's bounds", rec)
+    cur = rec.current.objective(rec.objective)
+    new = rec.best.objective(rec.objective)
+    if best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= settings.min_gain:
+        return Move(state.current, best, rec.reason, rec)
+    if (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
+            and rec.heterogeneity <= settings.step_back_max_heterogeneity
+            and concurrency(best, c) < concurrency(state.current, c)):
+        return Move(state.current, best, f"{rec.reason}; less concurrency predicts as well", rec)
+    if not rec.feasible:
+        return Infeasible(f"no setting within concurrency {spec.min_concurrency}-{spec.max_concurrency} "
+                          f"meets every target and the long-prompt bound: {rec.reason}", rec)
+    if best == state.current:
+        return Hold(AT_BEST, f"{describe(best, c)} is already the best: {rec.reason}", rec)
+    return Hold(BELOW_MARGIN, f"predicted gain {rec.gain:.0%} ({cur:.2f} -> {new:.2f}) is below the "
+                f"margin ({settings.min_gain:.0%} and {settings.min_gain_abs:g}): {rec.reason}", rec)

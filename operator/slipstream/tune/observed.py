@@ -1,0 +1,56 @@
+"""What Prometheus would have shown: a WorkloadSnapshot from the first tokens of one window.
+
+The twin's ``auto`` uses this to give the tuner exactly the view an operator has in a
+cluster: per tenant, the rate of first tokens, the TTFT and uncached-prompt-token
+histograms binned into SGLang 0.5.18's own bucket bounds (``api.buckets``), and the
+cache-hit ratio (cached over prompt tokens), and output lengths in
+``sglang:generation_tokens_histogram``'s bounds (SGLang counts a request there when it
+finishes; here at its first token: the hook sees first tokens only). Only requests whose
+first token came inside the window are counted; the engine's internal queue is not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from slipstream.api import buckets
+from slipstream.api.snapshot import (
+    NO_TRAFFIC,
+    TenantWindow,
+    WorkloadSnapshot,
+    histogram_of,
+    invalid,
+)
+from slipstream.sim.policies import FirstToken
+
+
+def snapshot_of(deployment: str, first_tokens: Iterable[FirstToken], now_s: float,
+                window_s: float) -> WorkloadSnapshot:
+    """The snapshot of the window ``(now_s - window_s, now_s]``; NO_TRAFFIC when empty."""
+    if window_s <= 0:
+        raise ValueError(f"window must be > 0 s, got {window_s}")
+    start = now_s - window_s
+    seen = [ft for ft in first_tokens if start < ft.first_token_s <= now_s]
+    if not seen:
+        return invalid(deployment, now_s, window_s, NO_TRAFFIC,
+                       f"no first token in the last {window_s:.0f} s")
+    per: dict[str, list[FirstToken]] = {}
+    for ft in seen:
+        per.setdefault(ft.tenant, []).append(ft)
+    tenants = []
+    for name, fts in sorted(per.items()):
+        prompt = sum(ft.prompt_tokens for ft in fts)
+        tenants.append(TenantWindow(
+            name,
+            len(fts) / window_s,
+            histogram_of([ft.first_token_s - ft.arrival_s for ft in fts], buckets.TTFT_SECONDS),
+            histogram_of([float(ft.uncached_tokens) for ft in fts], buckets.PROMPT_TOKENS),
+            1.0 - sum(ft.uncached_tokens for ft in fts) / prompt if prompt > 0 else 0.0,
+            histogram_of([float(ft.output_tokens) for ft in fts], buckets.PROMPT_TOKENS)
+            if any(ft.output_tokens for ft in fts) else None,
+        ))
+    return WorkloadSnapshot(
+        deployment, now_s, window_s, tuple(tenants),
+        histogram_of([float(ft.uncached_tokens) for ft in seen], buckets.PROMPT_TOKENS),
+        detail=f"{len(seen)} first tokens in the last {window_s:.0f} s",
+    )

@@ -1,0 +1,364 @@
+"""The recommender: run every candidate on the twin over the snapshot's workload, pick one.
+
+Steps (each a function below, plain data between them):
+
+1. ``synthesize`` the snapshot into a twin workload (``twin_workload``) and ``calibrate``
+   its burstiness: the current setting runs on Poisson arrivals, then on bursts of 2, 4,
+   8, ... until its predicted per-tenant p99 TTFT stops getting closer (log error) to what
+   the snapshot's TTFT histograms show for that same setting. Real traffic is burstier
+   than Poisson; on the Azure code trace stock's p99 TTFT is 14 s at 27% prefill load,
+   which Poisson arrivals at the same rate predict as well under 1 s;
+2. ``predict`` each candidate (the screen): one deterministic twin run per candidate,
+   on the same workload;
+3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
+   per-tenant p99 TTFT target and keep the longest prompts' slowdown within the bound,
+   the one with the least objective (default: the worst tenant's p99 slowdown, TTFT over
+   the same request's TTFT alone). Candidates within ``tie_tolerance`` of the least are
+   ties, won by the preferred (least concurrency, then srpt, fcfs, lpm, then ceiling;
+   ``candidates.preference``): uniform traffic, where
+   every candidate predicts the same, stays at off.
+
+4. ``confirm``: the best screened candidates, the current setting and off in every order
+   run again on a longer, independent sample of the same mix (``confirm_requests``,
+   replayed past the window's span), and the choice and its gain come from that run: a
+   short run from an empty engine cannot see a backlog or a full KV pool building up,
+   and a second sample takes the winner's curse out of the gain.
+
+A target is *attainable* when the tenant's own p99 TTFT alone (its prompts' prefill on an
+idle engine) is below it: no scheduler can bring a 600K-token prompt under 2 s, so such a
+target is reported, not used to veto every candidate. When no candidate meets the
+constraints the recommendation is marked infeasible and carries the best effort (the least
+objective among those within the long-prompt bound, else among all).
+
+The long-prompt bound: the p99 slowdown of the longest decile of prompts (by uncached
+tokens) may not exceed ``max(long_prompt_slowdown_max, long_prompt_slowdown_factor x the
+same figure under off/fcfs)``: shortest-first orders and concurrency help short prompts
+by delaying long ones, and this is how far they may.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from slipstream.api.snapshot import Histogram, WorkloadSnapshot
+from slipstream.sim import engine, policies
+from slipstream.sim.metrics import percentile
+from slipstream.sim.policies import EngineConfig, Setting
+from slipstream.sim.profiles import Profile
+from slipstream.sim.workload import Workload
+from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, preference
+from slipstream.tune.heterogeneity import heterogeneity
+from slipstream.tune.twin_workload import synthesize
+
+OBJECTIVES = ("worst_tenant_slowdown_p99", "worst_tenant_ttft_p99")
+BASELINE = Setting(0, "ceiling", "fcfs")
+"""Off, fcfs: SGLang as shipped, the reference of the long-prompt bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecommenderSettings:
+    """How the recommender runs; every field with its unit and why."""
+
+    max_requests: int = 200
+    """Requests in the screening workload (count), which every candidate runs on; its span
+    is the snapshot's window (shorter if the window holds more). Bounds one run to a few ms
+    so ~45 candidates fit in a fraction of a second; 200 still puts two of a 1% tail in."""
+    confirm_requests: int = 800
+    """Requests in the confirming workload (count; 0 turns the stage off): an independent
+    sample of the same mix, replayed for as long as it takes (beyond the window), on which
+    the shortlist runs and the choice is made. A short run starts from an empty engine and
+    cannot see a backlog or a full KV pool that builds over minutes: on the Mooncake + Azure
+    traces a 120 s screen ranked ceiling:4096/srpt 16 and stock/srpt 40, a 200 s run 264 and
+    40. Being a second sample it also takes the winner's curse out of the gain: the least of
+    45 noisy estimates is biased low."""
+    shortlist: int = 6
+    """Best screened candidates (count) the confirming run re-checks, besides the current
+    setting and off in every order."""
+    seed: int = 0
+    """Seed of the workload's RNG: the same snapshot gives the same recommendation."""
+    objective: str = "worst_tenant_slowdown_p99"
+    """What is minimised: the worst tenant's p99 slowdown (default: fair to short and long
+    prompts alike), or the worst tenant's p99 TTFT (seconds)."""
+    tie_tolerance: float = 0.05
+    """Relative band (fraction) within which candidates count as equal and the preferred wins:
+    the twin's figures on a 300-request sample are not finer than that."""
+    long_prompt_slowdown_max: float = 10.0
+    """Absolute part of the long-prompt bound (slowdown, dimensionless): the longest decile
+    may wait up to 9x its own prefill time before it counts as starved."""
+    long_prompt_slowdown_factor: float = 1.5
+    """Relative part (multiple of the same figure under off/fcfs): under overload even stock
+    exceeds the absolute bound, and a candidate may then be at most this much worse."""
+    bursts: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    """Arrival burst sizes (requests arriving together) tried when fitting the twin to the
+    current setting's observed p99 TTFT, in order; the search stops at the first that fits
+    worse than the one before. (1,) turns the fit off."""
+    calibration_min_samples: int = 20
+    """First tokens a tenant needs in the window (count) for its observed p99 TTFT to be
+    fitted: fewer and the p99 is one request's luck."""
+    orders: tuple[str, ...] = policies.ORDERS
+    """Admission orders tried."""
+    modes: tuple[str, ...] = ("ceiling", "floor")
+    """Engine modes tried."""
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.max_requests < 10:
+            raise ValueError("max_requests must be >= 10")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantFigures:
+    """One tenant under one candidate, predicted by the twin."""
+
+    name: str
+    requests: int
+    ttft_p99_s: float
+    slowdown_p99: float
+    solo_ttft_p99_s: float
+    """p99 TTFT of the same requests alone: the floor no setting goes under."""
+    target_s: float
+
+    @property
+    def attainable(self) -> bool:
+        return self.solo_ttft_p99_s <= self.target_s
+
+    @property
+    def meets_target(self) -> bool:
+        return not self.attainable or self.ttft_p99_s <= self.target_s
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The twin's figures for one candidate."""
+
+    setting: Setting
+    concurrency: int
+    allowed: bool
+    """Inside the spec's bounds."""
+    tenants: tuple[TenantFigures, ...]
+    worst_tenant_slowdown_p99: float
+    worst_tenant_ttft_p99_s: float
+    long_prompt_slowdown_p99: float
+    within_long_bound: bool = True
+
+    @property
+    def meets_targets(self) -> bool:
+        return all(t.meets_target for t in self.tenants)
+
+    def objective(self, name: str) -> float:
+        return self.worst_tenant_slowdown_p99 if name == OBJECTIVES[0] else self.worst_tenant_ttft_p99_s
+
+    def worst_tenant(self) -> TenantFigures | None:
+        return max(self.tenants, key=lambda t: t.slowdown_p99, default=None)
+
+    def tenant(self, name: str) -> TenantFigures | None:
+        return next((t for t in self.tenants if t.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """The choice, every candidate's predicted figures, and why in one line."""
+
+    best: Prediction
+    current: Prediction
+    predictions: tuple[Prediction, ...]
+    heterogeneity: float
+    feasible: bool
+    """Some allowed candidate meets every attainable target and the long-prompt bound."""
+    objective: str
+    long_prompt_bound: float
+    requests: int
+    """Requests in the synthetic workload."""
+    reason: str
+    burst: int = 1
+    """Arrival burst size the twin was fitted to (1: Poisson)."""
+    fit_error: float = math.nan
+    """Mean |log(predicted / observed)| of the current setting's per-tenant p99 TTFT at
+    ``burst`` (0 is a perfect fit; NaN when no tenant had enough samples)."""
+    confirmed: tuple[Prediction, ...] = ()
+    """The shortlist re-run on the longer, independent confirming sample; ``best`` and
+    ``current`` are from these (``predictions`` holds the screen of every candidate)."""
+
+    @property
+    def gain(self) -> float:
+        """Relative predicted improvement of the objective over the current setting."""
+        cur = self.current.objective(self.objective)
+        new = self.best.objective(self.objective)
+        return (cur - new) / cur if cur > 0 and math.isfinite(cur) and math.isfinite(new) else 0.0
+
+    @property
+    def gain_abs(self) -> float:
+        """Absolute predicted improvement (objective units)."""
+        diff = self.current.objective(self.objective) - self.best.objective(self.objective)
+        return diff if math.isfinite(diff) else 0.0
+
+
+def twin_config(config: EngineConfig, spec: TuningSpec, workload: Workload) -> EngineConfig:
+    """The engine config the candidates run on: the spec's C and page, a cache that keeps
+    every synthetic prefix (the observed hit ratio is already the engine's real one)."""
+    need = sum(r.prompt_tokens for r in workload.requests)
+    return replace(config, chunked_prefill_size=spec.chunked_prefill_size, page_size=spec.page_size,
+                   cache_tokens=max(config.cache_tokens, need + 1))
+
+
+def policy_name(setting: Setting) -> str:
+    """The twin's policy name of a setting, e.g. ``floor:2048/srpt`` or ``stock``."""
+    kind = f"{setting.mode}:{setting.threshold}" if setting.threshold else "stock"
+    return kind if setting.order == "fcfs" else f"{kind}/{setting.order}"
+
+
+def predict(workload: Workload, setting: Setting, profile: Profile, config: EngineConfig,
+            spec: TuningSpec) -> Prediction:
+    """One twin run of ``setting`` on ``workload`` and its figures."""
+    result = engine.simulate(workload, policies.parse(policy_name(setting), config), profile, config)
+    by_tenant: dict[str, list[engine.Job]] = {}
+    for job in result.jobs:
+        by_tenant.setdefault(job.req.tenant, []).append(job)
+    tenants = []
+    for name, jobs in by_tenant.items():
+        ttft = [j.first_token_s - j.arrival_s for j in jobs]
+        slow = [(j.first_token_s - j.arrival_s) / j.solo_s for j in jobs if j.solo_s > 0]
+        tenants.append(TenantFigures(name, len(jobs), percentile(ttft, 99), percentile(slow, 99),
+                                     percentile([j.solo_s for j in jobs], 99), spec.target_for(name)))
+    longest = sorted(result.jobs, key=lambda j: j.uncached)[-max(1, len(result.jobs) // 10):]
+    long_slow = percentile([(j.first_token_s - j.arrival_s) / j.solo_s for j in longest if j.solo_s > 0], 99)
+    return Prediction(
+        setting, concurrency(setting, spec.chunked_prefill_size), spec.allows(setting), tuple(tenants),
+        max((t.slowdown_p99 for t in tenants), default=math.nan),
+        max((t.ttft_p99_s for t in tenants), default=math.nan),
+        long_slow,
+    )
+
+
+def choose(predictions: Sequence[Prediction], settings: RecommenderSettings,
+           chunked_prefill_size: int) -> tuple[Prediction, bool]:
+    """(best, feasible) by the rules of the module doc."""
+    allowed = [p for p in predictions if p.allowed] or list(predictions)
+    ok = [p for p in allowed if p.within_long_bound and p.meets_targets]
+    pool = ok or [p for p in allowed if p.within_long_bound] or allowed
+    least = min(p.objective(settings.objective) for p in pool)
+    ties = [p for p in pool if p.objective(settings.objective) <= least * (1 + settings.tie_tolerance)]
+    best = min(ties, key=lambda p: preference(p.setting, chunked_prefill_size))
+    return best, bool(ok)
+
+
+def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
+              config: EngineConfig | None = None,
+              settings: RecommenderSettings | None = None) -> Recommendation:
+    """The recommendation for a valid snapshot (ValueError on an invalid or empty one)."""
+    settings = settings or RecommenderSettings()
+    if not snapshot.valid:
+        raise ValueError(f"snapshot of {snapshot.deployment} is not valid: {snapshot.invalid}")
+    base = config or EngineConfig()
+    burst, workload, current_run, fit = calibrate(snapshot, current, spec, profile, base, settings)
+    cfg = twin_config(base, spec, workload)
+    runs = {current: current_run}
+    runs.update({s: predict(workload, s, profile, cfg, spec)
+                 for s in (BASELINE, *enumerate_candidates(spec, settings.orders, settings.modes)) if s not in runs})
+    screened = bounded(tuple(runs.values()), settings)
+    confirmed = screened
+    if settings.confirm_requests:
+        longer = synthesize(snapshot, settings.confirm_requests, settings.seed + 1, burst, max_span_s=math.inf)
+        lcfg = twin_config(base, spec, longer)
+        confirmed = bounded(tuple(predict(longer, s, profile, lcfg, spec)
+                                  for s in shortlist(screened, current, settings, spec.chunked_prefill_size)),
+                            settings)
+    best, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
+    cur = next(p for p in confirmed if p.setting == current)
+    mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
+                        spec.chunked_prefill_size)
+    bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
+    return Recommendation(best, cur, screened, mix, feasible, settings.objective,
+                          long_bound(bound, settings), len(workload.requests),
+                          reason_line(mix, cur, best, feasible), burst, fit, confirmed)
+
+
+def long_bound(baseline_long_slowdown: float, settings: RecommenderSettings) -> float:
+    """The longest prompts' p99 slowdown a candidate may reach (module doc)."""
+    return max(settings.long_prompt_slowdown_max, settings.long_prompt_slowdown_factor * baseline_long_slowdown)
+
+
+def bounded(preds: tuple[Prediction, ...], settings: RecommenderSettings) -> tuple[Prediction, ...]:
+    """The predictions marked against the long-prompt bound of their own run of off/fcfs."""
+    base = next(p for p in preds if p.setting == BASELINE)
+    bound = long_bound(base.long_prompt_slowdown_p99, settings)
+    return tuple(replace(p, within_long_bound=p.long_prompt_slowdown_p99 <= bound) for p in preds)
+
+
+def shortlist(screened: Sequence[Prediction], current: Setting, settings: RecommenderSettings,
+              chunked_prefill_size: int) -> list[Setting]:
+    """What the longer run confirms: the best ``shortlist`` allowed candidates of the screen,
+    the current setting, off/fcfs (the bound's reference) and off in every order (the
+    settings that hold the least KV, which a short screen flatters least)."""
+    allowed = sorted((p for p in screened if p.allowed),
+                     key=lambda p: (p.objective(settings.objective), preference(p.setting, chunked_prefill_size)))
+    picks = [p.setting for p in allowed[: settings.shortlist]]
+    picks += [current, BASELINE]
+    picks += [p.setting for p in screened if p.allowed and p.setting.threshold == 0]
+    return list(dict.fromkeys(picks))
+
+
+def calibrate(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
+              config: EngineConfig, settings: RecommenderSettings
+              ) -> tuple[int, Workload, Prediction, float]:
+    """(burst, workload, current setting's prediction, fit error): step 1 of the module doc."""
+    observed = {t.name: t.ttft_p99_s for t in snapshot.tenants
+                if t.ttft.total >= settings.calibration_min_samples and t.ttft.finite
+                and math.isfinite(t.ttft_p99_s) and t.ttft_p99_s > 0}
+    best: tuple[int, Workload, Prediction, float] | None = None
+    for burst in settings.bursts or (1,):
+        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst)
+        if not workload.requests:
+            raise ValueError(f"snapshot of {snapshot.deployment} has no tenant traffic to replay")
+        run = predict(workload, current, profile, twin_config(config, spec, workload), spec)
+        err = fit_error(run, observed)
+        if best is not None and not err < best[3]:
+            break
+        best = (burst, workload, run, err)
+        if math.isnan(err):
+            break
+    assert best is not None
+    return best
+
+
+def fit_error(run: Prediction, observed: dict[str, float]) -> float:
+    """Mean |log(predicted / observed)| p99 TTFT over the tenants observed; NaN if none."""
+    errs = [abs(math.log(max(t.ttft_p99_s, 1e-3) / observed[t.name])) for t in run.tenants if t.name in observed]
+    return sum(errs) / len(errs) if errs else math.nan
+
+
+def merged_uncached(snapshot: WorkloadSnapshot) -> Histogram | None:
+    """The deployment's uncached-token histogram as the sum of its tenants' (same bounds)."""
+    hists = [t.uncached_tokens for t in snapshot.tenants if t.uncached_tokens.total > 0]
+    if not hists or any(h.bounds != hists[0].bounds for h in hists):
+        return hists[0] if hists else None
+    return Histogram(hists[0].bounds,
+                     tuple(sum(h.counts[i] for h in hists) for i in range(len(hists[0].bounds))),
+                     sum(h.total for h in hists), sum(h.sum for h in hists))
+
+
+def describe(setting: Setting, chunked_prefill_size: int) -> str:
+    """``off, order fcfs`` or ``T 2048 (concurrency 4, ceiling, order srpt)``."""
+    if not setting.threshold:
+        return f"off, order {setting.order}"
+    return (f"T {setting.threshold} (concurrency {concurrency(setting, chunked_prefill_size)}, "
+            f"{setting.mode}, order {setting.order})")
+
+
+def reason_line(mix: float, cur: Prediction, best: Prediction, feasible: bool) -> str:
+    """One line for status, Events and logs, e.g. ``heterogeneity 0.81, predicted ...``."""
+    worst = cur.worst_tenant()
+    mixed = "n/a" if math.isnan(mix) else f"{mix:.2f}"
+    line = (f"heterogeneity {mixed}, predicted worst-tenant p99 slowdown "
+            f"{cur.worst_tenant_slowdown_p99:.1f} -> {best.worst_tenant_slowdown_p99:.1f}")
+    if worst is not None:
+        after = best.tenant(worst.name)
+        if after is not None:
+            line += f" ({worst.name} p99 TTFT {worst.ttft_p99_s:.1f} s -> {after.ttft_p99_s:.1f} s)"
+    if not feasible:
+        missed = [t.name for t in best.tenants if not t.meets_target]
+        line += "; no candidate meets every target" + (f" (misses {', '.join(missed)})" if missed else "")
+    return line

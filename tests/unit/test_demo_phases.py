@@ -1,0 +1,44 @@
+"""The demo's traffic phases: the premise the closed loop is judged on, checked on the twin."""
+
+from __future__ import annotations
+
+from slipstream.demo import phases
+from slipstream.sim import engine, metrics, policies, profiles, spec
+
+
+def worst_tenant_p99(kind: str, policy: str) -> float:
+    loaded = spec.parse(phases.spec_yaml(kind, 400.0), kind)
+    result = engine.simulate(
+        loaded.workload,
+        policies.parse(policy, loaded.engine),
+        profiles.load(phases.PROFILE),
+        loaded.engine,
+    )
+    return max(t["ttft_p99_s"] for t in metrics.summarize(result)["per_tenant"].values())
+
+
+def test_heterogeneous_phase_gains_at_least_five_fold_from_capped_concurrency():
+    stock = worst_tenant_p99(phases.HETEROGENEOUS, "stock")
+    capped = worst_tenant_p99(phases.HETEROGENEOUS, "ceiling:2048/srpt")
+    assert stock >= 5 * capped, (stock, capped)
+
+
+def test_uniform_phase_gains_nothing_from_capping():
+    stock = worst_tenant_p99(phases.UNIFORM, "stock")
+    capped = worst_tenant_p99(phases.UNIFORM, "ceiling:2048/srpt")
+    assert capped >= stock, (stock, capped)
+
+
+def test_plan_lays_phases_back_to_back_with_unique_ids_and_rare_giants():
+    workload, spans = phases.plan(400.0, replicas=2)
+    assert [p.kind for p in spans] == ["uniform", "heterogeneous", "uniform"]
+    assert [(p.start_s, p.end_s) for p in spans] == [(0, 400), (400, 800), (800, 1200)]
+    ids = [r.rid for r in workload.requests]
+    assert len(ids) == len(set(ids))
+    for r in workload.requests:
+        assert next(p for p in spans if p.holds(r.arrival_s)).name == r.rid.split("/")[0]
+    het = [r for r in workload.requests if r.rid.startswith("2-")]
+    for tenant in ("chat", "code", "agent"):
+        mine = [r for r in het if r.tenant == tenant]
+        giants = [r for r in mine if r.prompt_tokens >= phases.GIANT_TOKENS[0]]
+        assert giants and len(giants) < 0.01 * len(mine), (tenant, len(giants), len(mine))

@@ -1,0 +1,229 @@
+"""The rollout state machine on plain data: every transition, resume from status, rollback on
+regression, bounded retries. A small in-memory fleet plays the engines (`Fleet.step` does
+what the controller does: read, decide, apply, read back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from slipstream.api import models
+from slipstream.rollout import analysis, machine
+
+S = models.EngineSetting
+OLD = S(threshold=4096)
+NEW = S(threshold=2048, schedule_policy="srpt")
+POLICY = machine.Policy(canary_replicas=1, analysis_window_s=300, max_regression_percent=5, max_attempts=3,
+                        retry_after_s=600, chunked_prefill_size=8192)  # fmt: skip
+AUTO = machine.Target(NEW, "heterogeneity 0.81, predicted worst-tenant p99 TTFT 38.2 s -> 1.9 s", canary=True)
+T0 = 1_800_000_000.0
+
+PASS = analysis.compare({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.05}, 5)
+REGRESS = analysis.compare({"a": 1.0, "b": 3.0}, {"a": 1.0, "b": 2.0}, 5)
+
+
+@dataclass
+class Fleet:
+    """Engine pods as the admin API would show them; `failing` pods answer no call,
+    `refusing` ones read fine but refuse every change."""
+
+    settings: dict[str, S]
+    failing: set[str] = field(default_factory=set)
+    refusing: set[str] = field(default_factory=set)
+    state: models.RolloutStatus | None = None
+    fleet: S = OLD
+    configmap: S = OLD
+    events: list[machine.Event] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+
+    def pods(self) -> list[machine.Pod]:
+        return [
+            machine.Pod(n, None, "HTTP 503") if n in self.failing else machine.Pod(n, s)
+            for n, s in sorted(self.settings.items())
+        ]
+
+    def step(self, target: machine.Target | None, now: float, verdict: analysis.Verdict | None = None) -> machine.Decision:
+        d = machine.decide(self.state, self.fleet, target, self.pods(), POLICY, now, verdict)
+        for name, setting in d.apply.items():
+            if name not in self.failing | self.refusing:
+                self.settings[name] = setting
+        # persist as the controller does: through the CR status (camelCase JSON)
+        self.state = models.RolloutStatus.model_validate(d.state.to_k8s())
+        self.fleet, self.configmap = d.fleet, d.configmap
+        self.events += d.events
+        self.actions.append(d.action)
+        return d
+
+
+def fleet(n: int = 3) -> Fleet:
+    return Fleet({f"engine-{i}": OLD for i in range(n)})
+
+
+def test_idle_with_nothing_to_do_holds() -> None:
+    f = fleet()
+    d = f.step(machine.Target(OLD, "spec", canary=True), T0)
+    assert d.action == "Hold" and not d.apply and not d.events and d.configmap == OLD and not d.in_flight
+
+
+def test_idle_sets_a_stale_pod_back_with_an_event() -> None:
+    f = fleet()
+    f.settings["engine-2"] = S(threshold=0)
+    d = f.step(None, T0)
+    assert d.action == "Correct" and d.apply == {"engine-2": OLD}
+    assert [e.reason for e in d.events] == ["StalePodCorrected"] and "engine-2" in d.events[0].message
+    assert f.settings["engine-2"] == OLD
+
+
+def test_canary_analysis_promote_with_the_numbers_in_the_events() -> None:
+    f = fleet()
+    d = f.step(AUTO, T0)
+    assert d.action == "StartCanary" and d.apply == {"engine-0": NEW}
+    assert f.state is not None and f.state.phase == "Canary" and f.state.canary_pods == ["engine-0"]
+    assert d.fleet == OLD and d.configmap == OLD, "the fleet and new pods stay on the old setting during the canary"
+    assert d.events[0].message.startswith("4096 -> 2048 (concurrency 2 -> 4, order fcfs -> srpt): heterogeneity 0.81")
+
+    d = f.step(AUTO, T0 + 5)
+    assert d.action == "StartAnalysis" and f.state.phase == "Analysis"
+    assert not machine.analysis_due(f.state, POLICY, T0 + 100)
+    assert f.step(AUTO, T0 + 100).action == "Hold"
+    assert machine.analysis_due(f.state, POLICY, T0 + 305)
+
+    d = f.step(AUTO, T0 + 305, PASS)
+    assert d.action == "Promote" and d.configmap == NEW and set(d.apply) == {"engine-1", "engine-2"}
+    assert d.fleet == OLD, "status shows the old setting until every pod reads the new one"
+    d = f.step(AUTO, T0 + 306)
+    assert d.action == "Promoted" and d.fleet == NEW and d.configmap == NEW and not d.in_flight
+    assert f.state.result == "Promoted"
+    changed = [e for e in f.events if e.reason == "ThresholdChanged"]
+    assert changed[0].message == (
+        "4096 -> 2048 (concurrency 2 -> 4, order fcfs -> srpt): heterogeneity 0.81, "
+        "predicted worst-tenant p99 TTFT 38.2 s -> 1.9 s"
+    )
+    assert [e.reason for e in f.events] == ["CanaryStarted", "CanaryPassed", "ThresholdChanged"]
+    assert f.step(AUTO, T0 + 400).action == "Hold"
+
+
+def test_a_regressing_canary_is_rolled_back_and_the_fleet_ends_uniform() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    d = f.step(AUTO, T0 + 305, REGRESS)
+    assert d.action == "RollBack" and d.apply == {"engine-0": OLD} and d.configmap == OLD
+    assert "b p99 TTFT 3.00 s vs 2.00 s (+50%)" in d.events[0].message and d.events[0].type == "Warning"
+    d = f.step(AUTO, T0 + 306)
+    assert d.action == "RolledBack" and f.state.result == "RolledBack" and d.fleet == OLD
+    assert set(f.settings.values()) == {OLD}
+    # the same candidate is not tried again before retry_after_s...
+    d = f.step(AUTO, T0 + 400)
+    assert d.action == "Hold" and "not tried again" in d.message and not d.apply
+    # ...and is after it
+    assert f.step(AUTO, T0 + 306 + 601).action == "StartCanary"
+
+
+@pytest.mark.parametrize("verdict", [None, analysis.compare({}, {"a": 1.0}, 5), analysis.failed_read("HTTP 500")])
+def test_no_figures_to_judge_by_rolls_back(verdict: analysis.Verdict | None) -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    assert f.step(AUTO, T0 + 305, verdict).action == "RollBack"
+
+
+def test_a_canary_that_keeps_failing_is_rolled_back_after_bounded_retries() -> None:
+    f = fleet()
+    f.refusing = {"engine-0"}
+    f.step(AUTO, T0)
+    f.failing = {"engine-0"}
+    actions = [f.step(AUTO, T0 + i).action for i in range(1, 5)]
+    assert actions == ["ApplyCanary", "ApplyCanary", "ApplyCanary", "RollBack"]
+    assert "after 3 attempt(s): engine-0 (HTTP 503)" in f.state.message
+    f.failing = f.refusing = set()
+    assert f.step(AUTO, T0 + 6).action == "RolledBack"
+    assert set(f.settings.values()) == {OLD}
+
+
+def test_a_pod_failing_during_promotion_rolls_the_fleet_back() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    f.failing = {"engine-2"}
+    f.step(AUTO, T0 + 305, PASS)
+    assert f.settings["engine-1"] == NEW and f.configmap == NEW
+    actions = [f.step(AUTO, T0 + 306 + i).action for i in range(4)]
+    assert actions == ["Promote", "Promote", "Promote", "RollBack"]
+    assert f.configmap == OLD and f.fleet == OLD
+    assert f.settings["engine-0"] == OLD and f.settings["engine-1"] == OLD
+    # the unreachable pod is retried every step; nothing else (no restart) is possible
+    assert f.step(AUTO, T0 + 320).apply == {"engine-2": OLD}
+    f.failing = set()
+    assert f.step(AUTO, T0 + 321).action == "RolledBack"
+
+
+def test_fixed_edit_goes_to_every_pod_at_once() -> None:
+    f = fleet(2)
+    fixed = machine.Target(S(threshold=1024), "spec.tuning.threshold changed", canary=False)
+    d = f.step(fixed, T0)
+    assert d.action == "Promote" and set(d.apply) == {"engine-0", "engine-1"} and d.configmap == S(threshold=1024)
+    assert "no canary" in d.events[0].message
+    assert f.step(fixed, T0 + 1).action == "Promoted" and f.fleet == S(threshold=1024)
+
+
+def test_with_no_pods_a_change_is_the_configmap_alone() -> None:
+    f = Fleet({})
+    fixed = machine.Target(NEW, "spec", canary=True)
+    assert f.step(fixed, T0).action == "Promote"
+    assert f.step(fixed, T0 + 1).action == "Promoted" and f.configmap == NEW and f.fleet == NEW
+
+
+def test_a_target_changed_during_the_canary_rolls_back_first() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    d = f.step(machine.Target(S(threshold=1024), "newer", canary=True), T0 + 1)
+    assert d.action == "RollBack" and "target changed" in d.message
+
+
+def test_a_canary_that_goes_away_or_drifts_rolls_back() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    f.settings["engine-0"] = OLD  # restarted from the ConfigMap
+    d = f.step(AUTO, T0 + 10)
+    assert d.action == "RollBack" and "no longer run the candidate" in d.message
+    g = fleet()
+    g.step(AUTO, T0)
+    del g.settings["engine-0"]
+    assert g.step(AUTO, T0 + 1).action == "RollBack"
+
+
+def test_a_restarted_operator_resumes_from_the_status_alone() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    saved = f.state.to_k8s()
+    assert saved["phase"] == "Analysis" and saved["candidate"]["threshold"] == 2048
+    assert saved["baseline"]["threshold"] == 4096 and saved["canaryPods"] == ["engine-0"]
+    # a new process: nothing but the status and the engines
+    resumed = Fleet(dict(f.settings), state=models.RolloutStatus.model_validate(saved), fleet=OLD)
+    assert resumed.step(AUTO, T0 + 100).action == "Hold"
+    assert resumed.step(AUTO, T0 + 305, PASS).action == "Promote"
+    assert resumed.step(AUTO, T0 + 306).action == "Promoted"
+
+
+def test_without_a_ready_baseline_pod_all_pods_on_the_fleet_setting_can_canary() -> None:
+    f = fleet(1)
+    d = f.step(AUTO, T0)
+    assert d.action == "StartCanary" and d.apply == {"engine-0": NEW}
+
+
+def test_comparison_rules() -> None:
+    assert PASS.passed and "+2%" not in PASS.summary and "-2%" in PASS.summary
+    assert not REGRESS.passed and "b p99" in REGRESS.summary
+    assert not analysis.compare({"a": float("nan")}, {"a": 1.0}, 5).passed
+    assert analysis.compare({"a": 0.0}, {"a": 0.0}, 5).passed
+    assert not analysis.compare({"a": 0.5}, {"a": 0.0}, 5).passed
+    assert analysis.compare({"a": 0.01}, {"a": 0.0}, 5, min_p99_s=0.05).passed
+
+
+def test_stamps_round_trip() -> None:
+    assert machine.seconds(machine.stamp(T0)) == T0
+    assert machine.seconds(None) is None

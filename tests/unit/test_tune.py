@@ -1,0 +1,329 @@
+"""The tuner's pure parts fed histograms straight in (no fakes): heterogeneity, the
+recommender on the twin, and every guardrail."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+
+from slipstream.api import buckets, models
+from slipstream.api.snapshot import (
+    NO_TRAFFIC,
+    TOO_FEW_SAMPLES,
+    UNREACHABLE,
+    TenantWindow,
+    WorkloadSnapshot,
+    histogram_of,
+    invalid,
+)
+from slipstream.sim import profiles
+from slipstream.sim.policies import Setting
+from slipstream.tune import codec, deployment, guardrails, recommend
+from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates
+from slipstream.tune.guardrails import GuardrailSettings, Hold, Infeasible, Move, TunerState
+from slipstream.tune.heterogeneity import heterogeneity
+from slipstream.tune.twin_workload import synthesize
+
+PROFILE = profiles.load("kimi-k3-8xh200")
+SPEC = TuningSpec()
+OFF = Setting(0, "ceiling", "fcfs")
+
+
+def tokens(values: list[float]):
+    return histogram_of(values, buckets.PROMPT_TOKENS)
+
+
+def tenant(name: str, rate: float, lengths: list[float], hit: float = 0.0) -> TenantWindow:
+    return TenantWindow(name, rate, histogram_of([0.3] * len(lengths), buckets.TTFT_SECONDS),
+                        tokens(lengths), hit)
+
+
+def snapshot(*tenants: TenantWindow, window_s: float = 300.0) -> WorkloadSnapshot:
+    merged = tokens([x for t in tenants for lo, hi, n in t.uncached_tokens.buckets()
+                     for x in [hi if math.isfinite(hi) else lo] * round(n)])
+    return WorkloadSnapshot("ns/sd", 1000.0, window_s, tenants, merged)
+
+
+def uniform() -> WorkloadSnapshot:
+    return snapshot(tenant("chat", 4.0, [2000.0] * 1200))
+
+
+def heterogeneous(seed: int = 3) -> WorkloadSnapshot:
+    rng = random.Random(seed)
+    return snapshot(
+        tenant("chat", 3.0, [float(rng.randint(1000, 3000)) for _ in range(900)]),
+        tenant("docs", 0.04, [float(rng.randint(60000, 150000)) for _ in range(12)]),
+        tenant("agent", 0.3, [float(rng.randint(500, 2000)) for _ in range(90)], hit=0.95),
+    )
+
+
+# -- heterogeneity -------------------------------------------------------------------------
+
+def test_heterogeneity_is_zero_for_uniform_traffic():
+    assert heterogeneity(tokens([2000.0] * 500), PROFILE) == 0.0
+    assert heterogeneity(tokens([300.0] * 7)) == 0.0
+
+
+def test_heterogeneity_is_high_for_a_long_tail_and_ordered_by_spread():
+    short = [float(1000 + 10 * k) for k in range(200)]
+    narrow = heterogeneity(tokens(short), PROFILE)
+    tail = heterogeneity(tokens(short + [120000.0] * 3), PROFILE)
+    giant = heterogeneity(tokens(short + [600000.0]), PROFILE)
+    assert 0.0 <= narrow < 0.1
+    assert tail > 0.8
+    assert giant > tail
+    assert heterogeneity(heterogeneous().uncached_tokens, PROFILE) > 0.8
+
+
+def test_heterogeneity_weights_by_prefill_cost():
+    # H = CV^2 / (1 + CV^2) of the requests' prefill seconds alone, from the cost profile,
+    # each bucket's requests at its midpoint: 2000 in (1500, 2000], 100000 in (80000, 100000].
+    from slipstream.sim.cost import CostModel
+
+    cost = CostModel(PROFILE)
+    a, b = cost.solo_prefill_s(0, 1750, 8192), cost.solo_prefill_s(0, 90000, 8192)
+    mean, mean_sq = (100 * a + 2 * b) / 102, (100 * a * a + 2 * b * b) / 102
+    mix = tokens([2000.0] * 100 + [100000.0] * 2)
+    assert heterogeneity(mix, PROFILE) == pytest.approx(1 - mean * mean / mean_sq, rel=1e-3)
+    assert heterogeneity(mix, PROFILE) != pytest.approx(heterogeneity(mix, None), abs=0.01)
+
+
+def test_heterogeneity_of_no_traffic_is_nan_not_uniform():
+    assert math.isnan(heterogeneity(None))
+    assert math.isnan(heterogeneity(tokens([])))
+
+
+# -- candidates and the twin workload --------------------------------------------------------
+
+def test_candidates_respect_bounds_and_pages():
+    spec = TuningSpec(chunked_prefill_size=8192, page_size=64, min_concurrency=2, max_concurrency=4)
+    cands = enumerate_candidates(spec)
+    assert cands and all(spec.allows(c) for c in cands)
+    assert all(c.threshold % 64 == 0 and c.threshold > 0 for c in cands)  # off is concurrency 1 < 2
+    assert {concurrency(c, 8192) for c in cands} == {2, 3, 4}
+    assert len(enumerate_candidates(SPEC)) == 3 + 3 * 2 * 7
+
+
+def test_synthetic_workload_follows_the_snapshot_and_is_deterministic():
+    snap = heterogeneous()
+    w1, w2 = synthesize(snap, 300, seed=5), synthesize(snap, 300, seed=5)
+    assert w1 == w2
+    assert 250 <= len(w1.requests) <= 320
+    docs = [r for r in w1.requests if r.tenant == "docs"]
+    # Drawn inside the buckets the docs' 60K-150K prompts fell in: (40000, 200000].
+    assert docs and all(40000 <= r.prompt_tokens <= 200000 for r in docs)
+    agent = [r for r in w1.requests if r.tenant == "agent"]
+    hit = 1 - sum(r.block_sizes[-1] for r in agent) / sum(r.prompt_tokens for r in agent)
+    assert hit == pytest.approx(0.95, abs=0.01)
+    chat = [r for r in synthesize(uniform(), 300).requests]
+    assert {r.prompt_tokens for r in chat} == {2000}
+
+
+# -- the recommender --------------------------------------------------------------------------
+
+def test_recommender_keeps_uniform_traffic_off():
+    rec = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
+    assert rec.best.setting.threshold == 0  # off (its order srpt: ties prefer it)
+    assert rec.heterogeneity == 0.0
+    assert rec.feasible
+    assert len(rec.predictions) == len(enumerate_candidates(SPEC))
+    assert rec.reason.startswith("heterogeneity 0.00, predicted worst-tenant p99 slowdown")
+
+
+def test_recommender_picks_concurrent_srpt_for_heterogeneous_traffic():
+    rec = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)
+    best = rec.best.setting
+    assert best.order == "srpt" and best.threshold > 0
+    assert rec.best.worst_tenant_slowdown_p99 < rec.current.worst_tenant_slowdown_p99 / 3
+    assert rec.best.long_prompt_slowdown_p99 <= rec.long_prompt_bound
+    assert rec.heterogeneity > 0.8
+    assert "heterogeneity 0.9" in rec.reason or "heterogeneity 0.8" in rec.reason
+    again = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)
+    assert again == rec  # deterministic
+
+
+def test_recommender_honours_min_concurrency_and_reports_unattainable_targets():
+    spec = TuningSpec(min_concurrency=2, max_concurrency=2, ttft_target_s=1.0)
+    rec = recommend.recommend(heterogeneous(), OFF, spec, PROFILE)
+    assert concurrency(rec.best.setting, 8192) == 2
+    docs = rec.best.tenant("docs")
+    assert docs is not None and not docs.attainable and docs.meets_target  # 100K tokens alone > 1 s
+    assert rec.current.allowed is False  # off is concurrency 1, below the bound
+
+
+def test_twin_is_fitted_to_the_observed_ttft_of_the_current_setting():
+    calm = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
+    slow = snapshot(TenantWindow("chat", 4.0, histogram_of([6.0] * 1200, buckets.TTFT_SECONDS),
+                                 tokens([2000.0] * 1200), 0.0))
+    bursty = recommend.recommend(slow, OFF, SPEC, PROFILE)
+    assert bursty.burst > calm.burst
+    assert bursty.fit_error < recommend.recommend(
+        slow, OFF, SPEC, PROFILE, settings=recommend.RecommenderSettings(bursts=(1,))).fit_error
+    assert bursty.current.worst_tenant_ttft_p99_s > calm.current.worst_tenant_ttft_p99_s
+
+
+def test_the_choice_is_made_on_a_longer_independent_sample():
+    rec = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)
+    confirmed = {p.setting for p in rec.confirmed}
+    assert rec.best in rec.confirmed and rec.current in rec.confirmed
+    assert {OFF, Setting(0, "ceiling", "srpt"), Setting(0, "ceiling", "lpm")} <= confirmed
+    assert len(rec.confirmed) < len(rec.predictions)
+    screened_best = min(p.worst_tenant_slowdown_p99 for p in rec.predictions if p.allowed)
+    assert screened_best in {p.worst_tenant_slowdown_p99 for p in rec.predictions
+                             if p.setting in confirmed}  # the screen's winner is re-checked
+    assert rec.gain == pytest.approx((rec.current.worst_tenant_slowdown_p99 - rec.best.worst_tenant_slowdown_p99)
+                                     / rec.current.worst_tenant_slowdown_p99)
+    longer = synthesize(heterogeneous(), 2000, seed=1, max_span_s=math.inf)
+    assert longer.span_s > heterogeneous().window_s  # replayed past the window
+
+
+def test_recommendation_fits_a_control_interval():
+    snap = heterogeneous()
+    start = time.perf_counter()
+    recommend.recommend(snap, OFF, SPEC, PROFILE)
+    assert time.perf_counter() - start < 5.0  # ~0.3 s measured; a loose bound for a busy CI core
+
+
+def test_recommend_refuses_an_invalid_snapshot():
+    with pytest.raises(ValueError, match="not valid: PrometheusUnreachable"):
+        recommend.recommend(invalid("ns/sd", 0, 60, UNREACHABLE, "refused"), OFF, SPEC, PROFILE)
+
+
+def test_snapshot_codec_round_trips():
+    snap = heterogeneous()
+    assert codec.from_dict(codec.to_dict(snap)) == snap
+    with pytest.raises(ValueError, match=r"tenants\[0\].ttft.bounds is missing"):
+        data = codec.to_dict(snap)
+        del data["tenants"][0]["ttft"]["bounds"]
+        codec.from_dict(data)
+
+
+# -- guardrails ---------------------------------------------------------------------------------
+
+GUARD = GuardrailSettings(min_samples=50, min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60)
+HET_REC = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE,
+                              settings=recommend.RecommenderSettings(bursts=(1,), confirm_requests=0))
+UNI_REC = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
+
+
+def decide(snap, rec, state, now=10_000.0, spec=SPEC, guard=GUARD):
+    return guardrails.decide(snap, rec, state, spec, guard, now)
+
+
+def test_moves_for_a_predicted_gain_with_the_reason():
+    d = decide(heterogeneous(), HET_REC, TunerState(OFF))
+    assert isinstance(d, Move)
+    assert d.from_ == OFF and d.to == HET_REC.best.setting and d.reason == HET_REC.reason
+
+
+def test_invalid_snapshot_holds_with_its_reason():
+    snap = invalid("ns/sd", 0, 60, UNREACHABLE, "connection refused to prometheus:9090")
+    d = decide(snap, None, TunerState(OFF))
+    assert isinstance(d, Hold) and d.reason == UNREACHABLE and "connection refused" in d.message
+    d = decide(invalid("ns/sd", 0, 60, NO_TRAFFIC, "no first token"), HET_REC, TunerState(OFF))
+    assert isinstance(d, Hold) and d.reason == NO_TRAFFIC
+
+
+def test_too_few_samples_hold():
+    snap = snapshot(tenant("chat", 0.1, [2000.0] * 20))
+    d = decide(snap, HET_REC, TunerState(OFF))
+    assert isinstance(d, Hold) and d.reason == TOO_FEW_SAMPLES and "20 first tokens" in d.message
+
+
+def test_rollout_in_progress_holds():
+    d = decide(heterogeneous(), HET_REC, TunerState(OFF, rollout_in_progress=True))
+    assert isinstance(d, Hold) and d.reason == guardrails.ROLLOUT_IN_PROGRESS
+
+
+def test_cooldown_and_one_step_per_interval():
+    state = TunerState(OFF, last_step_at=10_000.0)
+    d = decide(heterogeneous(), HET_REC, state, now=10_030.0)
+    assert isinstance(d, Hold) and d.reason == guardrails.INTERVAL
+    d = decide(heterogeneous(), HET_REC, state, now=10_300.0)
+    assert isinstance(d, Hold) and d.reason == guardrails.COOLDOWN
+    assert isinstance(decide(heterogeneous(), HET_REC, state, now=10_600.0), Move)
+
+
+def test_gate_holds_before_any_twin_run():
+    assert guardrails.gate(heterogeneous(), TunerState(OFF), GUARD, 0.0) is None
+    held = guardrails.gate(heterogeneous(), TunerState(OFF, rollout_in_progress=True), GUARD, 0.0)
+    assert held is not None and held.reason == guardrails.ROLLOUT_IN_PROGRESS
+
+
+def test_hysteresis_holds_below_the_margin():
+    near = next(p.setting for p in HET_REC.predictions
+                if p.setting != HET_REC.best.setting and p.allowed
+                and p.worst_tenant_slowdown_p99 <= HET_REC.best.worst_tenant_slowdown_p99 * 1.15
+                and p.setting.order == "srpt" and p.setting.threshold)
+    # The same twin workload as HET_REC's, and the selection sample's gain alone.
+    poisson = recommend.RecommenderSettings(bursts=(1,), confirm_requests=0)
+    rec = recommend.recommend(heterogeneous(), near, SPEC, PROFILE, settings=poisson)
+    assert rec.best.setting != near
+    d = decide(heterogeneous(), rec, TunerState(near))
+    assert isinstance(d, Hold) and d.reason == guardrails.BELOW_MARGIN
+    strict = GuardrailSettings(min_gain=0.0, min_gain_abs=0.0, cooldown_s=0, interval_s=60)
+    assert isinstance(decide(heterogeneous(), rec, TunerState(near), guard=strict), Move)
+
+
+def test_at_best_holds_and_uniform_traffic_steps_back_to_off():
+    assert decide(uniform(), UNI_REC, TunerState(UNI_REC.best.setting)).reason == guardrails.AT_BEST
+    # Off/fcfs -> off/srpt predicts no gain on uniform traffic: no step for an order alone.
+    assert decide(uniform(), UNI_REC, TunerState(OFF)).reason in (guardrails.AT_BEST, guardrails.BELOW_MARGIN)
+    busy = HET_REC.best.setting
+    rec = recommend.recommend(uniform(), busy, SPEC, PROFILE)
+    d = decide(uniform(), rec, TunerState(busy))
+    assert isinstance(d, Move) and d.to.threshold == 0  # by gain, or as less concurrency
+
+
+def test_bounds_hold_when_the_spec_narrowed_after_the_recommendation():
+    narrow = TuningSpec(min_concurrency=1, max_concurrency=1)
+    d = decide(heterogeneous(), HET_REC, TunerState(OFF), spec=narrow)
+    assert isinstance(d, Hold) and d.reason == guardrails.OUT_OF_BOUNDS
+
+
+def test_infeasible_when_no_setting_meets_the_targets_and_none_gains():
+    tight = TuningSpec(ttft_target_s=0.13)  # a 2000-token prompt takes 0.116 s alone, more under load
+    rec = recommend.recommend(uniform(), OFF, tight, PROFILE)
+    assert not rec.feasible
+    d = decide(uniform(), rec, TunerState(OFF), spec=tight)
+    assert isinstance(d, Infeasible) and "meets every target" in d.message
+
+
+def test_the_twin_bins_into_the_same_buckets_the_engine_simulator_exports():
+    from slipstream.enginesim import metrics as exported
+
+    assert tuple(map(float, exported.TTFT_BUCKETS)) == buckets.TTFT_SECONDS
+    assert tuple(map(float, exported.PROMPT_TOKEN_BUCKETS)) == buckets.PROMPT_TOKENS
+
+
+# -- the operator's entry point ------------------------------------------------------------------
+
+def sd(status: dict | None = None, **tuning) -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 1},
+        "spec": {"replicas": 2, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192},
+                 "tuning": {"mode": "Auto", "threshold": 0, **tuning},
+                 "prometheus": {"url": "http://127.0.0.1:9090"}},
+        "status": status or {},
+    })
+
+
+def test_decide_for_reads_spec_and_status():
+    off = models.EngineSetting(threshold=0)
+    d = deployment.decide_for(sd(), heterogeneous(), off, 10_000.0, PROFILE)
+    setting, move, reason, mix = deployment.summary(d, off)
+    assert move and setting.schedule_policy == "srpt" and setting.threshold > 0
+    assert reason.startswith("heterogeneity") and mix is not None and mix > 0.8
+    # The last step (status.lastDecision.time) starts the cooldown; a rollout holds.
+    last = {"time": "1970-01-01T02:45:00Z", "to": {"threshold": 2048}, "reason": "r"}  # 9900 s
+    held = deployment.decide_for(sd({"lastDecision": last}), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(held, Hold) and held.reason == guardrails.COOLDOWN
+    busy = deployment.decide_for(sd({"rollout": {"phase": "Analysis"}}), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(busy, Hold) and busy.reason == guardrails.ROLLOUT_IN_PROGRESS
+    assert deployment.summary(busy, off) == (off, False, busy.reason + ": " + busy.message, None)
+    # The spec's bounds: maxConcurrency 1 leaves off (in some order) as the only choice.
+    narrow = deployment.decide_for(sd(maxConcurrency=1), heterogeneous(), off, 10_000.0, PROFILE)
+    assert narrow.recommendation is not None and narrow.recommendation.best.setting.threshold == 0

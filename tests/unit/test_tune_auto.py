@@ -1,0 +1,141 @@
+"""``auto``: the tuner in the twin's loop on a phased workload, and the CLI around it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from slipstream import cli
+from slipstream.sim import engine, metrics, policies, profiles
+from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
+from slipstream.tune import auto, observed
+from slipstream.tune.candidates import concurrency
+from slipstream.tune.guardrails import GuardrailSettings
+from slipstream.tune.tuner import TunerSettings
+
+PROFILE = profiles.load("kimi-k3-8xh200")
+CFG = policies.EngineConfig()
+PHASE_S = 600.0
+INTERVAL_S = 60.0
+COOLDOWN_S = 180.0
+
+
+def phased(seed: int = 1) -> Workload:
+    """Uniform 2000-token chat, then chat among cold 60K-150K documents and high-hit agents
+    (about 60% prefill load), then uniform again; PHASE_S each."""
+    rng = random.Random(seed)
+    reqs: list[Request] = []
+
+    def add(tenant: str, at: float, uncached: int, hit: float = 0.0) -> None:
+        cached = int(uncached * hit / (1 - hit))
+        k = {"chat": 1, "docs": 2, "agent": 3}[tenant] * BLOCK_SPACE + 2 * len(reqs)
+        blocks, sizes, warm = ((k, k + 1), (cached, uncached), 1) if cached else ((k + 1,), (uncached,), 0)
+        reqs.append(Request(f"r{len(reqs)}", tenant, at, uncached + cached, 20, blocks, sizes, warm))
+
+    def poisson(rate: float, start: float, end: float) -> list[float]:
+        out, t = [], start
+        while (t := t + rng.expovariate(rate)) < end:
+            out.append(t)
+        return out
+
+    for start in (0.0, 2 * PHASE_S):
+        for t in poisson(4.0, start, start + PHASE_S):
+            add("chat", t, 2000)
+    for t in poisson(3.0, PHASE_S, 2 * PHASE_S):
+        add("chat", t, rng.randint(1000, 3000))
+    for t in poisson(0.04, PHASE_S, 2 * PHASE_S):
+        add("docs", t, rng.randint(60000, 150000))
+    for t in poisson(0.3, PHASE_S, 2 * PHASE_S):
+        add("agent", t, rng.randint(500, 2000), 0.95)
+    return build("phased", reqs)
+
+
+def run_auto(workload: Workload) -> tuple[engine.SimResult, auto.TwinAuto]:
+    policy = policies.parse("auto", CFG, controller=lambda view: None, interval_s=INTERVAL_S)
+    settings = TunerSettings(guardrails=GuardrailSettings(interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S))
+    tuner = auto.TwinAuto(settings, PROFILE, CFG, auto.start_setting(policy), 2 * INTERVAL_S)
+    policy.controller = tuner
+    return engine.simulate(workload, policy, PROFILE, CFG), tuner
+
+
+def test_auto_follows_the_phases_within_a_few_intervals_and_respects_the_cooldown():
+    workload = phased()
+    result, tuner = run_auto(workload)
+    moves = tuner.moves()
+    slack = 3 * INTERVAL_S + 5.0  # three intervals; a call waits for the next pass to start
+    assert all(at >= PHASE_S for at, _ in moves), "moved during the first uniform phase"
+    first_at, first = moves[0]
+    assert first_at <= PHASE_S + slack
+    assert first.to.threshold > 0  # concurrent prefills (srpt or not: the twin's call)
+    back = [(at, m) for at, m in moves if at >= 2 * PHASE_S and concurrency(m.to, 8192) == 1]
+    # Back to off within three intervals of the change, or, when a step taken while the
+    # window still held heterogeneous traffic is cooling down, one interval after it ends.
+    assert back
+    cooling = max((at + COOLDOWN_S + INTERVAL_S for at, _ in moves if at < back[0][0]), default=0.0)
+    assert back[0][0] <= max(2 * PHASE_S + slack, cooling + 5.0)
+    assert result.settings[-1][1].threshold == 0  # the run ends at off
+    gaps = [b[0] - a[0] for a, b in zip(moves, moves[1:], strict=False)]
+    assert all(gap >= COOLDOWN_S for gap in gaps), gaps
+    assert [s for _, s in result.settings] == [m.to for _, m in moves]
+    # The point of it all: the heterogeneous phase's worst tenant, tuned vs stock, over the
+    # requests that arrived once the tuner had moved (before that both run stock).
+    stock = engine.simulate(workload, policies.parse("stock", CFG), PROFILE, CFG)
+
+    def worst(res: engine.SimResult) -> float:
+        mid = [j for j in res.jobs if first_at <= j.arrival_s < 2 * PHASE_S]
+        per = {}
+        for j in mid:
+            per.setdefault(j.req.tenant, []).append((j.first_token_s - j.arrival_s) / j.solo_s)
+        return max(metrics.percentile(v, 99) for v in per.values())
+
+    assert worst(result) < worst(stock) / 5
+
+
+def test_auto_sees_only_the_past_window():
+    seen: list[float] = []
+
+    def spy(view: policies.RoundView) -> None:
+        assert all(ft.first_token_s <= view.now_s for ft in view.first_tokens)
+        seen.append(view.now_s)
+
+    engine.simulate(phased(), policies.parse("stock", CFG, controller=spy, interval_s=INTERVAL_S),
+                    PROFILE, CFG)
+    snap = observed.snapshot_of("x", [], 100.0, 60.0)
+    assert not snap.valid and snap.invalid == "NoTraffic"
+    assert len(seen) > 20
+
+
+def test_bench_runs_auto_on_the_builtin_workload(capsys):
+    assert cli.main(["bench", "--workload", "builtin:multi-tenant", "--policies", "stock,auto",
+                     "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["policies"]) == {"stock", "auto"}
+    changes = out["tuner"]["auto"]["changes"]
+    assert changes and changes[0]["from"] == "stock" and changes[0]["reason"].startswith("heterogeneity")
+    assert out["policies"]["auto"]["worst_tenant_slowdown_p99"] < out["policies"]["stock"]["worst_tenant_slowdown_p99"]
+
+
+def test_simulate_auto_prints_its_changes(capsys):
+    assert cli.main(["simulate", "--workload", "builtin:multi-tenant", "--policy", "auto/fcfs",
+                     "--interval", "60", "--cooldown", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "change(s) in" in out and "heterogeneity" in out
+
+
+def test_recommend_cli_times_and_round_trips_a_snapshot(tmp_path, capsys):
+    dump = tmp_path / "snap.json"
+    assert cli.main(["recommend", "--workload", "builtin:multi-tenant", "--at", "600", "--window", "300",
+                     "--dump-snapshot", str(dump), "--time"]) == 0
+    first = capsys.readouterr().out
+    assert "recommendation:" in first and "time:" in first
+    assert cli.main(["recommend", "--snapshot", str(dump), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reason"].startswith("heterogeneity") and len(out["candidates"]) >= 45
+
+
+def test_recommend_cli_refuses_a_bad_snapshot(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"deployment": "a/b", "taken_at": 0, "window_s": 60,
+                               "tenants": [{"name": "x"}]}))
+    assert cli.main(["recommend", "--snapshot", str(bad)]) == 2
+    assert "tenants[0] needs name and requests_per_s" in capsys.readouterr().err

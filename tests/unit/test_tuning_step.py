@@ -1,0 +1,180 @@
+"""The pure parts of the tuning loop: targets by mode, the rollout policy from the spec (time
+scaled), conditions, one Warning per new problem, the status patch, and the canary query."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slipstream.api import models, snapshot
+from slipstream.controller import loop, tuning
+from slipstream.controller import settings as settings_
+from slipstream.rollout import machine
+
+S = models.EngineSetting
+
+
+def make(tuning_: dict[str, Any] | None = None, status_: dict[str, Any] | None = None) -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 2},
+        "spec": {"replicas": 2, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192, "pageSize": 64},
+                 "tuning": {"mode": "Fixed", "threshold": 4096, **(tuning_ or {})},
+                 "prometheus": {"url": "http://127.0.0.1:9090"}},
+        "status": status_ or {},
+    })  # fmt: skip
+
+
+REC = tuning.Recommendation(S(threshold=2048, schedule_policy="srpt"), True, "heterogeneity 0.81", 0.81)
+
+
+def test_targets_by_mode() -> None:
+    fixed = tuning.target(make(), None)
+    assert fixed is not None and fixed.setting == S(threshold=4096) and not fixed.canary
+    off = tuning.target(make({"mode": "Off"}), REC)
+    assert off is not None and off.setting.threshold == 0 and not off.canary
+    rec = tuning.target(make({"mode": "Recommend", "threshold": 1024}), REC)
+    assert rec is not None and rec.setting.threshold == 1024, "Recommend never runs the recommendation"
+    auto = tuning.target(make({"mode": "Auto"}), REC)
+    assert auto is not None and auto.setting == REC.setting and auto.canary and auto.reason == "heterogeneity 0.81"
+    assert tuning.target(make({"mode": "Auto"}), None) is None, "no valid snapshot: hold"
+    held = tuning.Recommendation(REC.setting, False, "within hysteresis")
+    assert tuning.target(make({"mode": "Auto"}), held) is None
+
+
+def test_policy_scales_the_spec_durations() -> None:
+    sd = make({"intervalSeconds": 60, "cooldownSeconds": 600, "rollout": {"analysisWindowSeconds": 300,
+                                                                          "canaryReplicas": 1}})  # fmt: skip
+    config = settings_.ControllerSettings(tuning_time_scale=0.1)
+    pol = tuning.policy(sd, config)
+    assert (pol.analysis_window_s, pol.retry_after_s, pol.canary_replicas) == (30, 60, 1)
+    assert tuning.interval(sd, config) == 6
+
+
+def decision(in_flight: bool = False) -> machine.Decision:
+    state = models.RolloutStatus(phase="Canary" if in_flight else "Idle", candidate=S(threshold=2048))
+    return machine.Decision("Hold", state, S(threshold=4096), S(threshold=4096))
+
+
+def test_conditions_and_one_warning_per_new_problem() -> None:
+    sd = make({"mode": "Auto"})
+    bad = snapshot.invalid("prod/kimi", 0, 60, snapshot.UNREACHABLE, "connection refused")
+    pods = [machine.Pod("a", S(threshold=4096)), machine.Pod("b", None, "timed out")]
+    first = tuning.conditions(sd, [], decision(), pods, bad, "2026-01-01T00:00:00Z")
+    by = {c.type: c for c in first}
+    assert (by["MetricsAvailable"].status, by["MetricsAvailable"].reason) == ("False", "PrometheusUnreachable")
+    assert (by["EnginesInSync"].status, by["EnginesInSync"].reason) == ("False", "PodsUnreachable")
+    assert "b (timed out)" in by["EnginesInSync"].message
+    assert by["RolloutProgressing"].status == "False"
+    warned = tuning.new_warnings([], first)
+    assert sorted(e.reason for e in warned) == ["PodsUnreachable", "PrometheusUnreachable"]
+    again = tuning.conditions(sd, first, decision(), pods, bad, "2026-01-01T00:01:00Z")
+    assert tuning.new_warnings(first, again) == [], "the same problem next interval: no new Event"
+    stale = snapshot.invalid("prod/kimi", 0, 60, snapshot.STALE, "newest sample 300 s old")
+    changed = tuning.conditions(sd, again, decision(), pods, stale, "2026-01-01T00:02:00Z")
+    assert [e.reason for e in tuning.new_warnings(again, changed)] == ["StaleMetrics"]
+    flight = tuning.conditions(sd, [], decision(in_flight=True), pods, None, "t")
+    assert {c.type: c.reason for c in flight}["RolloutProgressing"] == "Canary"
+    assert "MetricsAvailable" not in {c.type for c in tuning.conditions(make(), [], decision(), pods, None, "t")}
+
+
+def test_status_patch_shows_the_fleet_and_the_decision() -> None:
+    sd = make({"mode": "Auto"})
+    tenant = snapshot.TenantWindow("acme", 2.0, snapshot.histogram_of([0.5] * 99 + [3.0], (1.0, 2.0, 4.0)),
+                                   snapshot.histogram_of([100.0], (1000.0,)))  # fmt: skip
+    snap = snapshot.WorkloadSnapshot("prod/kimi", 0, 60, tenants=(tenant,))
+    d = decision(in_flight=True)
+    d = machine.Decision("StartCanary", d.state.model_copy(update={"baseline": S(threshold=4096), "reason": "why"}),
+                         S(threshold=4096), S(threshold=4096))  # fmt: skip
+    patch = tuning.status_patch(sd, d, [], snap, REC, True, "2026-01-01T00:00:00Z")
+    assert (patch["threshold"], patch["concurrency"]) == (4096, 2), "status shows what runs, not the candidate"
+    assert patch["rollout"]["phase"] == "Canary" and patch["heterogeneity"] == 0.81
+    assert patch["recommendation"] == {"threshold": 2048, "mode": "ceiling", "schedulePolicy": "srpt"}
+    assert patch["lastDecision"]["from"]["threshold"] == 4096 and patch["lastDecision"]["to"]["threshold"] == 2048
+    assert patch["tenants"][0]["name"] == "acme" and patch["tenants"][0]["targetSeconds"] == 2.0
+    models.ServingDeploymentStatus.model_validate(patch)
+
+
+def test_recommend_mode_reports_a_new_recommendation_once() -> None:
+    sd = make({"mode": "Recommend"})
+    event = tuning.recommended_event(sd, S(threshold=4096), REC)
+    assert event is not None and event.reason == "Recommended" and "not applied" in event.message
+    seen = make({"mode": "Recommend"}, {"recommendation": REC.setting.to_k8s()})
+    assert tuning.recommended_event(seen, S(threshold=4096), REC) is None
+
+
+def test_the_twin_recommender_moves_on_heterogeneous_traffic_and_holds_after() -> None:
+    from test_tune import heterogeneous
+
+    from slipstream.controller import stages
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, observe_min_samples=50)
+    sd = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600})
+    rec = stages.TwinRecommender(config).recommend(sd, heterogeneous(), S(threshold=0), 1000.0)
+    assert rec.move and rec.setting != S(threshold=0), rec
+    assert rec.heterogeneity is not None and rec.heterogeneity > 0.8
+    assert rec.reason.startswith("heterogeneity 0.")
+    # a step was taken 10 s ago: the cooldown (600 s x 0.1) holds, and says so
+    moved = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600},
+                 {"lastDecision": {"time": machine.stamp(990.0), "to": rec.setting.to_k8s(), "reason": "r"}})  # fmt: skip
+    held = stages.TwinRecommender(config).recommend(moved, heterogeneous(), rec.setting, 1000.0)
+    assert not held.move and held.reason.startswith("Cooldown"), held
+    bad = snapshot.invalid("prod/kimi", 1000.0, 60, snapshot.STALE, "old")
+    stale = stages.TwinRecommender(config).recommend(sd, bad, S(threshold=0), 1000.0)
+    assert not stale.move and stale.reason.startswith("StaleMetrics")
+
+
+def test_engine_addresses_and_allowed_networks() -> None:
+    sd = make()
+    assert loop.address(sd, "10.1.2.3") == "http://10.1.2.3:30000"
+    assert loop.address(sd, "fd00::1") == "http://[fd00::1]:30000"
+    assert loop.allowed("http://127.0.0.1:5", "127.0.0.0/8")
+    assert not loop.allowed("http://10.1.2.3:30000", "127.0.0.0/8")
+    assert loop.allowed("http://10.1.2.3:30000", "")
+    ready = {"metadata": {"name": "a"}, "status": {"podIP": "127.1.0.2",
+                                                   "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    going = {"metadata": {"name": "b", "deletionTimestamp": "x"}, "status": ready["status"]}
+    unready = {"metadata": {"name": "c"}, "status": {"podIP": "127.1.0.3", "conditions": []}}
+    assert loop.ready_pods([ready, going, unready]) == {"a": "127.1.0.2"}
+
+
+def test_conditions_rebased_on_a_fresh_read_keep_the_other_writers() -> None:
+    from slipstream.controller import status
+
+    stored = [{"type": "Reconciled", "status": "True", "reason": "Applied", "lastTransitionTime": "t"},
+              {"type": "EnginesInSync", "status": "True", "reason": "AllPodsOnSetting", "lastTransitionTime": "t"}]
+    patch = {"conditions": [
+        {"type": "Reconciled", "status": "False", "reason": "Stale", "lastTransitionTime": "t"},
+        {"type": "EnginesInSync", "status": "False", "reason": "PodsUnreachable", "lastTransitionTime": "t"},
+        {"type": "RolloutProgressing", "status": "False", "reason": "Idle", "lastTransitionTime": "t"}]}  # fmt: skip
+    merged = status.merged_conditions(stored, patch, tuning.CONDITIONS)
+    assert [(c["type"], c["reason"]) for c in merged["conditions"]] == [
+        ("Reconciled", "Applied"), ("EnginesInSync", "PodsUnreachable"), ("RolloutProgressing", "Idle")]
+    assert merged["phase"] == "Progressing"
+
+
+def test_generated_admin_keys_are_derived_per_deployment() -> None:
+    from slipstream.controller import adminkeys
+
+    a = adminkeys.derive("seed-1", "prod", "kimi")
+    assert a == adminkeys.derive("seed-1", "prod", "kimi") and len(a) == 48
+    assert a != adminkeys.derive("seed-1", "prod", "kimi2") != adminkeys.derive("seed-1", "dev", "kimi")
+    assert a != adminkeys.derive("seed-2", "prod", "kimi")
+
+
+def test_a_spec_the_models_refuse_names_the_field_and_degrades() -> None:
+    import pydantic
+
+    from slipstream.controller import status
+
+    bad = {"metadata": {"name": "x"}, "spec": {"engine": {"image": "i", "model": "m",
+                                                          "env": [{"name": "1 BAD=", "value": "v"}]}}}  # fmt: skip
+    with pytest.raises(pydantic.ValidationError) as raised:
+        models.ServingDeployment.model_validate(bad)
+    message = status.invalid_spec_message(raised.value)
+    assert "spec.engine.env[0].name" in message and message.endswith("fix these fields")
+    patch = status.invalid_spec_patch([{"type": "Ready", "status": "True", "reason": "Available",
+                                        "lastTransitionTime": "t"}], message, 3, "now")  # fmt: skip
+    assert patch["phase"] == "Degraded"
+    assert [(c["type"], c["status"], c["reason"]) for c in patch["conditions"]] == [
+        ("Ready", "True", "Available"), ("Reconciled", "False", "InvalidSpec")]

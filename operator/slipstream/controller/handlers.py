@@ -217,14 +217,9 @@ def register(
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
     fleet = stages.FleetObserver(config)
-
-    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
-        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
-        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
-
     keys = adminkeys.AdminKeys(kube, config)
     deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
-                     recommender=stages.TwinRecommender(config), latency=latency)  # fmt: skip
+                     recommender=stages.TwinRecommender(config), latency=fleet.latency)  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -292,7 +287,10 @@ def register(
         initial_delay=config.status_interval_seconds, registry=registry,
     )  # fmt: skip
     async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError:
+            return  # reconcile reports it (InvalidSpec)
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
         deployment = await asyncio.to_thread(

@@ -69,6 +69,11 @@ class FleetObserver:
                 self.cache[key] = (now, snaps)
         return snaps.get(name) or snapshot.invalid(name, now, window_s, snapshot.NO_SERIES, "not in the fleet's read")
 
+    def latency(self, sd: models.ServingDeployment) -> ObserveLatency:
+        """Where the canary figures of `sd` are read (its Prometheus, the fleet's client)."""
+        url = prometheus_url(sd, self.config) or "http://prometheus.invalid:9090"
+        return ObserveLatency(self.observer((url, tuning.interval(sd, self.config))), self.config.canary_min_samples)
+
     def forget(self, namespace: str, name_: str) -> None:
         """A deployment whose loop ended leaves the fleet's reads."""
         name = f"{namespace}/{name_}"

@@ -123,6 +123,24 @@ def test_every_owned_object_has_an_owner_reference_and_labels() -> None:
     assert objects.service(sd)["spec"]["ports"][0]["port"] == 30000
 
 
+def test_engine_security_context_defaults_to_no_privilege_and_the_spec_replaces_it() -> None:
+    default = objects.deployment(make())["spec"]["template"]["spec"]
+    assert default["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert "securityContext" not in default  # SGLang's images run as root: no runAsNonRoot unless asked
+    sd = make({"engine": {
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}},
+        "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
+                               "seccompProfile": {"type": "RuntimeDefault"}}}})  # fmt: skip
+    pod = objects.deployment(sd)["spec"]["template"]["spec"]
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
+                                      "supplementalGroups": [], "seccompProfile": {"type": "RuntimeDefault"}}
+    with pytest.raises(ValueError, match="runAsUser"):
+        make({"engine": {"podSecurityContext": {"runAsUser": -1}}})
+
+
 def test_gpus_default_to_tensor_parallel_size() -> None:
     assert container(make())["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     res = container(make({"engine": {"gpus": 0, "resources": {"requests": {"cpu": 4}}}}))["resources"]

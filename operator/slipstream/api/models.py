@@ -120,6 +120,42 @@ class Toleration(Model):
     toleration_seconds: int | None = Field(default=None, ge=0)
 
 
+class Capabilities(Model):
+    add: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list, max_length=64, description="Capabilities to add (e.g. IPC_LOCK for RDMA).")
+    drop: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
+        default_factory=list, max_length=64, description="Capabilities to drop (ALL).")
+
+
+class SeccompProfile(Model):
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(description="Seccomp profile kind.")
+    localhost_profile: str | None = Field(default=None, max_length=4096, description="Profile file (type Localhost).")
+
+
+class SecurityContext(Model):
+    """The engine container's securityContext (Kubernetes' fields of the same names)."""
+
+    run_as_non_root: bool | None = None
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    allow_privilege_escalation: bool | None = None
+    privileged: bool | None = None
+    read_only_root_filesystem: bool | None = None
+    capabilities: Capabilities | None = None
+    seccomp_profile: SeccompProfile | None = None
+
+
+class PodSecurityContext(Model):
+    """The engine pod's securityContext (Kubernetes' fields of the same names)."""
+
+    run_as_non_root: bool | None = None
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    fs_group: int | None = Field(default=None, ge=0, le=2147483647)
+    supplemental_groups: list[Annotated[int, Field(ge=0, le=2147483647)]] = Field(default_factory=list, max_length=32)
+    seccomp_profile: SeccompProfile | None = None
+
+
 class HiCache(Model):
     """SGLang's hierarchical KV cache (host memory, optionally storage) behind the GPU pool."""
 
@@ -201,6 +237,19 @@ class Engine(Model):
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
+    security_context: SecurityContext | None = Field(
+        default=None,
+        description="The engine container's securityContext. Unset: no privilege escalation, every "
+        "capability dropped, seccomp RuntimeDefault (GPUs come from the device plugin and need no "
+        "privilege). Set, it replaces that default whole: keep those three unless the engine needs "
+        "otherwise (e.g. capabilities.add [IPC_LOCK] for RDMA).",
+    )
+    pod_security_context: PodSecurityContext | None = Field(
+        default=None,
+        description="The engine pod's securityContext. Unset: none, because SGLang's images run as root; "
+        "set runAsNonRoot/runAsUser when the engine image has a non-root user (and a writable HOME "
+        "and model cache).",
+    )
 
 
 class TenantTarget(Model):

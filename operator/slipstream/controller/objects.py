@@ -156,6 +156,17 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
+ENGINE_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The engine container's securityContext when the spec sets none: what the `restricted`
+Pod Security Standard asks of a container, except running as non-root (SGLang's images run
+as root; spec.engine.podSecurityContext sets a user where the image allows). GPUs come from
+the device plugin and need no privilege or capability."""
+
+
 def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
     engine = sd.spec.engine
     container = {
@@ -173,6 +184,7 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "readinessProbe": _probe(period=10, failures=3),
         "livenessProbe": _probe(period=30, failures=4),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": engine.security_context.to_k8s() if engine.security_context else dict(ENGINE_SECURITY_CONTEXT),
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -180,6 +192,8 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
     }
+    if engine.pod_security_context is not None:
+        pod_spec["securityContext"] = engine.pod_security_context.to_k8s()
     if engine.node_selector:
         pod_spec["nodeSelector"] = dict(engine.node_selector)
     if engine.tolerations:

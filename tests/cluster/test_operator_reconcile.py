@@ -25,7 +25,7 @@ import yaml
 
 from conftest import eventually
 from slipstream import localkube
-from slipstream.localkube import ports
+from slipstream.localkube import ports, stack
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "slipstream"
@@ -127,7 +127,9 @@ def operator(cluster: localkube.Cluster) -> Iterator[Operator]:
 
 
 def namespace(cluster: localkube.Cluster, name: str) -> str:
+    """A new namespace where the chart's operator may read and create admin-key Secrets."""
     cluster.kubectl("create", "namespace", name)
+    cluster.kubectl(*stack.secret_grant(name))
     return name
 
 

@@ -59,7 +59,12 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
     ref = sd.spec.engine.admin_api_key_secret_ref
     if ref is None:
         return None
-    state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    try:
+        state = kube.secret_state(sd.metadata.namespace, ref.name, ref.key)
+    except kube_.ApiError as error:
+        if error.status != 403:
+            raise
+        return secret_access_denied(sd.metadata.namespace, error)
     if state == "missing-secret":
         return (
             "AdminKeySecretMissing",
@@ -74,6 +79,19 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
             "add the key or point adminApiKeySecretRef.key at the right one",
         )
     return None
+
+
+def secret_access_denied(namespace: str, error: kube_.ApiError) -> tuple[str, str]:
+    """The chart never grants Secrets cluster-wide (least privilege): each namespace that
+    holds ServingDeployments is granted by a RoleBinding; say which one is missing."""
+    return (
+        "SecretAccessDenied",
+        f"the operator may not read or create the admin-key Secret in namespace {namespace!r}: "
+        f"{error.message}; grant it there with the chart's Secrets role (add the namespace to the "
+        "chart's rbac.secretNamespaces, or `kubectl create rolebinding <release>-slipstream-secrets "
+        f"--namespace={namespace} --clusterrole=<release>-slipstream-secrets "
+        "--serviceaccount=<release namespace>:<service account>`, as the chart's NOTES print)",
+    )
 
 
 def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | None:
@@ -96,8 +114,14 @@ def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
     if sd.spec.engine.admin_api_key_secret_ref is None:
         # The engines always run with an admin key: generate one, once, into an owned Secret.
         generated = objects.admin_key_secret(sd, secrets.token_hex(24))
-        if kube.create_if_missing(generated) is not None:
-            changes.append(("Secret", generated["metadata"]["name"], "created"))
+        try:
+            if kube.create_if_missing(generated) is not None:
+                changes.append(("Secret", generated["metadata"]["name"], "created"))
+        except kube_.ApiError as error:
+            if error.status != 403:
+                raise
+            problem = secret_access_denied(sd.metadata.namespace, error)
+            desired = [obj for obj in desired if obj is None or obj["kind"] != "Deployment"]  # no engines without their key
     rolled, deployment = False, None
     for obj in filter(None, desired):
         try:

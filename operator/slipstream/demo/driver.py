@@ -86,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
 def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     scale = target.time_scale
     target.kubectl("create", "namespace", NAMESPACE, check=False)
+    from slipstream.localkube.stack import secret_grant
+
+    target.kubectl(*secret_grant(NAMESPACE), check=False)  # exists already on a reused stack
     target.admin_secret(NAMESPACE, ADMIN_SECRET)
     sd = loop.serving_deployment(NAME, target.prometheus_url, ADMIN_SECRET)
     sd["metadata"]["namespace"] = NAMESPACE

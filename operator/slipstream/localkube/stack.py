@@ -43,6 +43,19 @@ SERVICE_ACCOUNT = "slipstream"
 PEERING = "slipstream"
 """The ClusterKopfPeering the chart creates; the operator process joins it."""
 
+def secret_grant(
+    namespace: str, fullname: str = SERVICE_ACCOUNT, release_namespace: str = RELEASE_NAMESPACE
+) -> tuple[str, ...]:
+    """kubectl arguments that let the operator of a release (the chart's full name, which
+    names its ServiceAccount and roles) get and create Secrets (the engines' admin key) in
+    ``namespace``: the chart grants Secrets per namespace only, never cluster-wide (its
+    NOTES print the same command)."""
+    return (
+        "create", "rolebinding", f"{fullname}-secrets", f"--namespace={namespace}",
+        f"--clusterrole={fullname}-secrets", f"--serviceaccount={release_namespace}:{fullname}",
+    )  # fmt: skip
+
+
 OPERATOR_READY_S = 90.0
 """Deadline for the operator's health endpoint: kopf imports and the first
 list of every watched resource take ~5-20 s on a loaded two-core machine."""

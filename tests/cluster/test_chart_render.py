@@ -53,17 +53,27 @@ def test_renders_offline_without_kube_version(tmp_path: Path) -> None:
     assert "NetworkPolicy" not in kinds  # opt-in
 
 
-def test_no_rule_grants_wildcards_and_secrets_only_per_namespace(tmp_path: Path) -> None:
+def test_no_rule_grants_wildcards_and_secrets_are_read_only_where_granted(tmp_path: Path) -> None:
     rendered = docs("rbac.secretNamespaces={a,b}", tmp=tmp_path)
     for d in rendered:
         for rule in d.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
-    secret_rules = rules_for(rendered, "secrets")
-    assert secret_rules == [("r-slipstream-secrets", {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]})]
+    secret_rules = sorted((name, tuple(rule["verbs"]), tuple(rule.get("resourceNames", [])))
+                          for name, rule in rules_for(rendered, "secrets"))  # fmt: skip
+    assert secret_rules == [
+        ("r-slipstream", ("create",), ()),  # the generated <name>-admin-key; create reads nothing
+        ("r-slipstream-admin-seed", ("get",), ("r-slipstream-admin-seed",)),  # by name only
+        ("r-slipstream-secret-reader", ("get",), ()),  # the Secrets specs name, where granted
+    ]
+    assert one(rendered, "Role", "r-slipstream-admin-seed")["metadata"]["namespace"] == "ops"
     bindings = [d for d in rendered if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-                and d["roleRef"]["name"] == "r-slipstream-secrets"]  # fmt: skip
+                and d["roleRef"]["name"] == "r-slipstream-secret-reader"]  # fmt: skip
     assert {(d["kind"], d["metadata"]["namespace"]) for d in bindings} == {("RoleBinding", "a"), ("RoleBinding", "b")}
     assert not rules_for(rendered, "kopfpeerings")  # cluster-wide install: no namespaced peering rights
+    (status,) = [rule for _, rule in rules_for(rendered, "servingdeployments/status")]
+    assert status["verbs"] == ["patch"]
+    (events,) = [rule for _, rule in rules_for(rendered, "events")]
+    assert (events["apiGroups"], events["verbs"]) == ([""], ["create"])
 
 
 def test_namespaced_install_has_namespaced_peering_rights_and_secrets_in_its_namespace(tmp_path: Path) -> None:
@@ -72,8 +82,8 @@ def test_namespaced_install_has_namespaced_peering_rights_and_secrets_in_its_nam
     peering_rules = rules_for(rendered, "kopfpeerings")
     assert {name for name, _ in peering_rules} == {"r-slipstream"}
     assert one(rendered, "RoleBinding", "r-slipstream")["metadata"]["namespace"] == "team-a"
-    assert one(rendered, "RoleBinding", "r-slipstream-secrets")["metadata"]["namespace"] == "team-a"
     assert not [d for d in rendered if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "r-slipstream"]
+    assert ("r-slipstream", ["get"]) in [(name, rule["verbs"]) for name, rule in rules_for(rendered, "secrets")]
     patch = [rule for _, rule in peering_rules if "patch" in rule["verbs"]]
     assert patch == [{"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "resourceNames": ["r-slipstream"], "verbs": ["patch"]}]
     assert one(rendered, "KopfPeering", "r-slipstream")["metadata"]["namespace"] == "team-a"
@@ -98,7 +108,7 @@ def test_the_peering_object_is_named_per_release(tmp_path: Path) -> None:
 def test_health_port_equal_to_the_metrics_port_is_refused(tmp_path: Path) -> None:
     bad = helm_template("healthPort=9090", tmp=tmp_path, check=False)
     assert bad.returncode != 0
-    assert "healthPort (9090) equals metrics.port" in bad.stderr, bad.stderr
+    assert "healthPort and metrics.port must differ" in bad.stderr, bad.stderr
     helm_template("healthPort=9090", "metrics.enabled=false", tmp=tmp_path)  # no metrics listener: no clash
     helm_template("healthPort=9091", tmp=tmp_path)
 

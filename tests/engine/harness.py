@@ -46,6 +46,7 @@ from sglang.srt.mem_cache.allocator import (
 )
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # noqa: F401 (tests)
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+from sglang.srt.mem_cache.chunk_cache import ChunkCache
 from sglang.srt.mem_cache.common import release_kv_cache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: F401
@@ -113,13 +114,16 @@ class Engine:
         prefix: list[int] | None = None,
         arrival: float | None = None,
         max_new_tokens: int = 1,
+        ignore_eos: bool = False,
     ) -> Req:
         """Queue a request of `need` fresh tokens after an optional shared `prefix`."""
         self.next_id += 1
         rid = rid or f"r{self.next_id}"
         base = 1_000_000 + self.next_id * 10_000_000  # token ids unique to this request
         ids = array("q", (prefix or []) + list(range(base, base + need)))
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=ignore_eos
+        )
         params.normalize(None)
         req = Req(rid, "", ids, params, vocab_size=1 << 40)
         req.time_stats.wait_queue_entry_time = time.perf_counter() if arrival is None else arrival
@@ -186,6 +190,8 @@ def make_engine(
     max_reqs: int = 256,
     max_prefill_tokens: int = 16384,
     aging: float = 4096.0,
+    max_partials: int = 8,
+    radix_cache: bool = True,
 ) -> Engine:
     extra: dict[str, Any] = {}
     if PATCHED:
@@ -193,6 +199,7 @@ def make_engine(
             long_prefill_token_threshold=threshold,
             long_prefill_mode=mode,
             srpt_aging_tokens_per_s=aging,
+            max_partial_prefills=max_partials,
         )
     elif threshold:
         raise ValueError("a threshold needs the patched sglang")
@@ -210,7 +217,8 @@ def make_engine(
     )
     set_global_server_args_for_scheduler(args)
 
-    max_ctx = 700_000
+    # A prompt never exceeds the pool; a smaller table keeps small-pool engines cheap.
+    max_ctx = min(700_000, kv_tokens + 1024)
     req_pool = ReqToTokenPool(
         size=max_reqs, max_context_len=max_ctx, device="cpu", enable_memory_saver=False
     )
@@ -230,15 +238,15 @@ def make_engine(
         allocator = PagedTokenToKVPoolAllocator(
             kv_tokens, page_size, torch.float16, "cpu", kv, need_sort=False
         )
-    tree = RadixCache(
-        CacheInitParams(
-            disable=False,
-            req_to_token_pool=req_pool,
-            token_to_kv_pool_allocator=allocator,
-            page_size=page_size,
-            chunked_prefill_size=chunked_prefill_size,
-        )
+    params = CacheInitParams(
+        disable=not radix_cache,
+        req_to_token_pool=req_pool,
+        token_to_kv_pool_allocator=allocator,
+        page_size=page_size,
+        chunked_prefill_size=chunked_prefill_size,
     )
+    # --disable-radix-cache: the scheduler builds a ChunkCache, as here.
+    tree = RadixCache(params) if radix_cache else ChunkCache(params)
 
     s = Scheduler.__new__(Scheduler)
     s.server_args = args
@@ -296,6 +304,7 @@ def make_engine(
         s.long_prefill_token_threshold = threshold
         s.long_prefill_mode = mode
         s.srpt_aging_tokens_per_s = aging
+        s.max_partial_prefills = max_partials
         s.metrics_collector = None
     s.policy = SchedulePolicy(policy, tree, False, False, False)
     if PATCHED:
@@ -329,7 +338,10 @@ def run_case(case: dict[str, Any]) -> list[dict[str, int]]:
         eng.rounds.clear()
     for i, r in enumerate(case["requests"]):
         eng.add(
-            r["need"], rid=r["rid"], prefix=prefix if r.get("cached") else None, arrival=float(i)
+            r["need"],
+            rid=r["rid"],
+            prefix=prefix if r.get("cached") else None,
+            arrival=float(r.get("arrival", i)),
         )
     rounds = case.get("rounds")
     if rounds is None:

@@ -10,6 +10,7 @@ spelling matching is exercised too.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -33,7 +34,7 @@ from slipstream.observe import Observer, ObserveSettings, queries
 CHAT = "team-a/chat"
 WINDOW_S = 20.0
 SETTINGS = ObserveSettings(
-    window_s=WINDOW_S, min_samples=20, max_staleness_s=10.0, query_timeout_s=1.0,
+    window_s=WINDOW_S, min_samples=20, max_staleness_s=10.0, query_timeout_s=5.0,
     backoff_initial_s=3.0, backoff_max_s=6.0,
 )
 
@@ -130,11 +131,13 @@ def test_prometheus_down_is_unreachable_backs_off_and_recovers(faults):
     back = wait_for(read, lambda s: s.valid, deadline_s=40, what="recovery after restart")
     assert back.tenants[0].name == "acme"
     assert observer.backoff.failures == 0
-    assert all(r.invalid in (None, snap.UNREACHABLE) for r in reads), [r.invalid for r in reads]
+    # Right after the restart the newest sample may predate the outage (Stale) until the
+    # first scrapes land; never is a failed or gapped read taken as no traffic.
+    assert {r.invalid for r in reads} <= {None, snap.UNREACHABLE, snap.STALE}, [r.detail for r in reads]
 
 
 def test_a_hung_prometheus_times_out_as_unreachable_and_recovers(faults):
-    observer = Observer(faults.prom.url, SETTINGS)
+    observer = Observer(faults.prom.url, dataclasses.replace(SETTINGS, query_timeout_s=1.0))
     assert observer.read([CHAT])[CHAT].valid
     os.kill(faults.prom.pid, signal.SIGSTOP)
     try:
@@ -145,7 +148,7 @@ def test_a_hung_prometheus_times_out_as_unreachable_and_recovers(faults):
         os.kill(faults.prom.pid, signal.SIGCONT)
     assert hung.invalid == snap.UNREACHABLE
     assert "did not answer within 1 s" in hung.detail
-    assert took < 3 * SETTINGS.query_timeout_s, "one timeout, not one per query or retry"
+    assert took < 3.0, "one 1 s timeout, not one per query or retry"
     wait_for(lambda: observer.read([CHAT])[CHAT], lambda s: s.valid, deadline_s=30,
              what="recovery after SIGCONT")
 
@@ -260,7 +263,7 @@ _answers = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(answer=_answers)
 def test_fuzzed_answers_never_raise(fake_prometheus, answer):
     status, body = answer

@@ -123,24 +123,6 @@ def test_every_owned_object_has_an_owner_reference_and_labels() -> None:
     assert objects.service(sd)["spec"]["ports"][0]["port"] == 30000
 
 
-def test_engine_security_context_defaults_to_no_privilege_and_the_spec_replaces_it() -> None:
-    default = objects.deployment(make())["spec"]["template"]["spec"]
-    assert default["containers"][0]["securityContext"] == {
-        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
-    assert "securityContext" not in default  # SGLang's images run as root: no runAsNonRoot unless asked
-    sd = make({"engine": {
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}},
-        "podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
-                               "seccompProfile": {"type": "RuntimeDefault"}}}})  # fmt: skip
-    pod = objects.deployment(sd)["spec"]["template"]["spec"]
-    assert pod["containers"][0]["securityContext"] == {
-        "allowPrivilegeEscalation": False, "capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000,
-                                      "supplementalGroups": [], "seccompProfile": {"type": "RuntimeDefault"}}
-    with pytest.raises(ValueError, match="runAsUser"):
-        make({"engine": {"podSecurityContext": {"runAsUser": -1}}})
-
-
 def test_gpus_default_to_tensor_parallel_size() -> None:
     assert container(make())["resources"]["limits"] == {"nvidia.com/gpu": "8"}
     res = container(make({"engine": {"gpus": 0, "resources": {"requests": {"cpu": 4}}}}))["resources"]
@@ -234,3 +216,25 @@ def test_status_changed_keeps_only_differing_fields() -> None:
     assert status.changed(sd, status.setting_patch(sd, objects.current_setting(sd))) == {}
     assert status.changed(sd, status.setting_patch(sd, moved)) == {"threshold": 1024, "concurrency": 8, "mode": "floor"}
     assert status.changed(sd, {"readyReplicas": None}) == {}
+
+
+def test_engine_pods_get_a_security_context_and_the_spec_can_tighten_it() -> None:
+    pod = objects.deployment(make())["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
+    tight = make({"engine": {"securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
+                                                 "capabilities": {"drop": ["ALL"]}},
+                             "podSecurityContext": {"runAsUser": 1000, "fsGroup": 1000}}})  # fmt: skip
+    spec = objects.deployment(tight)["spec"]["template"]["spec"]
+    assert spec["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        "capabilities": {"add": [], "drop": ["ALL"]}}  # fmt: skip
+
+
+def test_monitors_label_every_engine_target_with_its_deployment() -> None:
+    for kind in ("PodMonitor", "ServiceMonitor"):
+        (endpoint,) = objects.monitor(make(), kind)["spec"][objects.MONITOR_KINDS[kind]]
+        by_target = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert by_target["servingdeployment"] == ["__meta_kubernetes_pod_label_serving_slipstream_dev_name"]
+        assert by_target["pod"] == ["__meta_kubernetes_pod_name"]

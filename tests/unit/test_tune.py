@@ -3,14 +3,13 @@ recommender on the twin, and every guardrail."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 import time
 
 import pytest
 
-from slipstream.api import buckets
+from slipstream.api import buckets, models
 from slipstream.api.snapshot import (
     NO_TRAFFIC,
     TOO_FEW_SAMPLES,
@@ -22,20 +21,13 @@ from slipstream.api.snapshot import (
 )
 from slipstream.sim import profiles
 from slipstream.sim.policies import Setting
-from slipstream.tune import codec, guardrails, recommend
+from slipstream.tune import codec, deployment, guardrails, recommend
 from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates
 from slipstream.tune.guardrails import GuardrailSettings, Hold, Infeasible, Move, TunerState
 from slipstream.tune.heterogeneity import heterogeneity
 from slipstream.tune.twin_workload import synthesize
 
-# These tests were designed on kimi-k3-8xh200's costs before issues 8/9 re-costed it
-# (every pass 90 ms, fp8 weights read per pass, no KV pool). On the re-costed profile the
-# recommender's order becomes a near-tie on these mixes and auto's gain on the phased
-# workload shrinks (reported by twin-core to tune): pinned to the former costs until the
-# tuner is re-checked against the new ones.
-PROFILE = dataclasses.replace(profiles.load("kimi-k3-8xh200"), decode_overhead_s=0.09,
-                              weight_bytes=1.0e12, kv_bytes_per_token=70272.0,
-                              kv_pool_bytes_per_token=70272.0, hbm_bytes=0.0)
+PROFILE = profiles.load("kimi-k3-8xh200")
 SPEC = TuningSpec()
 OFF = Setting(0, "ceiling", "fcfs")
 
@@ -174,6 +166,18 @@ def test_twin_is_fitted_to_the_observed_ttft_of_the_current_setting():
     assert bursty.current.worst_tenant_ttft_p99_s > calm.current.worst_tenant_ttft_p99_s
 
 
+def test_gain_counts_only_what_a_holdout_sample_confirms():
+    rec = HET_REC
+    assert rec.holdout is not None
+    cur, best = rec.current.worst_tenant_slowdown_p99, rec.best.worst_tenant_slowdown_p99
+    hcur, hbest = (p.worst_tenant_slowdown_p99 for p in rec.holdout)
+    assert rec.holdout[1].setting == rec.best.setting and rec.holdout[0].setting == OFF
+    assert rec.gain == pytest.approx(min((cur - best) / cur, (hcur - hbest) / hcur))
+    assert rec.gain_abs == pytest.approx(min(cur - best, hcur - hbest))
+    at_best = recommend.recommend(uniform(), UNI_REC.best.setting, SPEC, PROFILE)
+    assert at_best.best.setting == UNI_REC.best.setting and at_best.holdout is None
+
+
 def test_recommendation_fits_a_control_interval():
     snap = heterogeneous()
     start = time.perf_counter()
@@ -252,7 +256,8 @@ def test_hysteresis_holds_below_the_margin():
                 if p.setting != HET_REC.best.setting and p.allowed
                 and p.worst_tenant_slowdown_p99 <= HET_REC.best.worst_tenant_slowdown_p99 * 1.15
                 and p.setting.order == "srpt" and p.setting.threshold)
-    poisson = recommend.RecommenderSettings(bursts=(1,))  # the same twin workload as HET_REC's
+    # The same twin workload as HET_REC's, and the selection sample's gain alone.
+    poisson = recommend.RecommenderSettings(bursts=(1,), holdout=False)
     rec = recommend.recommend(heterogeneous(), near, SPEC, PROFILE, settings=poisson)
     assert rec.best.setting != near
     d = decide(heterogeneous(), rec, TunerState(near))
@@ -290,3 +295,33 @@ def test_the_twin_bins_into_the_same_buckets_the_engine_simulator_exports():
 
     assert tuple(map(float, exported.TTFT_BUCKETS)) == buckets.TTFT_SECONDS
     assert tuple(map(float, exported.PROMPT_TOKEN_BUCKETS)) == buckets.PROMPT_TOKENS
+
+
+# -- the operator's entry point ------------------------------------------------------------------
+
+def sd(status: dict | None = None, **tuning) -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 1},
+        "spec": {"replicas": 2, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192},
+                 "tuning": {"mode": "Auto", "threshold": 0, **tuning},
+                 "prometheus": {"url": "http://127.0.0.1:9090"}},
+        "status": status or {},
+    })
+
+
+def test_decide_for_reads_spec_and_status():
+    off = models.EngineSetting(threshold=0)
+    d = deployment.decide_for(sd(), heterogeneous(), off, 10_000.0, PROFILE)
+    setting, move, reason, mix = deployment.summary(d, off)
+    assert move and setting.schedule_policy == "srpt" and setting.threshold > 0
+    assert reason.startswith("heterogeneity") and mix is not None and mix > 0.8
+    # The last step (status.lastDecision.time) starts the cooldown; a rollout holds.
+    last = {"time": "1970-01-01T02:45:00Z", "to": {"threshold": 2048}, "reason": "r"}  # 9900 s
+    held = deployment.decide_for(sd({"lastDecision": last}), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(held, Hold) and held.reason == guardrails.COOLDOWN
+    busy = deployment.decide_for(sd({"rollout": {"phase": "Analysis"}}), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(busy, Hold) and busy.reason == guardrails.ROLLOUT_IN_PROGRESS
+    assert deployment.summary(busy, off) == (off, False, busy.reason + ": " + busy.message, None)
+    # The spec's bounds: maxConcurrency 1 leaves off (in some order) as the only choice.
+    narrow = deployment.decide_for(sd(maxConcurrency=1), heterogeneous(), off, 10_000.0, PROFILE)
+    assert narrow.recommendation is not None and narrow.recommendation.best.setting.threshold == 0

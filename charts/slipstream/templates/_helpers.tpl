@@ -26,14 +26,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 {{- end -}}
 
-{{- /* The peering object of this release: per release, so that two releases never share one. */ -}}
+
 {{- define "slipstream.peeringName" -}}
 {{- default (include "slipstream.fullname" .) .Values.peering.name -}}
-{{- end -}}
-
-{{- /* Namespaces whose Secrets the operator may get and create (JSON list, no repeats). */ -}}
-{{- define "slipstream.secretNamespaces" -}}
-{{- $list := .Values.rbac.secretNamespaces | default (list) -}}
-{{- if .Values.watchNamespace -}}{{- $list = prepend $list .Values.watchNamespace -}}{{- end -}}
-{{- $list | uniq | toJson -}}
 {{- end -}}

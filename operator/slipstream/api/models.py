@@ -120,42 +120,6 @@ class Toleration(Model):
     toleration_seconds: int | None = Field(default=None, ge=0)
 
 
-class Capabilities(Model):
-    add: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
-        default_factory=list, max_length=64, description="Capabilities to add (e.g. IPC_LOCK for RDMA).")
-    drop: list[Annotated[str, StringConstraints(max_length=64)]] = Field(
-        default_factory=list, max_length=64, description="Capabilities to drop (ALL).")
-
-
-class SeccompProfile(Model):
-    type: Literal["RuntimeDefault", "Localhost", "Unconfined"] = Field(description="Seccomp profile kind.")
-    localhost_profile: str | None = Field(default=None, max_length=4096, description="Profile file (type Localhost).")
-
-
-class SecurityContext(Model):
-    """The engine container's securityContext (Kubernetes' fields of the same names)."""
-
-    run_as_non_root: bool | None = None
-    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
-    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
-    allow_privilege_escalation: bool | None = None
-    privileged: bool | None = None
-    read_only_root_filesystem: bool | None = None
-    capabilities: Capabilities | None = None
-    seccomp_profile: SeccompProfile | None = None
-
-
-class PodSecurityContext(Model):
-    """The engine pod's securityContext (Kubernetes' fields of the same names)."""
-
-    run_as_non_root: bool | None = None
-    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
-    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
-    fs_group: int | None = Field(default=None, ge=0, le=2147483647)
-    supplemental_groups: list[Annotated[int, Field(ge=0, le=2147483647)]] = Field(default_factory=list, max_length=32)
-    seccomp_profile: SeccompProfile | None = None
-
-
 class HiCache(Model):
     """SGLang's hierarchical KV cache (host memory, optionally storage) behind the GPU pool."""
 
@@ -179,6 +143,36 @@ class HiCache(Model):
     )
     storage_backend: str | None = Field(
         default=None, max_length=64, description="--hicache-storage-backend (file, mooncake, hf3fs, nixl, ...)."
+    )
+
+
+class Capabilities(Model):
+    add: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to add.")
+    drop: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to drop (e.g. ALL).")
+
+
+class ContainerSecurityContext(Model):
+    """The engine container's securityContext (the fields an engine needs; Kubernetes' names)."""
+
+    allow_privilege_escalation: bool = Field(
+        default=False, description="An engine never needs setuid binaries: false unless an image does."
+    )
+    read_only_root_filesystem: bool | None = Field(default=None, description="Mount the image read-only.")
+    run_as_non_root: bool | None = Field(default=None, description="Refuse to start as UID 0.")
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    capabilities: Capabilities | None = None
+
+
+class PodSecurityContext(Model):
+    """The engine pods' securityContext."""
+
+    run_as_non_root: bool | None = None
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    fs_group: int | None = Field(default=None, ge=0, le=2147483647)
+    seccomp_profile_type: Literal["RuntimeDefault", "Unconfined", "Localhost"] = Field(
+        default="RuntimeDefault", description="seccompProfile.type: the runtime's default filter unless an engine needs another."
     )
 
 
@@ -235,21 +229,12 @@ class Engine(Model):
     )
     resources: ResourceRequirements = _section(ResourceRequirements, "CPU, memory and other resources.")
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment.")
+    security_context: ContainerSecurityContext = _section(
+        ContainerSecurityContext, "The engine container's securityContext."
+    )
+    pod_security_context: PodSecurityContext = _section(PodSecurityContext, "The engine pods' securityContext.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
-    security_context: SecurityContext | None = Field(
-        default=None,
-        description="The engine container's securityContext. Unset: no privilege escalation, every "
-        "capability dropped, seccomp RuntimeDefault (GPUs come from the device plugin and need no "
-        "privilege). Set, it replaces that default whole: keep those three unless the engine needs "
-        "otherwise (e.g. capabilities.add [IPC_LOCK] for RDMA).",
-    )
-    pod_security_context: PodSecurityContext | None = Field(
-        default=None,
-        description="The engine pod's securityContext. Unset: none, because SGLang's images run as root; "
-        "set runAsNonRoot/runAsUser when the engine image has a non-root user (and a writable HOME "
-        "and model cache).",
-    )
 
 
 class TenantTarget(Model):

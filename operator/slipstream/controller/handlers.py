@@ -11,10 +11,10 @@ handler work: owner references let the garbage collector remove the owned object
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import datetime
 import logging
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import kopf
 import prometheus_client
 
 from slipstream.api import models
-from slipstream.controller import drift, loop, objects, status, tuning
+from slipstream.controller import adminkeys, drift, loop, objects, stages, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 
@@ -64,7 +64,7 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
     except kube_.ApiError as error:
         if error.status != 403:
             raise
-        return secret_access_denied(sd.metadata.namespace, error)
+        return "AdminKeySecretForbidden", adminkeys.forbidden(sd, ref)
     if state == "missing-secret":
         return (
             "AdminKeySecretMissing",
@@ -81,19 +81,6 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
     return None
 
 
-def secret_access_denied(namespace: str, error: kube_.ApiError) -> tuple[str, str]:
-    """The chart never grants Secrets cluster-wide (least privilege): each namespace that
-    holds ServingDeployments is granted by a RoleBinding; say which one is missing."""
-    return (
-        "SecretAccessDenied",
-        f"the operator may not read or create the admin-key Secret in namespace {namespace!r}: "
-        f"{error.message}; grant it there with the chart's Secrets role (add the namespace to the "
-        "chart's rbac.secretNamespaces, or `kubectl create rolebinding <release>-slipstream-secrets "
-        f"--namespace={namespace} --clusterrole=<release>-slipstream-secrets "
-        "--serviceaccount=<release namespace>:<service account>`, as the chart's NOTES print)",
-    )
-
-
 def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | None:
     if not sd.spec.prometheus.create_pod_monitor:
         return None
@@ -103,25 +90,24 @@ def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | 
     return None
 
 
-def apply_objects(kube: kube_.Kube, sd: models.ServingDeployment) -> Outcome:
+def apply_objects(kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment) -> Outcome:
     """Blocking: run it in a thread. Applies every owned object that should exist."""
     setting = objects.configmap_setting(sd)
     problem = secret_problem(kube, sd)
+    changes: list[tuple[str, str, str]] = []
+    if sd.spec.engine.admin_api_key_secret_ref is None:
+        # The engines always run with an admin key: the operator's own, derived, into an
+        # owned Secret created once.
+        try:
+            generated = objects.admin_key_secret(sd, keys.generated(sd))
+        except adminkeys.KeyUnavailable as error:
+            problem = (error.reason, str(error))
+        else:
+            if kube.create_if_missing(generated) is not None:
+                changes.append(("Secret", generated["metadata"]["name"], "created"))
     desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
     if problem is None:
         desired.append(objects.deployment(sd))
-    changes: list[tuple[str, str, str]] = []
-    if sd.spec.engine.admin_api_key_secret_ref is None:
-        # The engines always run with an admin key: generate one, once, into an owned Secret.
-        generated = objects.admin_key_secret(sd, secrets.token_hex(24))
-        try:
-            if kube.create_if_missing(generated) is not None:
-                changes.append(("Secret", generated["metadata"]["name"], "created"))
-        except kube_.ApiError as error:
-            if error.status != 403:
-                raise
-            problem = secret_access_denied(sd.metadata.namespace, error)
-            desired = [obj for obj in desired if obj is None or obj["kind"] != "Deployment"]  # no engines without their key
     rolled, deployment = False, None
     for obj in filter(None, desired):
         try:
@@ -227,7 +213,15 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
-    deps = loop.Deps(kube=kube, config=config, latency=loop.prometheus_latency(config))
+    fleet = stages.FleetObserver(config)
+
+    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
+        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
+        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
+
+    keys = adminkeys.AdminKeys(kube, config)
+    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
+                     recommender=stages.TwinRecommender(config), latency=latency)  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -243,7 +237,10 @@ def register(
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(id="configure", registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(config.worker_threads, thread_name_prefix="slipstream")
+        )
         # The CRD's structural schema prunes unknown status fields: keep kopf's own state
         # in annotations, under our group.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
@@ -260,7 +257,7 @@ def register(
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
         sd = models.ServingDeployment.model_validate(dict(body))
-        outcome = await asyncio.to_thread(apply_objects, kube, sd)
+        outcome = await asyncio.to_thread(apply_objects, kube, keys, sd)
         record_changes(body, sd, outcome)
         conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
         first = objects.current_setting(sd) if sd.status.threshold is None else None
@@ -298,7 +295,7 @@ def register(
         patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
 
     @kopf.daemon(*resource, id="tuning", cancellation_timeout=10, registry=registry)
-    async def tuning(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
+    async def tuning_loop(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
         """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
         memory = loop.Memory()
         wake = wakes.setdefault(uid, asyncio.Event())
@@ -332,6 +329,7 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
+            fleet.forget(models.ServingDeployment.model_validate(dict(body)))
 
 
     async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:

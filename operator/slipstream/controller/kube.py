@@ -130,9 +130,7 @@ class Kube:
         """Create an object unless it exists; never rewrites it (a generated key must stay
         what the running engines were started with)."""
         meta = obj["metadata"]
-        if self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]) is not None:
-            return None
-        try:
+        try:  # no GET first: the operator may create Secrets where it may not read them
             self.request("POST", path_of(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
                          query=[("fieldManager", FIELD_MANAGER)])  # fmt: skip
         except ApiError as error:

@@ -22,21 +22,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
-import json
 import logging
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from slipstream.api import models, snapshot
-from slipstream.controller import canary_metrics, objects, tuning
+from slipstream.controller import adminkeys, objects, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
-from slipstream.engine import args as engine_args
 from slipstream.rollout import analysis, engines, machine
 
 log = logging.getLogger(__name__)
@@ -73,16 +70,7 @@ class NotBuilt:
 
 
 LatencyFor = Callable[[models.ServingDeployment], analysis.PodLatency]
-
-
-def prometheus_latency(config: settings_.ControllerSettings) -> LatencyFor:
-    def latency(sd: models.ServingDeployment) -> analysis.PodLatency:
-        return canary_metrics.PrometheusLatency(
-            sd.spec.prometheus.url or "http://prometheus.invalid:9090",
-            sd.spec.tuning.objective.tenant_label, config.prometheus_timeout_seconds,
-        )  # fmt: skip
-
-    return latency
+"""A deployment -> where its canary figures are read."""
 
 
 @dataclass
@@ -91,6 +79,7 @@ class Deps:
 
     kube: kube_.Kube
     config: settings_.ControllerSettings
+    keys: adminkeys.AdminKeys
     observer: Observer = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
@@ -129,19 +118,10 @@ def ready_pods(items: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def addresses_override(config: settings_.ControllerSettings) -> dict[str, str]:
-    if not config.engine_addresses_file:
-        return {}
-    try:
-        data = json.loads(Path(config.engine_addresses_file).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-def address(sd: models.ServingDeployment, pod: str, ip: str, override: dict[str, str]) -> str:
+def address(sd: models.ServingDeployment, ip: str) -> str:
+    """An engine pod's admin API: its pod IP and the engine port."""
     host = f"[{ip}]" if ":" in ip else ip
-    return override.get(f"{sd.metadata.namespace}/{pod}", f"http://{host}:{sd.spec.engine.port}")
+    return f"http://{host}:{sd.spec.engine.port}"
 
 
 def allowed(url: str, networks: str) -> bool:
@@ -179,7 +159,9 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     """Canary vs baseline per-tenant p99 over the analysis window; without a baseline pod,
     the canaries over the window before the canary started."""
     window = tuning.policy(sd, deps.config).analysis_window_s
-    source = (deps.latency or prometheus_latency(deps.config))(sd)
+    if deps.latency is None:
+        return analysis.failed_read("no source of canary figures is configured")
+    source = deps.latency(sd)
     ns, name = sd.metadata.namespace, sd.metadata.name
     canaries = sorted(state.canary_pods)
     others = sorted(set(pods) - set(canaries))
@@ -216,10 +198,12 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
 
     items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
     pods = ready_pods(items)
-    ref = engine_args.admin_key_ref(sd.metadata.name, sd.spec.engine)
-    key = await asyncio.to_thread(deps.kube.secret_value, sd.metadata.namespace, ref.name, ref.key)
-    override = addresses_override(config)
-    urls = {pod: address(sd, pod, ip, override) for pod, ip in pods.items()}
+    try:
+        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
+    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
+        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
+        key = None
+    urls = {pod: address(sd, ip) for pod, ip in pods.items()}
     blocked = {pod for pod, url in urls.items() if not allowed(url, config.engine_networks)}
 
     def client(pod: str) -> admin.AdminClient:

@@ -156,17 +156,6 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-ENGINE_SECURITY_CONTEXT: dict[str, Any] = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-"""The engine container's securityContext when the spec sets none: what the `restricted`
-Pod Security Standard asks of a container, except running as non-root (SGLang's images run
-as root; spec.engine.podSecurityContext sets a user where the image allows). GPUs come from
-the device plugin and need no privilege or capability."""
-
-
 def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
     engine = sd.spec.engine
     container = {
@@ -184,16 +173,17 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "readinessProbe": _probe(period=10, failures=3),
         "livenessProbe": _probe(period=30, failures=4),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        "securityContext": engine.security_context.to_k8s() if engine.security_context else dict(ENGINE_SECURITY_CONTEXT),
+        "securityContext": engine.security_context.to_k8s(),
     }
+    pod_security = engine.pod_security_context.to_k8s()
+    pod_security["seccompProfile"] = {"type": pod_security.pop("seccompProfileType")}
     pod_spec: dict[str, Any] = {
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
     }
-    if engine.pod_security_context is not None:
-        pod_spec["securityContext"] = engine.pod_security_context.to_k8s()
     if engine.node_selector:
         pod_spec["nodeSelector"] = dict(engine.node_selector)
     if engine.tolerations:
@@ -235,14 +225,27 @@ MONITOR_KINDS = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoin
 of their list of endpoints."""
 
 
+DEPLOYMENT_LABEL = "servingdeployment"
+"""Target label naming the ServingDeployment (INTERFACES E: with `namespace` and `pod`,
+which the Prometheus Operator sets itself); observe aggregates by it."""
+
+
 def monitor(sd: models.ServingDeployment, kind: str) -> dict[str, Any]:
     """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor."""
+    meta_label = "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in NAME_LABEL)
+    endpoint = {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        "relabelings": [
+            {"sourceLabels": [meta_label], "targetLabel": DEPLOYMENT_LABEL, "action": "replace"},
+            {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"},
+        ],
+    }  # fmt: skip
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": kind,
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
             "selector": {"matchLabels": selector(sd)},
-            MONITOR_KINDS[kind]: [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            MONITOR_KINDS[kind]: [endpoint],
         },
     }

@@ -86,9 +86,6 @@ def run(args: argparse.Namespace) -> int:
 def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     scale = target.time_scale
     target.kubectl("create", "namespace", NAMESPACE, check=False)
-    from slipstream.localkube.stack import secret_grant
-
-    target.kubectl(*secret_grant(NAMESPACE), check=False)  # exists already on a reused stack
     target.admin_secret(NAMESPACE, ADMIN_SECRET)
     sd = loop.serving_deployment(NAME, target.prometheus_url, ADMIN_SECRET)
     sd["metadata"]["namespace"] = NAMESPACE
@@ -135,7 +132,8 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
 
     plot.timeline(watcher.samples, results, spans, out)
     print(f"wrote {out}")
-    print("\nSee the same yourself (while a cluster is up: slipstream cluster up):")
+    print("\nTo watch the same by hand: `slipstream cluster up`, `export KUBECONFIG=...` as it prints,")
+    print("then `make demo` (it reuses that cluster), and in another terminal:")
     for command in (
         f"kubectl -n {NAMESPACE} get sd",
         f"kubectl -n {NAMESPACE} describe sd {NAME}",

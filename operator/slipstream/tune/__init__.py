@@ -31,12 +31,20 @@ time is passed in). Modules, in the order a decision flows:
   On Move the caller (rollout) starts the canary of ``decision.to`` and, once it is under
   way, passes ``TunerState(to-or-current, last_step_at=now, rollout_in_progress=True)``
   next time; the Event text is ``decision.reason``.
+- ``deployment``: the operator's entry point. ``decide_for(sd, snapshot, fleet, now,
+  profile, time_scale=1.0) -> Decision`` reads the spec (bounds, targets, interval,
+  cooldown) and the status (``lastDecision.time`` starts the cooldown, ``rollout.phase``
+  not Idle holds), so the tuner keeps no memory of its own; ``summary(decision, fleet) ->
+  (EngineSetting, move, reason, heterogeneity)`` is what ``controller.tuning.
+  Recommendation`` carries. ``DEFAULT_PROFILE`` is the twin profile to use when none is
+  configured.
 - ``observed.snapshot_of(deployment, first_tokens, now_s, window_s)``: the snapshot the
   twin's ``auto`` builds from first tokens (SGLang's buckets, ``api.buckets``).
 - ``auto.TwinAuto``: the same ``tune_once`` as the twin's controller (``slipstream
   simulate/bench --policy auto``).
 - ``codec``: snapshot <-> JSON-able dict (``slipstream recommend --snapshot FILE.json``).
 
-How long: one recommendation (45 candidates, 300 synthetic requests, the burst fit) takes
-0.17 s of CPU (``slipstream recommend --snapshot FILE.json --time``).
+How long: one recommendation (45 candidates, 300 synthetic requests with their decodes,
+the burst fit and the holdout) takes 0.65 s of CPU (``slipstream recommend --snapshot
+FILE.json --time``); without output lengths in the snapshot (no decodes) 0.17 s.
 """

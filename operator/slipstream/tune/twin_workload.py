@@ -9,10 +9,9 @@ the request arrives (``Request.warm_blocks``).
 
 Size is bounded (``max_requests``): the span is the snapshot's window, shortened so the
 whole synthetic load holds at most that many requests, which keeps one candidate's run at
-a few milliseconds. Output lengths are one token: the snapshot carries no generation
-lengths, and in the prefill-first engine kinds a request's first token waits for prefill
-work only (running decodes yield the pass to any admissible prefill), so decodes would
-cost time here without changing what the candidates are ranked on.
+a few milliseconds. Output lengths are drawn from the tenant's generation-token histogram
+when the snapshot has one (decodes hold KV, and a full pool holds up admission), else one
+token each (no decodes).
 
 Arrivals may come in bursts (``burst``), fitted by the recommender to the current
 setting's observed TTFT. Deterministic: one seeded ``random.Random`` per call.
@@ -89,6 +88,11 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
         draw = inverse_cdf(tenant.uncached_tokens)
         lengths = [max(1, round(draw((i + rng.random()) / n))) for i in range(n)]
         rng.shuffle(lengths)
+        outputs = [1] * n
+        if tenant.output_tokens is not None and tenant.output_tokens.total > 0 and tenant.output_tokens.finite:
+            draw_out = inverse_cdf(tenant.output_tokens)
+            outputs = [max(1, round(draw_out((i + rng.random()) / n))) for i in range(n)]
+            rng.shuffle(outputs)
         hit = min(MAX_HIT_RATIO, max(0.0, tenant.cache_hit_ratio or 0.0))
         base = (k + 1) * BLOCK_SPACE
         at = 0.0
@@ -100,6 +104,6 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
                 blocks, sizes, warm = (base + 2 * i, base + 2 * i + 1), (cached, uncached), 1
             else:
                 blocks, sizes, warm = (base + 2 * i + 1,), (uncached,), 0
-            reqs.append(Request(f"{tenant.name}-{i}", tenant.name, at, cached + uncached, 1,
+            reqs.append(Request(f"{tenant.name}-{i}", tenant.name, at, cached + uncached, outputs[i],
                                 blocks, sizes, warm))
     return build(f"{snapshot.deployment}@twin", reqs)

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import prometheus_client
 
 from slipstream.api import models, snapshot
 from slipstream.controller import settings as settings_
@@ -27,6 +30,14 @@ from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails
 from slipstream.tune import tuner as tuner_
+
+TUNER_SECONDS = prometheus_client.Histogram(
+    "slipstream_tuner_seconds", "Wall time of one tuner run (gate, twin, guardrails) of one deployment.",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TUNER_CPU_SECONDS = prometheus_client.Counter(
+    "slipstream_tuner_cpu_seconds", "CPU seconds of the tuner runs (their worker thread's own time)."
+)
 
 
 def prometheus_url(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> str | None:
@@ -92,6 +103,16 @@ class TwinRecommender:
     profile: profiles.Profile | None = None
 
     def recommend(
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation:
+        cpu0 = time.thread_time()
+        with TUNER_SECONDS.time():
+            try:
+                return self._recommend(sd, snap, fleet, now)
+            finally:
+                TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
+
+    def _recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
         profile = self.profile = self.profile or profiles.load(self.config.twin_profile)

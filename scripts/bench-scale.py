@@ -4,7 +4,7 @@ Usage: .venv/bin/python scripts/bench-scale.py [N ...] [--interval S] [--interva
        (default: 50 500, a 20 s tuning interval, 3 intervals measured)
 
 For each N a fresh stack (control plane with kwok, a real Prometheus, the chart and the
-operator as a process; see slipstream.localkube.scale for what runs and why): progress
+operator as a process; see slipstream.scalebench for what runs and why): progress
 lines while it runs, then one JSON line of figures. Everything it starts is stopped when it
 ends, on an error or on Ctrl-C. Needs the Kubernetes binaries (scripts/build-kube.sh) and
 Prometheus (scripts/install-prometheus.sh).
@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slipstream.localkube import scale
+from slipstream import scalebench as scale
 
 
 def main(argv: list[str]) -> int:
@@ -26,6 +26,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("sizes", nargs="*", type=int, default=[50, 500], help="numbers of ServingDeployments")
     parser.add_argument("--interval", type=int, default=20, help="spec.tuning.intervalSeconds (>= 10)")
     parser.add_argument("--intervals", type=int, default=3, help="intervals measured")
+    parser.add_argument("--deadline", type=float, default=900.0,
+                        help="seconds to wait for all reconciled, and again for every loop's first step")
     parser.add_argument("--operator-env", action="append", default=[], metavar="K=V",
                         help="extra operator environment (controller settings)")
     args = parser.parse_args(argv)
@@ -36,7 +38,8 @@ def main(argv: list[str]) -> int:
     for n in args.sizes:
         with tempfile.TemporaryDirectory(prefix=f"scale-{n}-") as tmp:
             figures = scale.run(Path(tmp), scale.Options(deployments=n, interval_s=args.interval,
-                                                         intervals=args.intervals, operator_env=env))
+                                                         intervals=args.intervals, operator_env=env,
+                                                         reconcile_deadline_s=args.deadline))
         print(figures.to_json(), flush=True)
         results.append(figures)
     if len(results) > 1:

@@ -29,6 +29,7 @@ from slipstream.observe.observer import Observer, ObserveSettings
 from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails
+from slipstream.tune import memo as memo_
 from slipstream.tune import tuner as tuner_
 
 TUNER_SECONDS = prometheus_client.Histogram(
@@ -101,6 +102,13 @@ class TwinRecommender:
 
     config: settings_.ControllerSettings
     profile: profiles.Profile | None = None
+    memo: memo_.Memo | None = None
+    """Each deployment's last twin run, reused while its workload has not moved."""
+
+    def __post_init__(self) -> None:
+        reuse = tuning.scale(self.config.tuner_reuse_seconds, self.config)
+        if self.memo is None and reuse > 0:
+            self.memo = memo_.Memo(max_age_s=reuse)
 
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
@@ -131,7 +139,7 @@ class TwinRecommender:
                 interval_s=tuning.interval(sd, self.config) * 0.9,  # a step's jitter is not an interval
             ),
         )
-        decision = tuner_.tune_once(snap, state, settings, profile, None, now)
+        decision = tuner_.tune_once(snap, state, settings, profile, None, now, self.memo)
         rec = decision.recommendation
         mix = rec.heterogeneity if rec is not None else None
         if isinstance(decision, guardrails.Move):

@@ -217,7 +217,8 @@ def make_engine(
     )
     set_global_server_args_for_scheduler(args)
 
-    max_ctx = 700_000
+    # A prompt never exceeds the pool; a smaller table keeps small-pool engines cheap.
+    max_ctx = min(700_000, kv_tokens + 1024)
     req_pool = ReqToTokenPool(
         size=max_reqs, max_context_len=max_ctx, device="cpu", enable_memory_saver=False
     )

@@ -230,3 +230,11 @@ def test_engine_pods_get_a_security_context_and_the_spec_can_tighten_it() -> Non
     assert spec["containers"][0]["securityContext"] == {
         "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
         "capabilities": {"add": [], "drop": ["ALL"]}}  # fmt: skip
+
+
+def test_monitors_label_every_engine_target_with_its_deployment() -> None:
+    for kind in ("PodMonitor", "ServiceMonitor"):
+        (endpoint,) = objects.monitor(make(), kind)["spec"][objects.MONITOR_KINDS[kind]]
+        by_target = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert by_target["servingdeployment"] == ["__meta_kubernetes_pod_label_serving_slipstream_dev_name"]
+        assert by_target["pod"] == ["__meta_kubernetes_pod_name"]

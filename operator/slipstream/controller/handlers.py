@@ -11,6 +11,7 @@ handler work: owner references let the garbage collector remove the owned object
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import datetime
 import logging
@@ -19,6 +20,7 @@ from typing import Any
 
 import kopf
 import prometheus_client
+import pydantic
 
 from slipstream.api import models
 from slipstream.controller import adminkeys, drift, loop, objects, stages, status, tuning
@@ -143,11 +145,13 @@ def revert_drift(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> tuple[dic
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
     if desired["metadata"]["name"] != meta["name"]:
         return None
-    paths = drift.of_object(desired, live)
+    # The event may be older than the object (several arrive for one edit): judge the object now.
+    current = kube.get(desired["apiVersion"], kind, meta["namespace"], meta["name"])
+    paths = drift.of_object(desired, current) if current is not None else []
     if not paths:
         return None
-    _, _, change = kube.apply(desired)
-    return (found, paths) if change is not None else None
+    kube.apply(desired)
+    return found, paths
 
 
 def write_status(kube: kube_.Kube, body: dict[str, Any], patch: dict[str, Any], tries: int = 3) -> None:
@@ -236,7 +240,10 @@ def register(
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.startup(id="configure", registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        asyncio.get_running_loop().set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(config.worker_threads, thread_name_prefix="slipstream")
+        )
         # The CRD's structural schema prunes unknown status fields: keep kopf's own state
         # in annotations, under our group.
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
@@ -252,7 +259,16 @@ def register(
     @kopf.on.create(*resource, id="reconcile", registry=registry)
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError as error:  # the CRD let through what the models refuse
+            message = status.invalid_spec_message(error)
+            before = (body.get("status") or {}).get("conditions") or []
+            patch.status.update(status.invalid_spec_patch(before, message, body["metadata"].get("generation", 0), utcnow()))
+            if not any(c.get("reason") == "InvalidSpec" and c.get("status") == "False" for c in before):
+                kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+            RECONCILES.labels("invalid").inc()
+            raise kopf.PermanentError(message) from None  # until the spec changes
         outcome = await asyncio.to_thread(apply_objects, kube, keys, sd)
         record_changes(body, sd, outcome)
         conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
@@ -291,7 +307,7 @@ def register(
         patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
 
     @kopf.daemon(*resource, id="tuning", cancellation_timeout=10, registry=registry)
-    async def tuning(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
+    async def tuning_loop(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
         """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
         memory = loop.Memory()
         wake = wakes.setdefault(uid, asyncio.Event())
@@ -300,9 +316,12 @@ def register(
             while not stopped:
                 wake.clear()
                 read = copy.deepcopy(dict(body))  # the step's view; its version guards the write
-                sd = models.ServingDeployment.model_validate(read)
+                try:
+                    sd: models.ServingDeployment | None = models.ServingDeployment.model_validate(read)
+                except pydantic.ValidationError:
+                    sd = None  # reconcile reports it (InvalidSpec); nothing moves meanwhile
                 delay = config.rollout_poll_seconds
-                if sd.status.observed_generation is not None:  # reconcile writes the first status
+                if sd is not None and sd.status.observed_generation is not None:  # reconcile writes first
                     with TUNING_STEP_SECONDS.time():
                         try:
                             outcome = await loop.step(deps, sd, memory)
@@ -325,7 +344,7 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
-            fleet.forget(models.ServingDeployment.model_validate(dict(body)))
+            fleet.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
     async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:

@@ -225,14 +225,27 @@ MONITOR_KINDS = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoin
 of their list of endpoints."""
 
 
+DEPLOYMENT_LABEL = "servingdeployment"
+"""Target label naming the ServingDeployment (INTERFACES E: with `namespace` and `pod`,
+which the Prometheus Operator sets itself); observe aggregates by it."""
+
+
 def monitor(sd: models.ServingDeployment, kind: str) -> dict[str, Any]:
     """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor."""
+    meta_label = "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in NAME_LABEL)
+    endpoint = {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        "relabelings": [
+            {"sourceLabels": [meta_label], "targetLabel": DEPLOYMENT_LABEL, "action": "replace"},
+            {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"},
+        ],
+    }  # fmt: skip
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": kind,
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
             "selector": {"matchLabels": selector(sd)},
-            MONITOR_KINDS[kind]: [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            MONITOR_KINDS[kind]: [endpoint],
         },
     }

@@ -65,6 +65,11 @@ class ControllerSettings:
     the chart makes it (`<release>-admin-seed` in the release namespace) and sets this.
     Env: SLIPSTREAM_ADMIN_SEED_SECRET."""
 
+    worker_threads: int = 32
+    """Threads for blocking work (Kubernetes and Prometheus calls, the twin): Python's
+    default is cores + 4, so six on a small node, and one deployment's slow call would
+    queue the others'. Env: SLIPSTREAM_WORKER_THREADS."""
+
     twin_profile: str = "kimi-k3-8xh200"
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see
     `slipstream bench --profile`). Env: SLIPSTREAM_TWIN_PROFILE."""

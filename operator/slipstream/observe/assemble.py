@@ -120,8 +120,10 @@ def _dep(s: parse.Sample) -> Key:
     return (s.label("namespace"), s.label("servingdeployment"))
 
 
-def _dep_tenant(s: parse.Sample) -> Key:
-    return (*_dep(s), s.label(queries.TENANT_LABEL) or UNLABELLED_TENANT)
+def _dep_tenant(tenant_label: str) -> Callable[[parse.Sample], Key]:
+    def key(s: parse.Sample) -> Key:
+        return (*_dep(s), s.label(tenant_label) or UNLABELLED_TENANT)
+    return key
 
 
 def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, dict[str, float]]:
@@ -190,15 +192,17 @@ def snapshots(
     now: float,
     rules: Rules,
     deployments: Iterable[str] | None = None,
+    tenant_label: str = queries.TENANT_LABEL,
 ) -> dict[str, snap.WorkloadSnapshot]:
     """A snapshot for each deployment (``namespace/name``) from ``queries.fleet`` answers.
 
     ``results`` maps each ``FleetQueries`` field name to its samples. Without
     ``deployments``, every deployment any answer mentions gets one.
     """
-    ttft = histograms(results["ttft"], _dep_tenant)
-    uncached = histograms(results["uncached"], _dep_tenant)
-    tokens = _parts(results["tokens"], _dep_tenant)
+    per_tenant = _dep_tenant(tenant_label)
+    ttft = histograms(results["ttft"], per_tenant)
+    uncached = histograms(results["uncached"], per_tenant)
+    tokens = _parts(results["tokens"], per_tenant)
     queue = _parts(results["queue"], _dep)
     targets = _parts(results["targets"], _dep)
     pods, bad_gauges = _settings(results["settings"])
@@ -348,13 +352,14 @@ def pod_group(
     now: float,
     window_s: float,
     min_samples: int,
+    tenant_label: str = queries.TENANT_LABEL,
 ) -> snap.WorkloadSnapshot:
     """Per-tenant TTFT of a subset of one deployment's pods (``queries.pods_ttft``'s answer).
 
     For canary analysis: valid only with ``min_samples`` first tokens and finite counts;
     ``tenants[i].ttft_p99_s`` is then that tenant's p99 over those pods.
     """
-    hists = histograms(samples, lambda s: (s.label(queries.TENANT_LABEL) or UNLABELLED_TENANT,))
+    hists = histograms(samples, lambda s: (s.label(tenant_label) or UNLABELLED_TENANT,))
     if not hists:
         return snap.invalid(name, now, window_s, snap.NO_SERIES, f"no TTFT series for these pods of {name}")
     tenants = tuple(

@@ -426,16 +426,9 @@ class Engine:
         cfg = self.config
         slots = cfg.max_running_requests - self.decoding - len(partials)
         queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
-        limited = self.kv_pool_tokens is not None
-        if limited and not partials and policy.allocator is allocate:
-            # a full pool admits nothing: a new request needs need + page >= 2 tokens free
-            # (the rule's own refusal, decided without re-matching the queue's head)
-            reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
-            if int(self.kv_pool_tokens - self.kv_in_use - reserve) <= 1 + rule.page_size:
-                return {}
-        head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), limited)
         max_partials = cfg.max_partial_prefills
-        if not limited:
+        if self.kv_pool_tokens is None:
+            head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), False)
             if partials_first(rule, policy.order):
                 return policy.allocator(rule, partials, queue.items[:head], budget,
                                         max_partials=max_partials)
@@ -445,7 +438,17 @@ class Engine:
         # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
         kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
-        if partials_first(rule, policy.order):
+        first = partials_first(rule, policy.order)
+        if (kv_free <= 1 + rule.page_size and policy.allocator is allocate
+                and (first or rule.page_size == 1)):
+            # A full pool admits no new request (one needs need + page >= 2 tokens free):
+            # the rule's own refusal, decided without re-matching the queue's head.
+            if not partials:
+                return {}
+            head = 0
+        else:
+            head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), True)
+        if first:
             alloc = policy.allocator(rule, partials, queue.items[:head], budget,
                                      kv_free=kv_free, max_partials=max_partials)
         else:
@@ -669,11 +672,11 @@ class Engine:
                                                  req.prompt_tokens, job.uncached, req.output_tokens))
             _prefilled(job, self.cache)
         rem = req.output_tokens - produced
+        step = len(self._dtimes)
+        job.entry_step = step  # a segment opened by the token at t: decode steps from step
+        job.seg_start_s = t
+        job.out_base = produced
         if rem > 0:
-            step = len(self._dtimes)
-            job.entry_step = step
-            job.seg_start_s = t
-            job.out_base = produced
             job._times = self._dtimes
             heapq.heappush(self._dec_heap, (step + rem, job.seq, job.epoch, job))
             self.decoding += 1

@@ -7,9 +7,10 @@ traffic gives nearly the same snapshot interval after interval, and the twin, fe
 workload, predicts the same. So each deployment keeps its last recommendation with a
 fingerprint of what the twin read from the snapshot, and re-runs the twin only when
 
-- the workload moved from the snapshot the twin last ran on: a tenant's rate, p99 TTFT or
-  prompt-length mean by 5% or more, a bucket's cumulative share of a histogram by a
-  percentage point or more, a cache-hit ratio by 0.02 or more, a tenant came or went; or
+- the workload moved from the snapshot the twin last ran on by more than the sampling
+  noise of a window (and at least the twin's resolution): a tenant's rate, TTFT p99 or
+  prompt-length mean, a histogram's shape (a two-sample Kolmogorov-Smirnov bound), a
+  cache-hit ratio by 0.02, a tenant came or went (``fingerprint``); or
 - the current setting, the spec's bounds, the recommender's settings or the twin's
   profile or engine config changed; or
 - the recommendation is older than ``max_age_s`` (a bound on how long anything may be
@@ -29,45 +30,54 @@ from typing import Any
 from slipstream.api.snapshot import Histogram, WorkloadSnapshot
 
 RELATIVE = math.log(1.05)
-"""Rates, p99s and means may differ by less than 5% (the recommender's tie band)."""
+"""Rates, p99s and means always count as the same within 5% (the recommender's tie band)."""
 SHARE = 0.01
-"""A histogram bucket's cumulative share may differ by less than a percentage point."""
+"""Histogram cumulative shares always count as the same within a percentage point."""
 RATIO = 0.02
-"""A cache-hit ratio may differ by less than 0.02."""
+"""Cache-hit ratios count as the same within 0.02."""
+KS_95 = 1.36
+"""Two samples' cumulative shares differ beyond noise (95%) when they differ by more than
+1.36 x sqrt(2 / n) (Kolmogorov-Smirnov, n samples each)."""
+
+
+def _noise(n: float, scale: float) -> float:
+    """Sampling noise of a figure estimated from ``n`` samples (scale / sqrt(n))."""
+    return scale / math.sqrt(max(n, 1.0))
 
 
 @dataclass(frozen=True)
 class Fingerprint:
     """What the recommender reads from a snapshot: the parts that must be equal, and the
-    numbers that may move a little (compared with the snapshot the twin last ran on, so a
-    slow drift adds up and re-runs it)."""
+    numbers that may differ by their tolerance (their sampling noise, at least the twin's
+    resolution). Compared with the snapshot the twin last ran on, so a slow drift adds up
+    and re-runs it."""
 
     exact: tuple[Any, ...]
-    logs: tuple[float, ...]
-    shares: tuple[float, ...]
-    ratios: tuple[float, ...]
+    values: tuple[float, ...]
+    tolerances: tuple[float, ...]
 
     def close_to(self, other: Fingerprint) -> bool:
-        return (
-            self.exact == other.exact
-            and all(abs(a - b) < RELATIVE for a, b in zip(self.logs, other.logs, strict=True))
-            and all(abs(a - b) < SHARE for a, b in zip(self.shares, other.shares, strict=True))
-            and all(abs(a - b) < RATIO for a, b in zip(self.ratios, other.ratios, strict=True))
+        return self.exact == other.exact and all(
+            abs(a - b) < max(ta, tb)
+            for a, b, ta, tb in zip(self.values, other.values, self.tolerances, other.tolerances, strict=True)
         )
 
 
 def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fingerprint:
-    """The snapshot as the recommender sees it (rates, TTFT p99 where calibrated, prompt and
-    output length histograms, cache-hit ratios). Anything not finite must match exactly."""
+    """The snapshot as the recommender sees it: per tenant the rate (tolerance 2/sqrt(n)
+    relative, n first tokens), the TTFT p99 the twin is calibrated to (1/sqrt(n/100): a
+    p99 rests on the top 1% of the window), the prompt and output length histograms
+    (cumulative shares within the KS bound, mean within 2/sqrt(n)) and the cache-hit ratio.
+    Anything not finite must match exactly."""
     exact: list[Any] = [round(snapshot.window_s, 3)]
-    logs: list[float] = []
-    shares: list[float] = []
-    ratios: list[float] = []
+    values: list[float] = []
+    tolerances: list[float] = []
 
-    def number(value: float) -> None:
+    def log(value: float, tolerance: float) -> None:
         if math.isfinite(value) and value > 0:
-            logs.append(math.log(value))
             exact.append("+")
+            values.append(math.log(value))
+            tolerances.append(max(RELATIVE, tolerance))
         else:
             exact.append(str(value))
 
@@ -76,21 +86,23 @@ def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fin
             exact.append(None if hist is None else ("empty", hist.bounds, str(hist.total)))
             return
         exact.append(hist.bounds)
-        shares.extend(c / hist.total for c in hist.counts)
-        number(hist.sum / hist.total)
+        values.extend(c / hist.total for c in hist.counts)
+        tolerances.extend([max(SHARE, KS_95 * math.sqrt(2 / hist.total))] * len(hist.counts))
+        log(hist.sum / hist.total, _noise(hist.total, 2.0))
 
     for t in sorted(snapshot.tenants, key=lambda t: t.name):
         calibrated = t.ttft.total >= calibration_min_samples and t.ttft.finite
         exact.extend((t.name, calibrated, t.cache_hit_ratio is None))
-        number(t.requests_per_s)
+        log(t.requests_per_s, _noise(t.ttft.total if t.ttft.finite else 0.0, 2.0))
         if calibrated:
-            number(t.ttft_p99_s)
+            log(t.ttft_p99_s, _noise(t.ttft.total / 100, 1.0))
         histogram(t.uncached_tokens)
         histogram(t.output_tokens)
         if t.cache_hit_ratio is not None:
-            ratios.append(t.cache_hit_ratio)
+            values.append(t.cache_hit_ratio)
+            tolerances.append(RATIO)
     histogram(snapshot.uncached_tokens)
-    return Fingerprint(tuple(exact), tuple(logs), tuple(shares), tuple(ratios))
+    return Fingerprint(tuple(exact), tuple(values), tuple(tolerances))
 
 
 @dataclass

@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 import prometheus_client
+import pydantic
 
 from slipstream.api import models
 from slipstream.controller import adminkeys, drift, loop, objects, replicas, stages, status, tuning
@@ -153,23 +154,37 @@ def revert_drift(
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
     if desired["metadata"]["name"] != meta["name"]:
         return None
+    # The event may be older than the object (several arrive for one edit): judge the object now.
+    current = kube.get(desired["apiVersion"], kind, meta["namespace"], meta["name"])
+    if current is None:
+        return None
     contest = None
     if kind == "Deployment":
-        have = (live.get("spec") or {}).get("replicas")
-        who = replicas.writers(live, kube_.FIELD_MANAGER)
+        have = (current.get("spec") or {}).get("replicas")
+        who = replicas.writers(current, kube_.FIELD_MANAGER)
         if replicas.contested(sd):
             desired = replicas.without_replicas(desired)
         elif reverts is not None and who and have != desired["spec"].get("replicas"):
             key = f"{meta['namespace']}/{meta['name']}"
-            if reverts.note(key, int(meta.get("generation") or 0), now):  # a writer that comes back each time: stop fighting
+            generation = int(current["metadata"].get("generation") or 0)
+            if reverts.note(key, generation, now):  # a writer that comes back each time: stop fighting
                 reverts.forget(key)
                 desired = replicas.without_replicas(desired)
                 contest = replicas.message(who, have, sd.spec.replicas)
-    paths = drift.of_object(desired, live)
+    paths = drift.of_object(desired, current)
     if not paths:
         return (found, [], contest) if contest is not None else None
-    _, _, change = kube.apply(desired)
-    return (found, paths, contest) if change is not None or contest is not None else None
+    try:
+        kube.apply(desired)
+    except kube_.ApiError as error:
+        if error.status != 422:
+            raise
+        # Apply never drops a list entry another manager owns: a Service port whose key
+        # (port) was edited stays beside ours, two ports named alike (422). Replace the
+        # spec's lists with a merge patch, then apply to own every field again.
+        kube.merge_patch(desired, {"spec": desired["spec"]})
+        kube.apply(desired)
+    return found, paths, contest
 
 
 def write_status(
@@ -288,7 +303,16 @@ def register(
     @kopf.on.create(*resource, id="reconcile", registry=registry)
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, diff: kopf.Diff = (), **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError as error:  # the CRD let through what the models refuse
+            message = status.invalid_spec_message(error)
+            before = (body.get("status") or {}).get("conditions") or []
+            patch.status.update(status.invalid_spec_patch(before, message, body["metadata"].get("generation", 0), utcnow()))
+            if not any(c.get("reason") == "InvalidSpec" and c.get("status") == "False" for c in before):
+                kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+            RECONCILES.labels("invalid").inc()
+            raise kopf.PermanentError(message) from None  # until the spec changes
         # A user's change of spec.replicas takes the field back from another writer.
         taken_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
         keep = taken_back or not replicas.contested(sd)
@@ -344,9 +368,12 @@ def register(
             while not stopped:
                 wake.clear()
                 read = copy.deepcopy(dict(body))  # the step's view; its version guards the write
-                sd = models.ServingDeployment.model_validate(read)
+                try:
+                    sd: models.ServingDeployment | None = models.ServingDeployment.model_validate(read)
+                except pydantic.ValidationError:
+                    sd = None  # reconcile reports it (InvalidSpec); nothing moves meanwhile
                 delay = config.rollout_poll_seconds
-                if sd.status.observed_generation is not None:  # reconcile writes the first status
+                if sd is not None and sd.status.observed_generation is not None:  # reconcile writes first
                     with TUNING_STEP_SECONDS.time():
                         try:
                             outcome = await loop.step(deps, sd, memory)
@@ -369,7 +396,7 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
-            fleet.forget(models.ServingDeployment.model_validate(dict(body)))
+            fleet.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
     reverts = replicas.Reverts()

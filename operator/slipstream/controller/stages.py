@@ -73,9 +73,9 @@ class FleetObserver:
                 self.cache[key] = (now, snaps)
         return snaps.get(name) or snapshot.invalid(name, now, window_s, snapshot.NO_SERIES, "not in the fleet's read")
 
-    def forget(self, sd: models.ServingDeployment) -> None:
+    def forget(self, namespace: str, name_: str) -> None:
         """A deployment whose loop ended leaves the fleet's reads."""
-        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        name = f"{namespace}/{name_}"
         for members in self.members.values():
             members.discard(name)
 

@@ -65,13 +65,14 @@ def _lowers(hist: Histogram) -> list[float]:
 
 
 def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 0,
-               burst: int = 1) -> Workload:
+               burst: int = 1, max_span_s: float | None = None) -> Workload:
     """The twin workload of one valid snapshot (see the module doc). Empty when no traffic.
 
     ``burst`` > 1 makes arrivals come in groups of that many at once (a compound Poisson
     process with the same mean rate): real traffic is burstier than Poisson (the Azure code
     trace's requests come in clumps), and the recommender fits this to what the current
-    setting's TTFT histogram shows.
+    setting's TTFT histogram shows. ``max_span_s`` caps the span (default: the window);
+    ``math.inf`` replays the window's mix for as long as ``max_requests`` takes.
     """
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
@@ -80,7 +81,7 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
     rate = sum(t.requests_per_s for t in tenants)
     if not tenants or rate <= 0:
         return build(f"{snapshot.deployment}@twin", [])
-    span = min(snapshot.window_s, max_requests / rate)
+    span = min(snapshot.window_s if max_span_s is None else max_span_s, max_requests / rate)
     rng = random.Random(seed)
     reqs: list[Request] = []
     for k, tenant in enumerate(tenants):

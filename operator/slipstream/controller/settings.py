@@ -85,6 +85,12 @@ class ControllerSettings:
     test machine, where nothing but loopback may be reached); a pod outside them counts as
     unreachable. Empty: any pod IP. Env: SLIPSTREAM_ENGINE_NETWORKS."""
 
+    peering_lifetime_seconds: int = 60
+    """Seconds a replica's entry in the kopf peering object stays valid without renewal
+    (kopf's default; it renews 5-10 s before). A replica killed without notice (SIGKILL,
+    a lost node) holds the others paused until it expires, so this bounds the takeover
+    time. Env: SLIPSTREAM_PEERING_LIFETIME_SECONDS."""
+
     @classmethod
     def from_env(cls) -> ControllerSettings:
         values = {}

@@ -62,6 +62,10 @@ class FleetObserver:
                 window_s=key[1], min_samples=self.config.observe_min_samples,
                 max_staleness_s=self.config.observe_max_staleness_seconds,
                 query_timeout_s=self.config.prometheus_timeout_seconds,
+                # The backoff is about one control interval: scaled as the intervals are, so
+                # a time-scaled loop (tests, the demo) backs off in its own seconds too.
+                backoff_initial_s=tuning.scale(ObserveSettings().backoff_initial_s, self.config),
+                backoff_max_s=tuning.scale(ObserveSettings().backoff_max_s, self.config),
             ))  # fmt: skip
         return self.observers[key]
 

@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 # a ServingDeployment in mode Auto on simulated engines, traffic in phases, and the
 # threshold following it live; writes out/demo-timeline.png and stops everything.
 # Reuses a running `slipstream cluster up`.
-demo: venv kube-bins
+demo: venv kube-bins prometheus
 	$(VENV)/bin/slipstream demo --plot out/demo-timeline.png
 
 # The twin's benchmark: every scheduler policy on the built-in multi-tenant workload.

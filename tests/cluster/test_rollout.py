@@ -1,11 +1,12 @@
 """The rollout on a real control plane: the generated admin Secret, the key only in env,
-a Fixed edit reaching the running engines in place, a stale pod corrected, failing admin
+a Fixed edit reaching the running engines in place, a stale engine corrected, failing admin
 endpoints rolled back after bounded retries, and one Warning per new problem.
 
-Engine pods are kwok pods (nothing runs in them); each gets an engine stand-in
-(`engine_stub.EngineStub`) on 127.0.0.1, and the operator reaches it through its
-test-only address file (`SLIPSTREAM_ENGINE_ADDRESSES_FILE`). The operator runs as the
-chart's ServiceAccount, with the tuning loop's time scaled by 0.1.
+Engine pods are kwok pods with loopback IPs; the engine-pod runner
+(`localkube.podrunner`) starts one `slipstream engine-sim` per pod on the pod's own IP,
+with the pod's args and env (the admin key from its Secret, as a kubelet would). The
+operator reaches each engine at its pod IP and engine port, as in a real cluster, and runs
+as the chart's ServiceAccount with the tuning loop's time scaled by 0.1.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ import json
 import re
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from engine_stub import EngineStub
 from test_operator_reconcile import (
     Operator,
     apply,
@@ -32,37 +31,28 @@ from test_operator_reconcile import (
     pod_identities,
     reconciled,
     rolled_out,
-)  # fmt: skip
+)
 
 from conftest import eventually
 from slipstream import localkube
+from slipstream.localkube import podrunner
 
 DEADLINE_S = 60
 
 
 @pytest.fixture(scope="module")
-def addresses(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("rollout") / "engine-addresses.json"
-    path.write_text("{}")
-    return path
+def runner(cluster: localkube.Cluster) -> Iterator[podrunner.PodRunner]:
+    with podrunner.PodRunner(cluster.get_json, cluster.log_dir / "engines") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: localkube.Cluster, addresses: Path) -> Iterator[Operator]:
+def operator(cluster: localkube.Cluster, runner: podrunner.PodRunner) -> Iterator[Operator]:
     yield from installed_operator(cluster, "rollout", env={
-        "SLIPSTREAM_ENGINE_ADDRESSES_FILE": str(addresses),
         "SLIPSTREAM_TUNING_TIME_SCALE": "0.1",
         "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "0.5",
         "SLIPSTREAM_ADMIN_TIMEOUT_SECONDS": "1",
     })  # fmt: skip
-
-
-@pytest.fixture
-def stubs() -> Iterator[list[EngineStub]]:
-    started: list[EngineStub] = []
-    yield started
-    for stub in started:
-        stub.stop()
 
 
 def sd_doc(name: str, replicas: int = 2, **tuning: Any) -> dict[str, Any]:
@@ -77,24 +67,48 @@ def admin_key(cluster: localkube.Cluster, ns: str, name: str) -> str:
     return base64.b64decode(secret["data"]["api-key"]).decode()
 
 
-def serve(cluster: localkube.Cluster, ns: str, name: str, addresses: Path, stubs: list[EngineStub],
-          threshold: int = 4096) -> dict[str, EngineStub]:  # fmt: skip
-    """An engine stand-in per Ready engine pod, registered in the operator's address file."""
+class Engine:
+    """One engine pod's simulator, through its HTTP API."""
 
-    def ready() -> dict[str, Any]:
+    def __init__(self, url: str, key: str) -> None:
+        self.url, self.key = url, key
+
+    def call(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(
+            self.url + path, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read() or b"{}")
+
+    def info(self) -> dict[str, Any]:
+        return self.call("/get_server_info")
+
+    @property
+    def threshold(self) -> int:
+        return int(self.info()["long_prefill_token_threshold"])
+
+    def set(self, **server_args: Any) -> None:
+        self.call("/set_internal_state", {"server_args": server_args})
+
+    def fault(self, admin: str) -> None:
+        self.call("/slipstream/faults", {"admin": admin})
+
+
+def engines(cluster: localkube.Cluster, runner: podrunner.PodRunner, ns: str, name: str) -> dict[str, Engine]:
+    """The engine simulators of every engine pod, once all of them answer."""
+
+    def ready() -> dict[str, Engine]:
         dep = rolled_out(cluster, ns, name)
         pods = engine_pods(cluster, ns, name)
         assert len(pods) == dep["spec"]["replicas"], sorted(pods)
-        return pods
+        sims = {s["pod"]: s for s in runner.simulators()}
+        missing = [p for p in pods if not sims.get(f"{ns}/{p}", {}).get("ready")]
+        assert not missing, f"no ready simulator for {missing}"
+        key = admin_key(cluster, ns, name)
+        return {p: Engine(sims[f"{ns}/{p}"]["url"], key) for p in sorted(pods)}
 
-    pods = eventually(ready, deadline_s=DEADLINE_S, what=f"{name} engine pods Ready")
-    key = admin_key(cluster, ns, name)
-    by_pod = {pod: EngineStub(key, threshold).start() for pod in sorted(pods)}
-    stubs.extend(by_pod.values())
-    table = json.loads(addresses.read_text())
-    table.update({f"{ns}/{pod}": stub.url for pod, stub in by_pod.items()})
-    addresses.write_text(json.dumps(table))
-    return by_pod
+    return eventually(ready, deadline_s=DEADLINE_S, what=f"{name} engine simulators ready")
 
 
 def condition_of(cluster: localkube.Cluster, ns: str, name: str, type_: str) -> dict[str, Any]:
@@ -146,22 +160,26 @@ def test_generated_admin_key_reaches_the_engines_only_through_env(
     eventually(lambda: reconciled(cluster, ns, "keyed"), deadline_s=DEADLINE_S, what="keyed re-reconciled")
     assert admin_key(cluster, ns, "keyed") == key
 
-    # The key is nowhere but in its Secret: not in the pod spec, status, Events or log.
+    # The key is nowhere but in its Secret: not in the pod spec, status, Events, the
+    # operator's log or its metrics.
+    with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+        metrics = response.read().decode()
     for text in (
         cluster.kubectl("get", "deployment,pods,sd,configmaps", f"--namespace={ns}", "-o", "json").stdout,
         json.dumps(events(cluster, ns, "keyed")),
         operator.log(),
+        metrics,
     ):
         assert key not in text
 
 
 def test_fixed_edit_reaches_the_running_engines_in_place(
-    cluster: localkube.Cluster, operator: Operator, addresses: Path, stubs: list[EngineStub]
+    cluster: localkube.Cluster, operator: Operator, runner: podrunner.PodRunner
 ) -> None:
     ns = namespace(cluster, "fixed-edit")
     apply(cluster, ns, sd_doc("fixed"))
     eventually(lambda: reconciled(cluster, ns, "fixed"), deadline_s=DEADLINE_S, what="fixed reconciled")
-    engines = serve(cluster, ns, "fixed", addresses, stubs)
+    pods_engines = engines(cluster, runner, ns, "fixed")
     eventually(lambda: in_sync(cluster, ns, "fixed"), deadline_s=DEADLINE_S, what="engines in sync")
     pods = pod_identities(cluster, ns, "fixed")
     version = must_get(cluster, "deployment", "fixed", ns)["metadata"]["resourceVersion"]
@@ -170,8 +188,8 @@ def test_fixed_edit_reaches_the_running_engines_in_place(
                     '{"spec":{"tuning":{"threshold":2048,"schedulePolicy":"srpt"}}}')  # fmt: skip
 
     def moved() -> dict[str, Any]:
-        assert [s.threshold for s in engines.values()] == [2048, 2048]
-        assert {s.state["schedule_policy"] for s in engines.values()} == {"srpt"}
+        assert [e.threshold for e in pods_engines.values()] == [2048, 2048]
+        assert {e.info()["schedule_policy"] for e in pods_engines.values()} == {"srpt"}
         sd = must_get(cluster, "sd", "fixed", ns)
         st = sd["status"]
         assert (st["threshold"], st["concurrency"], st["schedulePolicy"]) == (2048, 4, "srpt"), st
@@ -181,18 +199,18 @@ def test_fixed_edit_reaches_the_running_engines_in_place(
         return sd
 
     sd = eventually(moved, deadline_s=DEADLINE_S, what="2048 on every engine")
-    assert all(s.sets == 1 and s.unauthorized == 0 for s in engines.values())
     assert sd["status"]["lastDecision"]["to"]["threshold"] == 2048
     changed = [e["message"] for e in events(cluster, ns, "fixed") if e["reason"] == "ThresholdChanged"]
     assert changed and changed[0].startswith("4096 -> 2048 (concurrency 2 -> 4, order fcfs -> srpt): "), changed
     assert "RolloutStarted" in reasons(cluster, ns, "fixed")
-    # In place: the same pods, the same Deployment.
+    # In place: the same pods, the same Deployment, no engine restarted.
     assert pod_identities(cluster, ns, "fixed") == pods
+    assert not any(runner.restarts().values()), runner.restarts()
     assert must_get(cluster, "deployment", "fixed", ns)["metadata"]["resourceVersion"] == version
 
     # An engine that comes back with another setting (restarted, hand-edited) is set back.
-    stale = engines[sorted(engines)[0]]
-    stale.state["long_prefill_token_threshold"] = 8192
+    stale = pods_engines[sorted(pods_engines)[0]]
+    stale.set(long_prefill_token_threshold=8192)
 
     def corrected() -> None:
         assert stale.threshold == 2048
@@ -205,7 +223,7 @@ def test_fixed_edit_reaches_the_running_engines_in_place(
                     '{"spec":{"tuning":{"mode":"Off"}}}')  # fmt: skip
 
     def off() -> None:
-        assert [s.threshold for s in engines.values()] == [0, 0]
+        assert [e.threshold for e in pods_engines.values()] == [0, 0]
         assert must_get(cluster, "sd", "fixed", ns)["status"]["threshold"] == 0
 
     eventually(off, deadline_s=DEADLINE_S, what="tuning Off on every engine")
@@ -214,32 +232,36 @@ def test_fixed_edit_reaches_the_running_engines_in_place(
 
 
 def test_failing_admin_endpoint_rolls_back_after_bounded_retries(
-    cluster: localkube.Cluster, operator: Operator, addresses: Path, stubs: list[EngineStub]
+    cluster: localkube.Cluster, operator: Operator, runner: podrunner.PodRunner
 ) -> None:
     ns = namespace(cluster, "admin-failure")
     apply(cluster, ns, sd_doc("flaky", cooldownSeconds=10))
     eventually(lambda: reconciled(cluster, ns, "flaky"), deadline_s=DEADLINE_S, what="flaky reconciled")
-    engines = serve(cluster, ns, "flaky", addresses, stubs)
+    pods_engines = engines(cluster, runner, ns, "flaky")
     eventually(lambda: in_sync(cluster, ns, "flaky"), deadline_s=DEADLINE_S, what="engines in sync")
-    good, bad = (engines[p] for p in sorted(engines))
-    bad.admin = "error"
+    good, bad = (pods_engines[p] for p in sorted(pods_engines))
+    bad.fault("error")  # every admin call of this engine now answers HTTP 500
 
     cluster.kubectl("patch", "sd", "flaky", f"--namespace={ns}", "--type=merge", "-p",
                     '{"spec":{"tuning":{"threshold":2048}}}')  # fmt: skip
 
-    def rolled_back() -> None:
-        assert "RolledBack" in reasons(cluster, ns, "flaky")
-        assert [good.threshold, bad.threshold] == [4096, 4096]
+    def rolling_back() -> None:
+        assert "RollingBack" in reasons(cluster, ns, "flaky")
+        assert good.threshold == 4096, "the engine that took the candidate is set back"
         st = must_get(cluster, "sd", "flaky", ns)["status"]
-        assert st["threshold"] == 4096
+        assert st["threshold"] == 4096 and st["rollout"]["phase"] == "RollingBack", st["rollout"]
         assert must_get(cluster, "configmap", "flaky-engine-setting", ns)["data"]["threshold"] == "4096"
 
-    eventually(rolled_back, deadline_s=DEADLINE_S, what="rolled back")
+    eventually(rolling_back, deadline_s=DEADLINE_S, what="rolling back")
     back = [e for e in events(cluster, ns, "flaky") if e["reason"] == "RollingBack"]
     assert back and back[0]["type"] == "Warning" and "after 3 attempt(s)" in back[0]["message"], back
-    assert "HTTP 503" in back[0]["message"]
+    assert "HTTP 500" in back[0]["message"]
 
-    bad.admin = "ok"
+    # The failing engine cannot be told anything (never restarted to force it): the
+    # rollback waits for it, and completes once it answers.
+    bad.fault("ok")
+    eventually(lambda: _in(["RolledBack"], reasons(cluster, ns, "flaky")), deadline_s=DEADLINE_S, what="rolled back")
+    assert bad.threshold == 4096, "the failing engine never took the setting"
 
     def promoted() -> None:
         assert [good.threshold, bad.threshold] == [2048, 2048]
@@ -264,6 +286,10 @@ def test_unreachable_engines_give_one_warning_not_one_per_interval(
     eventually(lambda: _at_least(steps(operator), later), deadline_s=DEADLINE_S, what="ten more tuning steps")
     warnings = [e for e in events(cluster, ns, "dark") if e["reason"] == "PodsUnreachable"]
     assert len(warnings) == 1 and warnings[0].get("count", 1) == 1, warnings
+
+
+def _in(wanted: list[str], seen: list[str]) -> None:
+    assert set(wanted) <= set(seen), seen
 
 
 def _at_least(value: float, bound: float) -> None:

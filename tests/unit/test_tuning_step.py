@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from slipstream.api import models, snapshot
-from slipstream.controller import canary_metrics, loop, tuning
+from slipstream.controller import loop, tuning
 from slipstream.controller import settings as settings_
 from slipstream.rollout import machine
 
@@ -103,23 +103,31 @@ def test_recommend_mode_reports_a_new_recommendation_once() -> None:
     assert tuning.recommended_event(seen, S(threshold=4096), REC) is None
 
 
-def test_canary_query_and_answers() -> None:
-    q = canary_metrics.p99_query("prod", "kimi", ["kimi-b", "kimi-a"], 30, "tenant")
-    assert q == ('histogram_quantile(0.99, sum by (tenant, le) (increase(sglang:time_to_first_token_seconds_bucket'
-                 '{namespace="prod",servingdeployment="kimi",pod=~"kimi\\\\-a|kimi\\\\-b"}[30s])))')  # fmt: skip
-    ok = {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {"tenant": "a"}, "value": [1, "1.5"]}, {"metric": {"tenant": "b"}, "value": [1, "NaN"]}]}}
-    assert canary_metrics.parse_vector(ok, "tenant") == {"a": 1.5}
-    for garbage in ({"status": "error"}, {"status": "success", "data": {"resultType": "matrix", "result": []}},
-                    {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}, "x"):
-        with pytest.raises(canary_metrics.QueryError):
-            canary_metrics.parse_vector(garbage, "tenant")
+def test_the_twin_recommender_moves_on_heterogeneous_traffic_and_holds_after() -> None:
+    from test_tune import heterogeneous
+
+    from slipstream.controller import stages
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, observe_min_samples=50)
+    sd = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600})
+    rec = stages.TwinRecommender(config).recommend(sd, heterogeneous(), S(threshold=0), 1000.0)
+    assert rec.move and rec.setting != S(threshold=0), rec
+    assert rec.heterogeneity is not None and rec.heterogeneity > 0.8
+    assert rec.reason.startswith("heterogeneity 0.")
+    # a step was taken 10 s ago: the cooldown (600 s x 0.1) holds, and says so
+    moved = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600},
+                 {"lastDecision": {"time": machine.stamp(990.0), "to": rec.setting.to_k8s(), "reason": "r"}})  # fmt: skip
+    held = stages.TwinRecommender(config).recommend(moved, heterogeneous(), rec.setting, 1000.0)
+    assert not held.move and held.reason.startswith("Cooldown"), held
+    bad = snapshot.invalid("prod/kimi", 1000.0, 60, snapshot.STALE, "old")
+    stale = stages.TwinRecommender(config).recommend(sd, bad, S(threshold=0), 1000.0)
+    assert not stale.move and stale.reason.startswith("StaleMetrics")
 
 
 def test_engine_addresses_and_allowed_networks() -> None:
     sd = make()
-    assert loop.address(sd, "p", "10.1.2.3", {}) == "http://10.1.2.3:30000"
-    assert loop.address(sd, "p", "10.1.2.3", {"prod/p": "http://127.0.0.1:5"}) == "http://127.0.0.1:5"
+    assert loop.address(sd, "10.1.2.3") == "http://10.1.2.3:30000"
+    assert loop.address(sd, "fd00::1") == "http://[fd00::1]:30000"
     assert loop.allowed("http://127.0.0.1:5", "127.0.0.0/8")
     assert not loop.allowed("http://10.1.2.3:30000", "127.0.0.0/8")
     assert loop.allowed("http://10.1.2.3:30000", "")
@@ -143,3 +151,41 @@ def test_conditions_rebased_on_a_fresh_read_keep_the_other_writers() -> None:
     assert [(c["type"], c["reason"]) for c in merged["conditions"]] == [
         ("Reconciled", "Applied"), ("EnginesInSync", "PodsUnreachable"), ("RolloutProgressing", "Idle")]
     assert merged["phase"] == "Progressing"
+
+
+def test_generated_admin_keys_are_derived_per_deployment() -> None:
+    from slipstream.controller import adminkeys
+
+    a = adminkeys.derive("seed-1", "prod", "kimi")
+    assert a == adminkeys.derive("seed-1", "prod", "kimi") and len(a) == 48
+    assert a != adminkeys.derive("seed-1", "prod", "kimi2") != adminkeys.derive("seed-1", "dev", "kimi")
+    assert a != adminkeys.derive("seed-2", "prod", "kimi")
+
+
+def test_a_spec_the_models_refuse_names_the_field_and_degrades() -> None:
+    import pydantic
+
+    from slipstream.controller import status
+
+    bad = {"metadata": {"name": "x"}, "spec": {"engine": {"image": "i", "model": "m",
+                                                          "env": [{"name": "1 BAD=", "value": "v"}]}}}  # fmt: skip
+    with pytest.raises(pydantic.ValidationError) as raised:
+        models.ServingDeployment.model_validate(bad)
+    message = status.invalid_spec_message(raised.value)
+    assert "spec.engine.env[0].name" in message and message.endswith("fix these fields")
+    patch = status.invalid_spec_patch([{"type": "Ready", "status": "True", "reason": "Available",
+                                        "lastTransitionTime": "t"}], message, 3, "now")  # fmt: skip
+    assert patch["phase"] == "Degraded"
+    assert [(c["type"], c["status"], c["reason"]) for c in patch["conditions"]] == [
+        ("Ready", "True", "Available"), ("Reconciled", "False", "InvalidSpec")]
+
+
+def test_the_fleet_observer_gives_each_deployment_its_canary_source() -> None:
+    from slipstream.controller import stages
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_min_samples=7,
+                                          prometheus_url="http://127.0.0.1:9")  # fmt: skip
+    fleet = stages.FleetObserver(config)
+    source = fleet.latency(make({"mode": "Auto", "intervalSeconds": 60}))
+    assert source.min_samples == 7 and source.observer is fleet.observers[("http://127.0.0.1:9", 6.0)]
+    assert fleet.latency(make({"mode": "Auto", "intervalSeconds": 60})).observer is source.observer

@@ -146,6 +146,36 @@ class HiCache(Model):
     )
 
 
+class Capabilities(Model):
+    add: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to add.")
+    drop: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to drop (e.g. ALL).")
+
+
+class ContainerSecurityContext(Model):
+    """The engine container's securityContext (the fields an engine needs; Kubernetes' names)."""
+
+    allow_privilege_escalation: bool = Field(
+        default=False, description="An engine never needs setuid binaries: false unless an image does."
+    )
+    read_only_root_filesystem: bool | None = Field(default=None, description="Mount the image read-only.")
+    run_as_non_root: bool | None = Field(default=None, description="Refuse to start as UID 0.")
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    capabilities: Capabilities | None = None
+
+
+class PodSecurityContext(Model):
+    """The engine pods' securityContext."""
+
+    run_as_non_root: bool | None = None
+    run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
+    run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
+    fs_group: int | None = Field(default=None, ge=0, le=2147483647)
+    seccomp_profile_type: Literal["RuntimeDefault", "Unconfined", "Localhost"] = Field(
+        default="RuntimeDefault", description="seccompProfile.type: the runtime's default filter unless an engine needs another."
+    )
+
+
 class Engine(Model):
     """The patched SGLang engine each pod runs."""
 
@@ -199,6 +229,10 @@ class Engine(Model):
     )
     resources: ResourceRequirements = _section(ResourceRequirements, "CPU, memory and other resources.")
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment.")
+    security_context: ContainerSecurityContext = _section(
+        ContainerSecurityContext, "The engine container's securityContext."
+    )
+    pod_security_context: PodSecurityContext = _section(PodSecurityContext, "The engine pods' securityContext.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
 

@@ -22,21 +22,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
-import json
 import logging
 import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from slipstream.api import models, snapshot
-from slipstream.controller import canary_metrics, objects, tuning
+from slipstream.controller import adminkeys, drift, objects, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
-from slipstream.engine import args as engine_args
 from slipstream.rollout import analysis, engines, machine
 
 log = logging.getLogger(__name__)
@@ -73,16 +70,7 @@ class NotBuilt:
 
 
 LatencyFor = Callable[[models.ServingDeployment], analysis.PodLatency]
-
-
-def prometheus_latency(config: settings_.ControllerSettings) -> LatencyFor:
-    def latency(sd: models.ServingDeployment) -> analysis.PodLatency:
-        return canary_metrics.PrometheusLatency(
-            sd.spec.prometheus.url or "http://prometheus.invalid:9090",
-            sd.spec.tuning.objective.tenant_label, config.prometheus_timeout_seconds,
-        )  # fmt: skip
-
-    return latency
+"""A deployment -> where its canary figures are read."""
 
 
 @dataclass
@@ -91,6 +79,7 @@ class Deps:
 
     kube: kube_.Kube
     config: settings_.ControllerSettings
+    keys: adminkeys.AdminKeys
     observer: Observer = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
@@ -105,6 +94,9 @@ class Memory:
     fleet: models.EngineSetting | None = None
     conditions: list[models.Condition] | None = None
     refusals: dict[str, str] = field(default_factory=dict)
+    configmap: models.EngineSetting | None = None
+    """The setting the loop last kept in the ConfigMap: a ConfigMap that departs from it
+    while it stays the target was edited by someone else."""
     """Pod -> why its last change failed (a later read shows only the setting it kept)."""
 
 
@@ -129,19 +121,10 @@ def ready_pods(items: list[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def addresses_override(config: settings_.ControllerSettings) -> dict[str, str]:
-    if not config.engine_addresses_file:
-        return {}
-    try:
-        data = json.loads(Path(config.engine_addresses_file).read_text())
-    except (OSError, ValueError):
-        return {}
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
-def address(sd: models.ServingDeployment, pod: str, ip: str, override: dict[str, str]) -> str:
+def address(sd: models.ServingDeployment, ip: str) -> str:
+    """An engine pod's admin API: its pod IP and the engine port."""
     host = f"[{ip}]" if ":" in ip else ip
-    return override.get(f"{sd.metadata.namespace}/{pod}", f"http://{host}:{sd.spec.engine.port}")
+    return f"http://{host}:{sd.spec.engine.port}"
 
 
 def allowed(url: str, networks: str) -> bool:
@@ -179,7 +162,9 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     """Canary vs baseline per-tenant p99 over the analysis window; without a baseline pod,
     the canaries over the window before the canary started."""
     window = tuning.policy(sd, deps.config).analysis_window_s
-    source = (deps.latency or prometheus_latency(deps.config))(sd)
+    if deps.latency is None:
+        return analysis.failed_read("no source of canary figures is configured")
+    source = deps.latency(sd)
     ns, name = sd.metadata.namespace, sd.metadata.name
     canaries = sorted(state.canary_pods)
     others = sorted(set(pods) - set(canaries))
@@ -195,14 +180,25 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent)
 
 
-async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:
+async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting,
+                         memory: Memory | None = None) -> machine.Event | None:  # fmt: skip
+    """Keep the ConfigMap (what new pods start with) at `setting`. A change the loop did not
+    make (a hand edit of the ConfigMap while its target stood still) is reverted with a
+    Warning naming what was reverted; the loop's own moves are a Normal Updated."""
     desired = objects.configmap(sd, setting)
-    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, desired["metadata"]["name"])
+    name = desired["metadata"]["name"]
+    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, name)
+    kept = memory.configmap if memory is not None else None
+    if memory is not None:
+        memory.configmap = setting
     if current is not None and current.get("data") == desired["data"]:
         return None
     await asyncio.to_thread(deps.kube.apply, desired)
-    return machine.Event("Normal", "Updated", f"Updated ConfigMap {desired['metadata']['name']}: new pods start with "
-                         f"{machine.show(setting)}")  # fmt: skip
+    if current is not None and kept == setting:
+        paths = drift.drift(desired["data"], current.get("data") or {}, "data")
+        return machine.Event("Warning", "DriftReverted", f"Reverted ConfigMap {name} to the fleet's setting: "
+                             f"{'; '.join(paths[:8])} (edit the ServingDeployment instead)")  # fmt: skip
+    return machine.Event("Normal", "Updated", f"Updated ConfigMap {name}: new pods start with {machine.show(setting)}")
 
 
 async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outcome:
@@ -216,10 +212,12 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
 
     items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
     pods = ready_pods(items)
-    ref = engine_args.admin_key_ref(sd.metadata.name, sd.spec.engine)
-    key = await asyncio.to_thread(deps.kube.secret_value, sd.metadata.namespace, ref.name, ref.key)
-    override = addresses_override(config)
-    urls = {pod: address(sd, pod, ip, override) for pod, ip in pods.items()}
+    try:
+        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
+    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
+        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
+        key = None
+    urls = {pod: address(sd, ip) for pod, ip in pods.items()}
     blocked = {pod for pod, url in urls.items() if not allowed(url, config.engine_networks)}
 
     def client(pod: str) -> admin.AdminClient:
@@ -238,7 +236,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     decision = machine.decide(state, fleet, target, views, pol, now, verdict)
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
-    if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
+    if (event := await sync_configmap(deps, sd, decision.configmap, memory)) is not None:
         events.append(event)
     if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
         results = await engines.apply(reachable, client)
@@ -250,7 +248,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
         if not again.apply:
             decision = again
             events += again.events
-            if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
+            if (event := await sync_configmap(deps, sd, decision.configmap, memory)) is not None:
                 events.append(event)
     stamp = machine.stamp(now)
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)

@@ -105,17 +105,21 @@ class Target:
 def serving_deployment(
     name: str,
     prometheus_url: str,
-    admin_secret: str,
+    admin_secret: str | None = None,
     *,
     mode: str = "Auto",
     replicas: int = 2,
     threshold: int = 0,
-    interval_s: int = 10,
-    cooldown_s: int = 30,
-    analysis_s: int = 30,
+    interval_s: int = 60,
+    cooldown_s: int = 180,
+    analysis_s: int = 60,
     max_concurrency: int = 8,
 ) -> dict[str, Any]:
-    """The example ServingDeployment: Kimi-K3-class engines (C = 8192), simulated."""
+    """The example ServingDeployment: Kimi-K3-class engines (C = 8192), simulated.
+
+    Durations are what production would use; a stack at time scale S runs them
+    S times faster (the operator's SLIPSTREAM_TUNING_TIME_SCALE is 1/S).
+    """
     tuning: dict[str, Any] = {
         "mode": mode,
         "engineMode": "ceiling",
@@ -143,7 +147,8 @@ def serving_deployment(
                 "tensorParallelSize": 8,
                 "port": 30000,
                 "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
-                "adminApiKeySecretRef": {"name": admin_secret, "key": "api-key"},
+                # None: the operator generates the engines' admin key (Secret <name>-admin-key)
+                **({"adminApiKeySecretRef": {"name": admin_secret, "key": "api-key"}} if admin_secret else {}),
             },
             "tuning": tuning,
             "prometheus": {"url": prometheus_url},
@@ -166,6 +171,8 @@ class Sample:
     heterogeneity: float | None
     rollout_phase: str | None
     tenants_p99: dict[str, float]
+    recommendation: tuple[int, str, str] | None = None
+    """What the tuner would run (the twin's best candidate): (threshold, mode, order)."""
 
 
 def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
@@ -175,7 +182,11 @@ def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
         for t in status.get("tenants") or []
         if t.get("ttftP99Seconds") is not None
     }
+    rec = status.get("recommendation")
     return Sample(
+        recommendation=(rec["threshold"], rec.get("mode", "ceiling"), rec.get("schedulePolicy", "fcfs"))
+        if rec
+        else None,
         twin_s=twin_s,
         threshold=status.get("threshold"),
         concurrency=status.get("concurrency"),

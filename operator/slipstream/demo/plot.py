@@ -27,12 +27,14 @@ def timeline(
     top.step([s.twin_s for s in known], [s.concurrency or 1 for s in known], where="post",
              label="prefill concurrency C // T (1 = off)")  # fmt: skip
     top.set_ylabel("concurrency")
+    top.set_ylim(0.5, max([s.concurrency or 1 for s in known] + [1]) + 0.5)
+    top.yaxis.get_major_locator().set_params(integer=True)
     het = [(s.twin_s, s.heterogeneity) for s in samples if s.heterogeneity is not None]
     if het:
         twin = top.twinx()
         twin.plot([t for t, _ in het], [h for _, h in het], color="tab:gray", alpha=0.6, label="heterogeneity")
         twin.set_ylabel("heterogeneity")
-    top.legend(loc="upper left")
+    top.legend(loc="lower right")
     end = spans[-1].end_s if spans else 0.0
     tenants = sorted({r.tenant for r in results})
     for tenant in tenants:
@@ -53,7 +55,7 @@ def timeline(
         for span in spans:
             ax.axvline(span.start_s, color="k", lw=0.5, ls=":")
     for span in spans:
-        top.annotate(span.kind, (span.start_s + 5, 0.98), xycoords=("data", "axes fraction"), va="top", fontsize=8)
+        top.annotate(span.kind, (span.start_s + 5, 0.9), xycoords=("data", "axes fraction"), va="top", fontsize=8)
     fig.suptitle("Slipstream demo: the threshold follows the traffic")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -235,34 +235,6 @@ def plan(
     )
 
 
-def file_sd_groups(pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Prometheus file_sd target groups of the Running engine pods (loopback IPs only).
-
-    What kubernetes_sd's pod role with the relabelling of INTERFACES E would
-    give: one target ``podIP:port`` per pod, labelled ``namespace``, ``pod``
-    and ``servingdeployment``. Debian's Prometheus build has no kubernetes_sd
-    (its config parser rejects ``kubernetes_sd_configs``), so the runner,
-    which lists the pods through the apiserver anyway, translates them.
-    """
-    groups = []
-    for pod in pods:
-        meta, status = pod["metadata"], pod.get("status", {})
-        ip = status.get("podIP", "")
-        if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not is_loopback(ip):
-            continue
-        try:
-            port = engine_port(pod["spec"]["containers"][0])
-        except PodConfigError:
-            continue
-        labels = {
-            "namespace": meta["namespace"],
-            "pod": meta["name"],
-            "servingdeployment": meta.get("labels", {}).get(ENGINE_LABEL, ""),
-        }
-        groups.append({"targets": [f"{ip}:{port}"], "labels": labels})
-    return sorted(groups, key=lambda g: (g["labels"]["namespace"], g["labels"]["pod"]))
-
-
 # -- the runner ------------------------------------------------------------------------
 
 
@@ -295,7 +267,6 @@ class PodRunner:
         extra_args: Sequence[str] = (),
         base_env: Mapping[str, str] | None = None,
         state_path: Path | None = None,
-        targets_path: Path | None = None,
         poll_s: float = POLL_S,
     ) -> None:
         self._get_json = get_json
@@ -306,8 +277,6 @@ class PodRunner:
         self.extra_args = tuple(extra_args)
         self.base_env = dict(base_env) if base_env is not None else _base_env()
         self.state_path = state_path
-        self.targets_path = targets_path
-        self._targets_written: str | None = None
         self.poll_s = poll_s
         self._running: dict[str, _Running] = {}  # by pod UID
         self._lock = threading.Lock()
@@ -355,7 +324,6 @@ class PodRunner:
     def sync_once(self) -> None:
         """Bring the simulators in line with the pods, once."""
         pods = self._list_pods()
-        self._write_targets(pods)
         wanted: dict[str, SimSpec] = {}
         for pod in pods:
             uid = pod["metadata"]["uid"]
@@ -459,17 +427,6 @@ class PodRunner:
                 for e in self._running.values()
             ]
 
-    def _write_targets(self, pods: Sequence[Mapping[str, Any]]) -> None:
-        if self.targets_path is None:
-            return
-        text = json.dumps(file_sd_groups(pods), indent=1)
-        if text == self._targets_written:
-            return
-        tmp = self.targets_path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(self.targets_path)  # atomic: Prometheus never reads half a file
-        self._targets_written = text
-
     def _write_state(self) -> None:
         if self.state_path is None:
             return
@@ -509,7 +466,10 @@ class ServiceTargets:
     def __call__(self) -> list[str]:
         now = self._clock()
         if self._at is None or now - self._at >= self.refresh_s:
-            self._urls = self.refresh()
+            try:
+                self._urls = self.refresh()
+            except OSError as exc:  # apiserver away for a moment: keep the last answer
+                log.debug("podrunner: listing %s/%s: %s", self.namespace, self.selector, exc)
             self._at = now
         return list(self._urls)
 

@@ -83,6 +83,10 @@ class StackOptions:
     simulator_args: Sequence[str] = ()
     """Extra ``slipstream engine-sim`` arguments for every simulator (e.g. --profile)."""
 
+    prometheus_port: int | None = None
+    """Prometheus's port (None: a free one). ``cluster up`` asks for 9090 when it is free,
+    so a ServingDeployment written by hand can name http://127.0.0.1:9090."""
+
 
 class Stack:
     """A running stack; make one with Stack.start()."""
@@ -119,10 +123,8 @@ class Stack:
         t0 = time.monotonic()
         stack = cls(cluster, options, owns_cluster=owns_cluster)
         try:
-            targets = cluster.workdir / "engine-targets.json"
-            targets.write_text("[]")
             if options.prometheus:
-                stack.prometheus = start_prometheus(cluster.workdir / "prometheus", targets)
+                stack.prometheus = start_prometheus(cluster, options)
                 log.info("stack: prometheus at %s", stack.prometheus.url)
             stack.runner = podrunner.PodRunner(
                 cluster.get_json,
@@ -131,7 +133,6 @@ class Stack:
                 namespace=options.engine_namespace,
                 extra_args=options.simulator_args,
                 state_path=cluster.workdir / "podrunner.json",
-                targets_path=targets,
             ).start()
             if options.operator:
                 stack.install_chart()
@@ -178,10 +179,22 @@ class Stack:
         health.wait_healthy(self.operator, url, deadline_s=OPERATOR_READY_S)
 
     def operator_env(self) -> dict[str, str]:
-        """The operator's environment for this stack: Prometheus's URL, then the options'."""
-        env: dict[str, str] = {}
-        if self.prometheus is not None:
-            env["SLIPSTREAM_PROMETHEUS_URL"] = self.prometheus.url
+        """The operator's settings for this stack (controller.settings), then the options'.
+
+        The whole stack runs on the simulators' clock: with time scale S every
+        duration of a ServingDeployment's spec.tuning (interval, cooldown, analysis
+        window) is divided by S, so a spec written for production (a 60 s interval)
+        runs here as it would there, only S times faster. The operator may reach
+        engine pods only in this cluster's loopback pod CIDR.
+        """
+        env = {
+            "SLIPSTREAM_TUNING_TIME_SCALE": f"{1.0 / self.options.time_scale:.6g}",
+            "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
+            "SLIPSTREAM_RETRY_DELAY_SECONDS": "5",
+            "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "1",
+        }
+        if self.cluster.pod_cidr:
+            env["SLIPSTREAM_ENGINE_NETWORKS"] = self.cluster.pod_cidr
         env.update(self.options.operator_env)
         return env
 
@@ -246,6 +259,7 @@ class Stack:
         return {
             "server": self.cluster.server,
             "kubeconfig": str(self.cluster.kubeconfig),
+            "bin_dir": str(self.cluster.bin_dir),
             "pod_cidr": self.cluster.pod_cidr,
             "prometheus_url": self.prometheus.url if self.prometheus is not None else None,
             "operator_log": str(self.operator.log_path) if self.operator is not None else None,
@@ -254,27 +268,15 @@ class Stack:
         }
 
 
-def start_prometheus(workdir: Path, targets: Path) -> PrometheusServer:
-    """Prometheus scraping every engine pod each second, found through the apiserver.
-
-    The engine-pod runner writes the pods it lists as a file_sd targets file
-    (podrunner.file_sd_groups: the labels of INTERFACES E); Debian's build of
-    Prometheus has no kubernetes_sd to discover them itself.
-    """
+def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusServer:
+    """Prometheus scraping every engine pod each second, found through the apiserver
+    (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd)."""
     from slipstream.localkube import prometheus
 
-    server = prometheus.PrometheusServer.start(workdir, scrape_interval_s=SCRAPE_INTERVAL_S)
-    try:
-        config = prometheus.render_config(scrape_interval_s=SCRAPE_INTERVAL_S)
-        config["scrape_configs"].append(
-            {
-                "job_name": "slipstream-engines",
-                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}],
-                "metric_relabel_configs": [prometheus.SGLANG_NAME_RELABEL],
-            }
-        )
-        server.reload(config)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    namespaces = (options.engine_namespace,) if options.engine_namespace else ()
+    return prometheus.PrometheusServer.start(
+        cluster.workdir / "prometheus",
+        scrape_interval_s=SCRAPE_INTERVAL_S,
+        discovery=prometheus.PodDiscovery(kubeconfig=cluster.kubeconfig, namespaces=namespaces),
+        port=options.prometheus_port,
+    )

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,6 +61,9 @@ WATCH_S = 2.0
 """Seconds between the supervisor's checks that its components still run."""
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+PROMETHEUS_PORT = 9090
+"""Prometheus's usual port, taken when free (examples/local-sim.yaml names it)."""
 
 
 class ClusterCommandError(RuntimeError):
@@ -175,7 +179,17 @@ def options_from(args: argparse.Namespace) -> stack_mod.StackOptions:
         env[key] = value
     if args.time_scale <= 0:
         raise ClusterCommandError("--time-scale must be > 0 (twin seconds per wall second)")
-    return stack_mod.StackOptions(time_scale=args.time_scale, operator_env=env)
+    port = PROMETHEUS_PORT if _port_free(PROMETHEUS_PORT) else None
+    return stack_mod.StackOptions(time_scale=args.time_scale, operator_env=env, prometheus_port=port)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _supervisor_argv(workdir: Path, args: argparse.Namespace) -> list[str]:
@@ -307,6 +321,8 @@ def _print_ready(state: dict[str, Any]) -> None:
           f" pod CIDR {state.get('pod_cidr')}", file=sys.stderr)  # fmt: skip
     print("stop it with: slipstream cluster down", file=sys.stderr)
     print(f"export KUBECONFIG={state['kubeconfig']}")
+    if state.get("bin_dir"):
+        print(f"export PATH={state['bin_dir']}:$PATH  # kubectl and helm")
 
 
 def _kill_recorded(state: dict[str, Any]) -> list[str]:

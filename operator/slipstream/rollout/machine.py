@@ -235,7 +235,9 @@ class _Step:
         return Decision(action, state, fleet or self.fleet, configmap, targets, events, message)
 
     def superseded(self) -> bool:
-        return self.target is None or self.target.setting != self.candidate
+        """A new target other than the candidate. None is no new target: in Auto the tuner
+        holds while a rollout is in flight (its guardrail), so the rollout goes on."""
+        return self.target is not None and self.target.setting != self.candidate
 
     # phases
 

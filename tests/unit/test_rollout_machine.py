@@ -221,7 +221,10 @@ def test_comparison_rules() -> None:
     assert not analysis.compare({"a": float("nan")}, {"a": 1.0}, 5).passed
     assert analysis.compare({"a": 0.0}, {"a": 0.0}, 5).passed
     assert not analysis.compare({"a": 0.5}, {"a": 0.0}, 5).passed
-    assert analysis.compare({"a": 0.01}, {"a": 0.0}, 5, min_p99_s=0.05).passed
+    assert analysis.compare({"a": 0.01}, {"a": 0.0}, 5, floors=0.05).passed
+    # under a tenant's noise floor a big percentage is not a regression; above it, it is
+    assert analysis.compare({"a": 0.37, "b": 0.96}, {"a": 0.20, "b": 0.38}, 20, floors={"a": 0.5}).summary.count("p99") == 1
+    assert analysis.compare({"a": 0.37}, {"a": 0.20}, 20, floors={"a": 0.5}).passed
 
 
 def test_stamps_round_trip() -> None:

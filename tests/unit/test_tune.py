@@ -327,3 +327,14 @@ def test_decide_for_reads_spec_and_status():
     # The spec's bounds: maxConcurrency 1 leaves off (in some order) as the only choice.
     narrow = deployment.decide_for(sd(maxConcurrency=1), heterogeneous(), off, 10_000.0, PROFILE)
     assert narrow.recommendation is not None and narrow.recommendation.best.setting.threshold == 0
+
+
+def test_the_twin_is_one_engine_of_the_deployment():
+    from dataclasses import replace
+
+    from slipstream.api.snapshot import PodSetting
+
+    one = synthesize(uniform(), 100_000)
+    pods = tuple(PodSetting(f"p{k}", 0, "ceiling", "fcfs") for k in range(2))
+    two = synthesize(replace(uniform(), pods=pods), 100_000)
+    assert len(two.requests) == pytest.approx(len(one.requests) / 2, rel=0.02)

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import prometheus_client
 
 from slipstream.api import models, snapshot
 from slipstream.controller import kube as kube_
@@ -27,7 +30,16 @@ from slipstream.observe.observer import Observer, ObserveSettings
 from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails
+from slipstream.tune import memo as memo_
 from slipstream.tune import tuner as tuner_
+
+TUNER_SECONDS = prometheus_client.Histogram(
+    "slipstream_tuner_seconds", "Wall time of one tuner run (gate, twin, guardrails) of one deployment.",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TUNER_CPU_SECONDS = prometheus_client.Counter(
+    "slipstream_tuner_cpu_seconds", "CPU seconds of the tuner runs (their worker thread's own time)."
+)
 
 
 @dataclass
@@ -64,6 +76,10 @@ def fleet_observer(config: settings_.ControllerSettings, tokens: PrometheusToken
         min_samples=config.observe_min_samples,
         max_staleness_s=config.observe_max_staleness_seconds,
         query_timeout_s=config.prometheus_timeout_seconds,
+        # The backoff is about one control interval: scaled as the intervals are, so a
+        # time-scaled loop (tests, the demo) backs off in its own seconds too.
+        backoff_initial_s=tuning.scale(ObserveSettings().backoff_initial_s, config),
+        backoff_max_s=tuning.scale(ObserveSettings().backoff_max_s, config),
     ), token_for=tokens)  # fmt: skip
 
 
@@ -97,8 +113,25 @@ class TwinRecommender:
 
     config: settings_.ControllerSettings
     profile: profiles.Profile | None = None
+    memo: memo_.Memo | None = None
+    """Each deployment's last twin run, reused while its workload has not moved."""
+
+    def __post_init__(self) -> None:
+        reuse = tuning.scale(self.config.tuner_reuse_seconds, self.config)
+        if self.memo is None and reuse > 0:
+            self.memo = memo_.Memo(max_age_s=reuse)
 
     def recommend(
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation:
+        cpu0 = time.thread_time()
+        with TUNER_SECONDS.time():
+            try:
+                return self._recommend(sd, snap, fleet, now)
+            finally:
+                TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
+
+    def _recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
         profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
@@ -117,7 +150,7 @@ class TwinRecommender:
                 interval_s=tuning.interval(sd, self.config) * 0.9,  # a step's jitter is not an interval
             ),
         )
-        decision = tuner_.tune_once(snap, state, settings, profile, None, now)
+        decision = tuner_.tune_once(snap, state, settings, profile, None, now, self.memo)
         rec = decision.recommendation
         mix = rec.heterogeneity if rec is not None else None
         if isinstance(decision, guardrails.Move):

@@ -230,3 +230,11 @@ def test_comparison_rules() -> None:
 def test_stamps_round_trip() -> None:
     assert machine.seconds(machine.stamp(T0)) == T0
     assert machine.seconds(None) is None
+
+
+def test_event_wording_names_what_moves() -> None:
+    assert machine.describe_change(OLD, NEW, 8192) == "4096 -> 2048 (concurrency 2 -> 4, order fcfs -> srpt)"
+    assert machine.describe_change(S(threshold=0), S(threshold=0, schedule_policy="srpt"), 8192) == (
+        "threshold 0 (concurrency 1): order fcfs -> srpt")
+    assert machine.describe_change(OLD, S(threshold=4096, mode="floor"), 8192) == (
+        "threshold 4096 (concurrency 2): order fcfs, mode ceiling -> floor")

@@ -259,10 +259,11 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
-    fleet = stages.FleetObserver(config)
+    tokens = stages.PrometheusTokens(kube)
+    fleet = stages.fleet_observer(config, tokens)
     keys = adminkeys.AdminKeys(kube, config)
-    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
-                     recommender=stages.TwinRecommender(config), latency=fleet.latency)  # fmt: skip
+    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
+                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens))  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -394,7 +395,6 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
-            fleet.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
     reverts = replicas.Reverts()

@@ -473,15 +473,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                "heterogeneity": rec.heterogeneity, "reason": rec.reason,
                "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
                "burst": rec.burst, "fit_error": rec.fit_error,
-               "candidates": {recommend.policy_name(p.setting): {
-                   "concurrency": p.concurrency, "allowed": p.allowed,
-                   "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
-                   "worst_tenant_ttft_p99_s": p.worst_tenant_ttft_p99_s,
-                   "long_prompt_slowdown_p99": p.long_prompt_slowdown_p99,
-                   "meets_targets": p.meets_targets, "within_long_bound": p.within_long_bound,
-                   "tenants": {t.name: {"ttft_p99_s": t.ttft_p99_s, "slowdown_p99": t.slowdown_p99,
-                                        "target_s": t.target_s, "attainable": t.attainable}
-                               for t in p.tenants}} for p in rec.predictions}}
+               "candidates": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.predictions},
+               "confirmed": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.confirmed}}
         if args.time:
             out["elapsed_s"] = elapsed
             out["cpu_s"] = cpu
@@ -491,9 +484,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
           f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
           f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
           f"(fit error {rec.fit_error:.2f})")
+    print(f"confirmed on a longer, independent sample ({len(rec.confirmed)} of the "
+          f"{len(rec.predictions)} screened; these decide):")
     print(f"{'candidate':22s} {'K':>2s} {'worst p99 slowdown':>18s} {'worst p99 TTFT s':>16s} "
           f"{'longest p99 slowdown':>20s}  ok")
-    for p in sorted(rec.predictions, key=lambda p: p.objective(rec.objective)):
+    for p in sorted(rec.confirmed or rec.predictions, key=lambda p: p.objective(rec.objective)):
         ok = "yes" if p.allowed and p.meets_targets and p.within_long_bound else "no"
         print(f"{recommend.policy_name(p.setting):22s} {p.concurrency:2d} {p.worst_tenant_slowdown_p99:18.2f} "
               f"{p.worst_tenant_ttft_p99_s:16.2f} {p.long_prompt_slowdown_p99:20.2f}  {ok}")
@@ -511,6 +506,16 @@ def _load_words(loaded: Loaded) -> str:
         return ""
     return (f" (target utilization {loaded.target:.2f}, stock's simulated prefill busy "
             f"fraction {loaded.stock_busy:.3f})")
+
+
+def _prediction_json(p: recommend.Prediction) -> dict[str, object]:
+    return {"concurrency": p.concurrency, "allowed": p.allowed,
+            "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
+            "worst_tenant_ttft_p99_s": p.worst_tenant_ttft_p99_s,
+            "long_prompt_slowdown_p99": p.long_prompt_slowdown_p99,
+            "meets_targets": p.meets_targets, "within_long_bound": p.within_long_bound,
+            "tenants": {t.name: {"ttft_p99_s": t.ttft_p99_s, "slowdown_p99": t.slowdown_p99,
+                                 "target_s": t.target_s, "attainable": t.attainable} for t in p.tenants}}
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ spelling matching is exercised too.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -21,15 +22,22 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import observe_helpers
 import pytest
 from engine_exporter import EngineExporter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from observe_helpers import vector_body, wait_for
 
+from slipstream.api import models
 from slipstream.api import snapshot as snap
 from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings, queries
+from slipstream.observe.fleet import FleetObserver
+
+prometheus_binary = observe_helpers.prometheus_binary
+fake_prometheus = observe_helpers.fake_prometheus
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
 
 CHAT = "team-a/chat"
 WINDOW_S = 20.0
@@ -210,6 +218,39 @@ def test_nan_values_are_not_finite(faults, fake_prometheus, family):
     chat = faults.replay_observer(fake_prometheus.url).read([CHAT])[CHAT]
     assert chat.invalid == snap.NOT_FINITE, chat.detail
     assert "NaN" in chat.detail or "nan" in chat.detail
+
+
+def test_a_failed_fleet_read_fails_every_loop_once(fake_prometheus):
+    fake_prometheus.responder = lambda q: (500, b"boom", 0.0)
+    observer = FleetObserver(SETTINGS)
+
+    def sd(name: str) -> models.ServingDeployment:
+        return models.ServingDeployment.model_validate({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url}}})
+
+    async def loops() -> list[snap.WorkloadSnapshot]:
+        return await asyncio.gather(*(observer.snapshot(sd(n), WINDOW_S, 1000.0) for n in ("a", "b", "c")))
+
+    got = asyncio.run(loops())
+    assert [s.invalid for s in got] == [snap.UNREACHABLE] * 3
+    assert fake_prometheus.requests == 1, "one failed query, shared by every loop"
+    observer.close()
+
+
+def test_a_bearer_token_is_sent_and_never_shown(fake_prometheus):
+    token = "s3cret-prometheus-token"
+
+    def respond(query: str) -> tuple[int, bytes, float]:
+        if fake_prometheus.last_headers.get("Authorization") != f"Bearer {token}":
+            return 401, b"Unauthorized", 0.0
+        return 200, vector_body([]), 0.0
+
+    fake_prometheus.responder = respond
+    assert Observer(fake_prometheus.url, SETTINGS, bearer_token=token).read([CHAT])[CHAT].invalid == snap.NO_SERIES
+    wrong = Observer(fake_prometheus.url, SETTINGS, bearer_token="wrong-token").read([CHAT])[CHAT]
+    assert wrong.invalid == snap.UNREACHABLE and "401" in wrong.detail
+    assert "wrong-token" not in wrong.detail and token not in wrong.detail
 
 
 def test_empty_series_are_no_series_not_no_traffic(fake_prometheus):

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import observe_helpers
 import pytest
 from engine_exporter import EngineExporter
 from observe_helpers import wait_for
@@ -25,6 +26,9 @@ from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings, queries
 from slipstream.observe.client import PromClient
 from slipstream.observe.fleet import FleetObserver
+
+prometheus_binary = observe_helpers.prometheus_binary
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
 
 WINDOW_S = 60.0
 SETTINGS = ObserveSettings(window_s=WINDOW_S, min_samples=50, max_staleness_s=10.0)
@@ -240,7 +244,7 @@ def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> mod
 def test_per_deployment_loops_share_one_fleet_read(fleet):
     """The controller's loops ask one deployment at a time; the fleet observer answers
     them all from one read (six queries) per reuse period."""
-    observer = FleetObserver(SETTINGS, reuse_s=5.0)
+    observer = FleetObserver(SETTINGS, reuse_s=5.0, token_for=lambda sd: None)
     sds = [sd(*PODS[p], fleet.prom.url) for p in ("chat-0", "batch-0")] + [sd("team-z", "ghost", fleet.prom.url)]
 
     async def every(now: float) -> list[snap.WorkloadSnapshot]:

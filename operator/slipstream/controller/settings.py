@@ -74,10 +74,22 @@ class ControllerSettings:
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see
     `slipstream bench --profile`). Env: SLIPSTREAM_TWIN_PROFILE."""
 
+    tuner_reuse_seconds: float = 600.0
+    """Longest the tuner reuses a deployment's last twin run while its workload has not moved
+    (`tune.memo`; scaled by tuning_time_scale). A twin run costs 0.2-0.7 s of CPU, so
+    without reuse 500 deployments at a 60 s interval need ~3 cores (docs/reliability.md,
+    "Scale"). 0: run the twin every interval. Env: SLIPSTREAM_TUNER_REUSE_SECONDS."""
+
     engine_networks: str = ""
     """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a
     test machine, where nothing but loopback may be reached); a pod outside them counts as
     unreachable. Empty: any pod IP. Env: SLIPSTREAM_ENGINE_NETWORKS."""
+
+    peering_lifetime_seconds: int = 60
+    """Seconds a replica's entry in the kopf peering object stays valid without renewal
+    (kopf's default; it renews 5-10 s before). A replica killed without notice (SIGKILL,
+    a lost node) holds the others paused until it expires, so this bounds the takeover
+    time. Env: SLIPSTREAM_PEERING_LIFETIME_SECONDS."""
 
     @classmethod
     def from_env(cls) -> ControllerSettings:

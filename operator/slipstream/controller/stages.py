@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+import prometheus_client
 
 from slipstream.api import models, snapshot
 from slipstream.controller import settings as settings_
@@ -26,7 +29,16 @@ from slipstream.observe.observer import Observer, ObserveSettings
 from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails
+from slipstream.tune import memo as memo_
 from slipstream.tune import tuner as tuner_
+
+TUNER_SECONDS = prometheus_client.Histogram(
+    "slipstream_tuner_seconds", "Wall time of one tuner run (gate, twin, guardrails) of one deployment.",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TUNER_CPU_SECONDS = prometheus_client.Counter(
+    "slipstream_tuner_cpu_seconds", "CPU seconds of the tuner runs (their worker thread's own time)."
+)
 
 
 def prometheus_url(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> str | None:
@@ -50,6 +62,10 @@ class FleetObserver:
                 window_s=key[1], min_samples=self.config.observe_min_samples,
                 max_staleness_s=self.config.observe_max_staleness_seconds,
                 query_timeout_s=self.config.prometheus_timeout_seconds,
+                # The backoff is about one control interval: scaled as the intervals are, so
+                # a time-scaled loop (tests, the demo) backs off in its own seconds too.
+                backoff_initial_s=tuning.scale(ObserveSettings().backoff_initial_s, self.config),
+                backoff_max_s=tuning.scale(ObserveSettings().backoff_max_s, self.config),
             ))  # fmt: skip
         return self.observers[key]
 
@@ -69,9 +85,14 @@ class FleetObserver:
                 self.cache[key] = (now, snaps)
         return snaps.get(name) or snapshot.invalid(name, now, window_s, snapshot.NO_SERIES, "not in the fleet's read")
 
-    def forget(self, sd: models.ServingDeployment) -> None:
+    def latency(self, sd: models.ServingDeployment) -> ObserveLatency:
+        """Where the canary figures of `sd` are read (its Prometheus, the fleet's client)."""
+        url = prometheus_url(sd, self.config) or "http://prometheus.invalid:9090"
+        return ObserveLatency(self.observer((url, tuning.interval(sd, self.config))), self.config.canary_min_samples)
+
+    def forget(self, namespace: str, name_: str) -> None:
         """A deployment whose loop ended leaves the fleet's reads."""
-        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        name = f"{namespace}/{name_}"
         for members in self.members.values():
             members.discard(name)
 
@@ -90,8 +111,25 @@ class TwinRecommender:
 
     config: settings_.ControllerSettings
     profile: profiles.Profile | None = None
+    memo: memo_.Memo | None = None
+    """Each deployment's last twin run, reused while its workload has not moved."""
+
+    def __post_init__(self) -> None:
+        reuse = tuning.scale(self.config.tuner_reuse_seconds, self.config)
+        if self.memo is None and reuse > 0:
+            self.memo = memo_.Memo(max_age_s=reuse)
 
     def recommend(
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation:
+        cpu0 = time.thread_time()
+        with TUNER_SECONDS.time():
+            try:
+                return self._recommend(sd, snap, fleet, now)
+            finally:
+                TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
+
+    def _recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
         profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
@@ -110,7 +148,7 @@ class TwinRecommender:
                 interval_s=tuning.interval(sd, self.config) * 0.9,  # a step's jitter is not an interval
             ),
         )
-        decision = tuner_.tune_once(snap, state, settings, profile, None, now)
+        decision = tuner_.tune_once(snap, state, settings, profile, None, now, self.memo)
         rec = decision.recommendation
         mix = rec.heterogeneity if rec is not None else None
         if isinstance(decision, guardrails.Move):

@@ -466,7 +466,10 @@ class ServiceTargets:
     def __call__(self) -> list[str]:
         now = self._clock()
         if self._at is None or now - self._at >= self.refresh_s:
-            self._urls = self.refresh()
+            try:
+                self._urls = self.refresh()
+            except OSError as exc:  # apiserver away for a moment: keep the last answer
+                log.debug("podrunner: listing %s/%s: %s", self.namespace, self.selector, exc)
             self._at = now
         return list(self._urls)
 

@@ -21,8 +21,12 @@ from slipstream.api import models
 from slipstream.api import snapshot as snap
 from slipstream.observe.observer import FleetRead, Observer, ObserveSettings
 
-Key = tuple[str, float, str]
-"""(Prometheus URL, window seconds, tenant label)."""
+Key = tuple[str, float, str, str]
+"""(Prometheus URL, window seconds, tenant label, bearer token or "")."""
+
+TokenFor = Callable[[models.ServingDeployment], str | None]
+"""The bearer token of a deployment's Prometheus (``spec.prometheus.bearerTokenSecretRef``,
+read from its Secret by the caller, which holds the Kubernetes client), or None."""
 
 
 @dataclass
@@ -44,12 +48,12 @@ class FleetObserver:
         settings: ObserveSettings | None = None,
         *,
         reuse_s: float = 5.0,
-        observer_factory: Callable[[str, ObserveSettings], Observer] = Observer,
+        token_for: TokenFor | None = None,
     ) -> None:
         self.settings = settings or ObserveSettings()
         self.reuse_s = reuse_s
         """Seconds a fleet read answers later calls: a fraction of the control interval."""
-        self._factory = observer_factory
+        self._token_for = token_for
         self._observers: dict[Key, Observer] = {}
         self._reads: dict[Key, _Read] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
@@ -59,12 +63,12 @@ class FleetObserver:
         """Round trips to every Prometheus so far (the scale benchmark's figure)."""
         return sum(o.queries_made for o in self._observers.values())
 
-    def observer(self, url: str, window_s: float, tenant_label: str) -> Observer:
+    def observer(self, url: str, window_s: float, tenant_label: str, token: str = "") -> Observer:
         """The Observer of one key (built on first use; it keeps that key's backoff)."""
-        key = (url, window_s, tenant_label)
+        key = (url, window_s, tenant_label, token)
         if key not in self._observers:
             settings = dataclasses.replace(self.settings, window_s=window_s, tenant_label=tenant_label)
-            self._observers[key] = self._factory(url, settings)
+            self._observers[key] = Observer(url, settings, bearer_token=token or None)
         return self._observers[key]
 
     async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snap.WorkloadSnapshot:
@@ -73,7 +77,8 @@ class FleetObserver:
         if not url:
             return snap.invalid(name, now, window_s, snap.UNREACHABLE,
                                 "spec.prometheus.url is not set: no metrics to read")
-        key: Key = (url, float(window_s), sd.spec.tuning.objective.tenant_label)
+        token = (self._token_for(sd) if self._token_for is not None else None) or ""
+        key: Key = (url, float(window_s), sd.spec.tuning.objective.tenant_label, token)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             cached = self._reads.get(key)

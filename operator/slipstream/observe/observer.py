@@ -83,9 +83,10 @@ class Observer:
         settings: ObserveSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        bearer_token: str | None = None,
     ) -> None:
         self.settings = settings or ObserveSettings()
-        self.client = PromClient(url, timeout_s=self.settings.query_timeout_s)
+        self.client = PromClient(url, timeout_s=self.settings.query_timeout_s, bearer_token=bearer_token)
         self.clock = clock
         self.backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
 

@@ -44,7 +44,7 @@ time is passed in). Modules, in the order a decision flows:
   simulate/bench --policy auto``).
 - ``codec``: snapshot <-> JSON-able dict (``slipstream recommend --snapshot FILE.json``).
 
-How long: one recommendation (45 candidates, 300 synthetic requests with their decodes,
-the burst fit and the holdout) takes 0.65 s of CPU (``slipstream recommend --snapshot
-FILE.json --time``); without output lengths in the snapshot (no decodes) 0.17 s.
+How long: one recommendation (the burst fit, 45 candidates screened on 200 synthetic
+requests, 9 confirmed on 800, decodes included) takes 0.68-0.85 s of CPU
+(``slipstream recommend --snapshot FILE.json --time``).
 """

@@ -14,8 +14,8 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 6. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
    with ``recommend``'s candidates; re-checked because the spec may have changed);
 7. the best differs from the current setting and its predicted gain clears the margin
-   (relative ``min_gain`` and absolute ``min_gain_abs``, each the lesser of the selection
-   sample's and an independent holdout sample's: ``Recommendation.gain``): Move, with the recommendation's
+   (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
+   confirming run: ``Recommendation.gain``): Move, with the recommendation's
    one-line reason. This holds even when no candidate meets every target: the best effort
    still serves the tenants better, and the reason says which targets it misses. Also a
    Move: the best has less concurrency than the current setting,
@@ -181,6 +181,5 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
                           f"meets every target and the long-prompt bound: {rec.reason}", rec)
     if best == state.current:
         return Hold(AT_BEST, f"{describe(best, c)} is already the best: {rec.reason}", rec)
-    return Hold(BELOW_MARGIN, f"predicted gain {rec.gain:.0%} ({cur:.2f} -> {new:.2f}; the lesser of two "
-                f"samples) is below the "
+    return Hold(BELOW_MARGIN, f"predicted gain {rec.gain:.0%} ({cur:.2f} -> {new:.2f}) is below the "
                 f"margin ({settings.min_gain:.0%} and {settings.min_gain_abs:g}): {rec.reason}", rec)

@@ -427,3 +427,14 @@ def test_engine_pods_meet_baseline_by_default_and_restricted_with_a_pod_security
     message = eventually(lambda: pods_refused(cluster, strict, "root-"), deadline_s=DEADLINE_S,
                          what="the root engine pod refused under restricted")  # fmt: skip
     assert "runAsNonRoot" in message, message
+
+
+def test_the_network_policy_is_accepted_by_the_apiserver(cluster: localkube.Cluster, operator: Operator) -> None:
+    """The local control plane enforces no NetworkPolicy (no CNI): the rendered-template
+    tests check its rules; here the apiserver validates it as an object."""
+    rendered = cluster.helm(
+        "template", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", "--show-only=templates/networkpolicy.yaml",
+        "--set=networkPolicy.enabled=true", "--set=networkPolicy.apiServer.cidrs={127.0.0.1/32}",
+    ).stdout  # fmt: skip
+    result = cluster.kubectl("apply", "--dry-run=server", f"--namespace={RELEASE_NS}", "-f", "-", input=rendered)
+    assert "networkpolicy.networking.k8s.io/sec-slipstream created (server dry run)" in result.stdout, result.stdout

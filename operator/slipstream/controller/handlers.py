@@ -148,7 +148,10 @@ def revert_drift(
     found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
     if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
         return None
-    sd = models.ServingDeployment.model_validate(found)
+    try:
+        sd = models.ServingDeployment.model_validate(found)
+    except pydantic.ValidationError:
+        return None  # reconcile reports it (InvalidSpec); there is no desired object to revert to
     if sd.status.observed_generation is None:
         return None  # not reconciled yet: reconcile applies it
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)

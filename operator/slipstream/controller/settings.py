@@ -42,12 +42,7 @@ class ControllerSettings:
     prometheus_timeout_seconds: float = 10.0
     """Timeout of one Prometheus query. Env: SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS."""
 
-    prometheus_url: str = ""
-    """Read every deployment's metrics here instead of its spec.prometheus.url (an operator
-    running outside the cluster, as in the local stack). Empty: the spec's.
-    Env: SLIPSTREAM_PROMETHEUS_URL."""
-
-    observe_min_samples: int = 100
+    observe_min_samples: int = 50
     """First tokens a window needs before the tuner may act on it (all tenants): a p99 of
     fewer is one slow request. Env: SLIPSTREAM_OBSERVE_MIN_SAMPLES."""
 
@@ -69,6 +64,11 @@ class ControllerSettings:
     """Threads for blocking work (Kubernetes and Prometheus calls, the twin): Python's
     default is cores + 4, so six on a small node, and one deployment's slow call would
     queue the others'. Env: SLIPSTREAM_WORKER_THREADS."""
+
+    canary_noise_floor: float = 0.25
+    """Fraction of a tenant's p99 TTFT target under which its canary p99 never counts as
+    a regression (0.25: with a 2 s target, 0.2 s -> 0.37 s is noise, 0.4 s -> 0.9 s is not).
+    Env: SLIPSTREAM_CANARY_NOISE_FLOOR."""
 
     twin_profile: str = "kimi-k3-8xh200"
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see

@@ -228,6 +228,14 @@ KV_ID_MOD = 1_000_003
 """Token ids are stored in the one-element KV slots modulo this prime (exact in float32)."""
 
 
+def token_at(req: Req, pos: int) -> int:
+    """The token at position ``pos`` of a request: its prompt, then the outputs of the
+    deterministic stand-in model (the k-th output is 7 + k). Known without the output
+    list, which lags one token behind the scheduled batch in the overlap loop."""
+    n = len(req.origin_input_ids)
+    return req.origin_input_ids[pos] if pos < n else 7 + (pos - n)
+
+
 def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
     """Stand-in for the forward pass's KV writes, with a check no real model makes:
     the KV of every position a request attends to holds that request's token there.
@@ -238,21 +246,22 @@ def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
     kv = s.token_to_kv_pool_allocator.get_kvcache()
     buf = kv.k_buffer[0]
     table = s.req_to_token_pool.req_to_token
-    for req in batch.reqs:
-        ids = list(req.origin_input_ids) + list(req.output_ids)
-        if batch.forward_mode.is_extend():
+    seq_lens = batch.seq_lens.tolist() if batch.forward_mode.is_decode() else None
+    for i, req in enumerate(batch.reqs):
+        if seq_lens is None:
             start, end = req.extend_range.start, req.extend_range.end
-        else:  # decode: the input is the last output token, at position seq_len - 1
-            end = len(req.origin_input_ids) + len(req.output_ids)
+        else:  # decode: the new token sits at position seq_len - 1
+            end = int(seq_lens[i])
             start = end - 1
         locs = table[req.req_pool_idx, start:end].to(torch.int64)
-        vals = torch.tensor([t % KV_ID_MOD for t in ids[start:end]], dtype=buf.dtype)
+        vals = torch.tensor([token_at(req, p) % KV_ID_MOD for p in range(start, end)],
+                            dtype=buf.dtype)
         buf[locs] = vals.view(-1, 1, 1)
-        if batch.forward_mode.is_decode() and end % 64 and not _last_decode(req):
+        if seq_lens is not None and end % 64 and not _last_decode(req):
             continue  # the whole context is re-read every 64 tokens and at the end
         ctx = table[req.req_pool_idx, :end].to(torch.int64)
         got = buf[ctx].view(-1).to(torch.int64).tolist()
-        want = [t % KV_ID_MOD for t in ids[:end]]
+        want = [token_at(req, p) % KV_ID_MOD for p in range(end)]
         if got != want:
             bad = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
             raise AssertionError(f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}")

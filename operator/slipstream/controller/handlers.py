@@ -148,7 +148,10 @@ def revert_drift(
     found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
     if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
         return None
-    sd = models.ServingDeployment.model_validate(found)
+    try:
+        sd = models.ServingDeployment.model_validate(found)
+    except pydantic.ValidationError:
+        return None  # reconcile reports it (InvalidSpec); there is no desired object to revert to
     if sd.status.observed_generation is None:
         return None  # not reconciled yet: reconcile applies it
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
@@ -350,6 +353,10 @@ def register(
             kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
         )
         conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
+        if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
+            # The operator owns spec.replicas alone again (taken back): a condition a stale
+            # write put back must not outlive it.
+            conditions = [c for c in conditions if c.type != replicas.CONDITION]
         was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
         now = next(c for c in conditions if c.type == status.READY)
         if was != now.status:

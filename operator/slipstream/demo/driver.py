@@ -33,9 +33,9 @@ from slipstream.demo import loop, phases
 NAMESPACE = "slipstream-demo"
 NAME = "kimi-demo"
 DEFAULT_TIME_SCALE = 8.0
-"""Twin seconds per wall second: three 400 s phases take ~2.5 minutes."""
+"""Twin seconds per wall second: three 720 s phases take 4.5 minutes."""
 
-DEFAULT_PHASE_S = 400.0
+DEFAULT_PHASE_S = 720.0
 READY_S = 120.0
 
 

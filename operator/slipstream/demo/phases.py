@@ -5,7 +5,7 @@
    concurrency allowed).
 2. heterogeneous: three tenants of short and high-hit prompts (chat, code, and
    an agent re-sending a long shared context) among long cold prompts
-   ("giants", 250K-400K tokens, ~35-60 s of prefill alone) that arrive at
+   ("giants", 150K-250K tokens, ~20-35 s of prefill alone) that arrive at
    fixed times, spread over the tenants. Stock SGLang runs a giant's whole
    prefill before the next request's first token, so every request arriving
    behind one waits; with C // T prefills at once they do not. Giants are kept
@@ -35,11 +35,12 @@ HETEROGENEOUS = "heterogeneous"
 ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
 PROFILE = "kimi-k3-8xh200"
 
-GIANT_EVERY_S = 90.0
-"""Twin seconds between giants per replica: about a quarter of the time one
-runs, enough to make stock's queueing the tail of every tenant."""
+GIANT_EVERY_S = 120.0
+"""Twin seconds between giants per replica: one runs about a quarter of the time,
+enough to make stock's queueing the tail of every tenant, while the engines stay ~70%
+busy (giants of 250K-400K every 90 s overloaded them: capped settings then fell behind)."""
 
-GIANT_TOKENS = (250_000, 400_000)
+GIANT_TOKENS = (150_000, 250_000)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slipstream.api import models, snapshot
+from slipstream.api import models
+from slipstream.api import snapshot as snapshot_
 from slipstream.controller import adminkeys, drift, objects, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
@@ -42,14 +43,14 @@ log = logging.getLogger(__name__)
 class Observer(Protocol):
     """`slipstream.observe` as the loop uses it: never raises, says why a snapshot is invalid."""
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot: ...
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot: ...
 
 
 class Recommender(Protocol):
     """`slipstream.tune` (recommender + guardrails) as the loop uses it: pure."""
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation: ...
 
 
@@ -59,12 +60,12 @@ class NotBuilt:
 
     what: str = "the observe stage is not built into this operator yet"
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot:
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
-        return snapshot.invalid(name, now, window_s, snapshot.UNREACHABLE, self.what)
+        return snapshot_.invalid(name, now, window_s, snapshot_.UNREACHABLE, self.what)
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
         return tuning.Recommendation(fleet, False, "the tuner is not built into this operator yet")
 
@@ -141,7 +142,7 @@ def allowed(url: str, networks: str) -> bool:
 
 
 async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float
-                  ) -> tuple[snapshot.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+                  ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
     if not tuning.observes(sd):
         return None, None
     window = tuning.interval(sd, deps.config)
@@ -153,7 +154,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
             deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
         )
     except Exception as error:  # a failed read is a reason, never zero traffic
-        snap = snapshot.invalid(name, now, window, snapshot.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
+        snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
     # The twin runs on a worker thread: this deployment's recommendation must not stall

@@ -7,7 +7,6 @@ against one simulator on 127.0.0.1 in this process; prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import resource
@@ -22,9 +21,7 @@ TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_fas
 
 
 async def main(n: int, scale: float) -> None:
-    parser = argparse.ArgumentParser()
-    flags.add_arguments(parser)
-    cfg = flags.config_from(parser.parse_args(["--port", "0", "--enable-metrics", "--time-scale", str(scale)]), {})
+    cfg = flags.parse(["--port", "0", "--enable-metrics", "--time-scale", str(scale)], {})
     running = await server.start(cfg)
     try:
         reqs = traces.load(TRACE, "conv").requests[:n]

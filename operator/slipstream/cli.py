@@ -68,6 +68,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunked-prefill-size", type=int, metavar="C",
                    help="override the engine's token budget per pass")
     p.add_argument("--cache-tokens", type=int, help="override the prefix-cache capacity (tokens)")
+    p.add_argument("--kv-pool-tokens", type=int,
+                   help="override the profile's KV pool (tokens); 0 = no memory limit")
     p.add_argument("--srpt-aging", type=float, metavar="TOKENS_PER_S",
                    help="aging of the srpt order: a request needing R tokens is never overtaken "
                    "by one arriving more than R/TOKENS_PER_S seconds after it (default 1024)")
@@ -218,6 +220,10 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
     if args.cache_tokens is not None:
         config = replace(config, cache_tokens=args.cache_tokens)
+    if args.kv_pool_tokens is not None:
+        if args.kv_pool_tokens < 0:
+            raise CliError("--kv-pool-tokens must be >= 0 (0 = no memory limit)")
+        config = replace(config, kv_pool_tokens=args.kv_pool_tokens)
     if args.srpt_aging is not None:
         if args.srpt_aging <= 0:
             raise CliError("--srpt-aging must be > 0 tokens per second")
@@ -379,12 +385,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     n = len(loaded.workload.requests)
     bar = _bar(n * len(names), "bench")
     results: dict[str, engine.SimResult] = {}
-    walls: dict[str, float] = {}
+    walls: dict[str, tuple[float, float]] = {}
     tuners: dict[str, auto.TwinAuto] = {}
     for name in names:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         results[name], tuner = _run(loaded, name, args, bar=bar)
-        walls[name] = time.perf_counter() - start
+        walls[name] = (time.perf_counter() - start, time.process_time() - cpu_start)
         if tuner is not None:
             tuners[name] = tuner
     if bar is not None:
@@ -415,11 +421,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _print_moves(name, tuners.get(name))
     if args.speed:
         print()
-        print("speed (one core): trace span / wall time")
+        print("speed (one core): trace span / wall time (and / CPU time, which a busy machine "
+              "does not inflate)")
         for name, row in _speed_rows(loaded.workload, walls).items():
             print(f"  {name:24s} wall {row['wall_s']:.2f} s  "
                   f"{row['x_real_time_trace']:.0f}x trace time  "
-                  f"{row['x_real_time_simulated']:.0f}x simulated time")
+                  f"{row['x_real_time_simulated']:.0f}x simulated time  "
+                  f"cpu {row['cpu_s']:.2f} s  {row['x_real_time_trace_cpu']:.0f}x trace time")
     return 0
 
 
@@ -465,15 +473,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
                "heterogeneity": rec.heterogeneity, "reason": rec.reason,
                "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
                "burst": rec.burst, "fit_error": rec.fit_error,
-               "candidates": {recommend.policy_name(p.setting): {
-                   "concurrency": p.concurrency, "allowed": p.allowed,
-                   "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
-                   "worst_tenant_ttft_p99_s": p.worst_tenant_ttft_p99_s,
-                   "long_prompt_slowdown_p99": p.long_prompt_slowdown_p99,
-                   "meets_targets": p.meets_targets, "within_long_bound": p.within_long_bound,
-                   "tenants": {t.name: {"ttft_p99_s": t.ttft_p99_s, "slowdown_p99": t.slowdown_p99,
-                                        "target_s": t.target_s, "attainable": t.attainable}
-                               for t in p.tenants}} for p in rec.predictions}}
+               "candidates": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.predictions},
+               "confirmed": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.confirmed}}
         if args.time:
             out["elapsed_s"] = elapsed
             out["cpu_s"] = cpu
@@ -483,9 +484,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
           f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
           f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
           f"(fit error {rec.fit_error:.2f})")
+    print(f"confirmed on a longer, independent sample ({len(rec.confirmed)} of the "
+          f"{len(rec.predictions)} screened; these decide):")
     print(f"{'candidate':22s} {'K':>2s} {'worst p99 slowdown':>18s} {'worst p99 TTFT s':>16s} "
           f"{'longest p99 slowdown':>20s}  ok")
-    for p in sorted(rec.predictions, key=lambda p: p.objective(rec.objective)):
+    for p in sorted(rec.confirmed or rec.predictions, key=lambda p: p.objective(rec.objective)):
         ok = "yes" if p.allowed and p.meets_targets and p.within_long_bound else "no"
         print(f"{recommend.policy_name(p.setting):22s} {p.concurrency:2d} {p.worst_tenant_slowdown_p99:18.2f} "
               f"{p.worst_tenant_ttft_p99_s:16.2f} {p.long_prompt_slowdown_p99:20.2f}  {ok}")
@@ -503,6 +506,16 @@ def _load_words(loaded: Loaded) -> str:
         return ""
     return (f" (target utilization {loaded.target:.2f}, stock's simulated prefill busy "
             f"fraction {loaded.stock_busy:.3f})")
+
+
+def _prediction_json(p: recommend.Prediction) -> dict[str, object]:
+    return {"concurrency": p.concurrency, "allowed": p.allowed,
+            "worst_tenant_slowdown_p99": p.worst_tenant_slowdown_p99,
+            "worst_tenant_ttft_p99_s": p.worst_tenant_ttft_p99_s,
+            "long_prompt_slowdown_p99": p.long_prompt_slowdown_p99,
+            "meets_targets": p.meets_targets, "within_long_bound": p.within_long_bound,
+            "tenants": {t.name: {"ttft_p99_s": t.ttft_p99_s, "slowdown_p99": t.slowdown_p99,
+                                 "target_s": t.target_s, "attainable": t.attainable} for t in p.tenants}}
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -525,11 +538,13 @@ def cmd_load(args: argparse.Namespace) -> int:
     return load.main(args)
 
 
-def _speed_rows(workload: Workload, walls: dict[str, float]) -> dict[str, dict[str, float]]:
+def _speed_rows(workload: Workload, walls: dict[str, tuple[float, float]]
+                ) -> dict[str, dict[str, float]]:
     trace_span = workload.span_s * workload.rate_scale
     return {name: {"wall_s": wall, "x_real_time_trace": trace_span / wall,
-                   "x_real_time_simulated": workload.span_s / wall}
-            for name, wall in walls.items()}
+                   "x_real_time_simulated": workload.span_s / wall,
+                   "cpu_s": cpu, "x_real_time_trace_cpu": trace_span / cpu}
+            for name, (wall, cpu) in walls.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

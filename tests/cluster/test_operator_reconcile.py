@@ -102,9 +102,15 @@ class Operator:
         return "\n".join(self.log().splitlines()[-40:])
 
 
+SECRET_NAMES = ("kimi-k3-admin", "deepseek-v4-flash-admin", "engine-admin")
+"""The admin-key Secrets the tests' ServingDeployments name: the chart lets the operator
+read Secrets by these names only (rbac.secretNames)."""
+
+
 def installed_operator(cluster: localkube.Cluster, name: str, env: dict[str, str] | None = None) -> Iterator[Operator]:
     """The chart installed with helm and the operator running as its ServiceAccount."""
-    cluster.helm("install", "slipstream", str(CHART), f"--namespace={RELEASE_NS}", "--create-namespace")
+    cluster.helm("install", "slipstream", str(CHART), f"--namespace={RELEASE_NS}", "--create-namespace",
+                 f"--set=rbac.secretNames={{{','.join(SECRET_NAMES)}}}")  # fmt: skip
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/servingdeployments.serving.slipstream.dev", "crd/clusterkopfpeerings.kopf.dev",
@@ -296,7 +302,8 @@ def test_a_namespaced_install_serves_its_namespace_with_namespaced_rbac(
             "--set=watchNamespace=team-a", "--set=peering.name=team-a",
         )  # fmt: skip
         token = cluster.token_kubeconfig("team-a-system", release)
-        scoped = Operator(cluster, token, "team-a", "--namespace=team-a", "--peering=team-a")
+        scoped = Operator(cluster, token, "team-a", "--namespace=team-a", "--peering=team-a",
+                          env={"SLIPSTREAM_ADMIN_SEED_SECRET": f"team-a-system/{release}-admin-seed"})  # as the chart sets it
         scoped.start()
         try:
             apply(cluster, team, fixed_sd("scoped"))

@@ -160,11 +160,15 @@ def test_generated_admin_key_reaches_the_engines_only_through_env(
     eventually(lambda: reconciled(cluster, ns, "keyed"), deadline_s=DEADLINE_S, what="keyed re-reconciled")
     assert admin_key(cluster, ns, "keyed") == key
 
-    # The key is nowhere but in its Secret: not in the pod spec, status, Events or log.
+    # The key is nowhere but in its Secret: not in the pod spec, status, Events, the
+    # operator's log or its metrics.
+    with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+        metrics = response.read().decode()
     for text in (
         cluster.kubectl("get", "deployment,pods,sd,configmaps", f"--namespace={ns}", "-o", "json").stdout,
         json.dumps(events(cluster, ns, "keyed")),
         operator.log(),
+        metrics,
     ):
         assert key not in text
 

@@ -4,6 +4,9 @@ same state (partials in progress, waiting queue in the order's sort, remaining n
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import harness as h
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,8 +24,28 @@ def engine_partials(eng):
     return [s.chunked_req] if s.chunked_req is not None else []
 
 
-def twin_prediction(eng, rule, order):
+@dataclass(frozen=True)
+class Cand:
+    """A request as the rule sees it, with stock's output reservation (max_new_tokens=1)."""
+
+    rid: str
+    need: int
+    out_reserve: int = 1
+
+
+def engine_kv_free(eng) -> int:
+    """`kv_free` for the rule: available + evictable KV (no decodes run in these cases,
+    so stock's decode reservation is 0)."""
+    return eng.kv_free()
+
+
+def twin_prediction(eng, rule, order, memory=False, max_partials=None):
     partials = engine_partials(eng)
+    # The round starts by caching the partials' last chunks (get_next_batch_to_run
+    # stashes them; a second stash is a no-op): a waiting request may share their prefix.
+    for r in partials:
+        if r.extend_range is not None and r.extend_range.end > len(r.prefix_indices):
+            eng.s.stash_chunked_request(r)
     p_cands = [(r, len(r.origin_input_ids) - r.extend_range.end) for r in partials]
     w_cands = []
     for r in eng.s.waiting_queue:
@@ -37,11 +60,20 @@ def twin_prediction(eng, rule, order):
 
     if order == "srpt":
         w_cands.sort(key=key)
+    partial_rids = ()
     if not admission.partials_first(rule, order):
+        partial_rids = {r.rid for r, _ in p_cands}
         w_cands = sorted(p_cands + w_cands, key=key)
         p_cands = []
-    cand = lambda items: [admission.Candidate(r.rid, need) for r, need in items]  # noqa: E731
-    return admission.allocate(rule, cand(p_cands), cand(w_cands))
+    cand = lambda items: [Cand(r.rid, need) for r, need in items]  # noqa: E731
+    return admission.allocate(
+        rule,
+        cand(p_cands),
+        cand(w_cands),
+        kv_free=engine_kv_free(eng) if memory else None,
+        max_partials=max_partials,
+        partial_rids=partial_rids,
+    )
 
 
 mixes = st.lists(
@@ -54,13 +86,17 @@ mixes = st.lists(
 )
 
 
-def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=600_000):
+def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=False):
     C = engine_kwargs["chunked_prefill_size"]
     T = engine_kwargs.get("threshold", 0)
     mode = engine_kwargs.get("mode", "ceiling")
     page = engine_kwargs.get("page_size", 1)
     rule = admission.AdmissionRule(C, T, mode, page, max_prefill_tokens=16384)
-    eng = h.make_engine(policy=order, aging=AGING, kv_tokens=kv_tokens, **engine_kwargs)
+    # 16 request slots: a mix has at most 9 requests (a small slot table keeps each
+    # example cheap, so CI can afford a few hundred per property).
+    eng = h.make_engine(policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=16,
+                        **engine_kwargs)
+    max_partials = engine_kwargs.get("max_partials")
     prefix = list(range(1, prefix_len + 1))
     arrivals = sorted(mix, key=lambda x: x[0])
     t = 0.0
@@ -70,8 +106,9 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=600_000):
             _, need = arrivals.pop(0)
             t += 1.0
             eng.add(need, prefix=prefix if need % 2 else None, arrival=t)
-        predicted = twin_prediction(eng, rule, order)
+        predicted = twin_prediction(eng, rule, order, memory, max_partials)
         got = eng.step()
+        assert got or not eng.busy() or arrivals, f"round {rnd}: no progress"
         assert got == predicted, f"round {rnd}: engine {got} != twin {predicted}"
         assert list(got) == list(predicted), f"round {rnd}: admission order differs"
         rnd += 1
@@ -80,8 +117,11 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=600_000):
     assert eng.kv_free() == eng.kv_free_at_start
 
 
+EXAMPLES = int(os.environ.get("SLIPSTREAM_CONFORMANCE_EXAMPLES", "200"))
+"""Examples per property: 200 in CI; a wide run sets e.g. 5000 (see README)."""
+
 SETTINGS = settings(
-    max_examples=12,
+    max_examples=EXAMPLES,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -126,3 +166,36 @@ def test_engine_default_aging_is_the_twins():
     from sglang.srt.server_args import ServerArgs
 
     assert ServerArgs(model_path="dummy").srpt_aging_tokens_per_s == AGING
+
+
+# ---- memory-limited mixes: the KV reservation (kv_free) and the partials bound ---------
+
+
+tight_mixes = st.lists(
+    st.tuples(st.integers(0, 6), st.sampled_from([1, 700, 3_000, 9_000, 17_000]) |
+              st.integers(1, 17_000)),
+    min_size=2,
+    max_size=7,
+)
+
+
+@SETTINGS
+@given(
+    mix=tight_mixes,
+    t=st.sampled_from([0, 512, 1024, 2048]),
+    mode=st.sampled_from(["ceiling", "floor"]),
+    order=st.sampled_from(["fcfs", "srpt"]),
+    max_partials=st.sampled_from([1, 2, 8]),
+)
+def test_memory_limited_mixes_match_twin(mix, t, mode, order, max_partials):
+    # A 20,000-token pool against up to 7 x 17,000 tokens of prompts: admissions are
+    # decided by the reservation on most rounds.
+    check({"chunked_prefill_size": 4096, "threshold": t, "mode": mode,
+           "max_partials": max_partials}, order, mix, kv_tokens=20_000, memory=True)
+
+
+@SETTINGS
+@given(mix=tight_mixes, t=st.sampled_from([256, 1024]), order=st.sampled_from(["fcfs", "srpt"]))
+def test_memory_limited_paged_mixes_match_twin(mix, t, order):
+    check({"chunked_prefill_size": 2048, "threshold": t, "page_size": 16}, order, mix,
+          kv_tokens=20_480, memory=True)

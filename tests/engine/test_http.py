@@ -9,6 +9,7 @@ reports GPU memory, which needs a model runner).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import harness as h
@@ -30,7 +31,9 @@ class _StandInTokenizerManager:
         return [self.eng.s.set_internal_state(obj)]
 
     async def get_internal_state(self):
-        return [self.eng.s._long_prefill_state()]
+        # The real scheduler answers with its resolved server args (secrets included)
+        # plus its state; the long-prefill state is the part the harness can compute.
+        return [{**dataclasses.asdict(self.server_args), **self.eng.s._long_prefill_state()}]
 
 
 @pytest.fixture()
@@ -95,3 +98,61 @@ def test_the_operator_admin_client_round_trip(client):
     assert admin.setting_of(c.get("/get_server_info").json()) == models.EngineSetting(
         threshold=2048, mode="ceiling", schedule_policy="fcfs"
     )
+
+
+ADMIN_KEY = "s3cret-admin-key-0123456789"
+
+
+def _admin_app(eng):
+    """The real app's routes behind SGLang's real API-key middleware (a fresh app: a
+    started app takes no new middleware)."""
+    from fastapi import FastAPI
+    from sglang.srt.utils.auth import add_api_key_middleware
+
+    app = FastAPI()
+    app.router.routes.extend(http_server.app.router.routes)
+    add_api_key_middleware(app, api_key=None, admin_api_key=eng.s.server_args.admin_api_key)
+    return TestClient(app)
+
+
+@pytest.fixture()
+def admin_client(monkeypatch):
+    from sglang.srt.utils.secrets_redaction import ADMIN_KEY_ENV
+
+    monkeypatch.setenv(ADMIN_KEY_ENV, ADMIN_KEY)
+    eng = h.make_engine(chunked_prefill_size=8192, page_size=16)
+    assert eng.s.server_args.admin_api_key == ADMIN_KEY  # read from the environment
+    http_server.set_global_state(
+        http_server._GlobalState(
+            tokenizer_manager=_StandInTokenizerManager(eng),
+            template_manager=None,
+            scheduler_info={},
+        )
+    )
+    yield _admin_app(eng), eng
+
+
+def test_set_internal_state_needs_the_admin_key(admin_client):
+    c, eng = admin_client
+    body = {"server_args": {"long_prefill_token_threshold": 4096}}
+    assert c.post("/set_internal_state", json=body).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-key"}
+    assert c.post("/set_internal_state", json=body, headers=wrong).status_code == 401
+    assert eng.s.long_prefill_token_threshold == 0
+    right = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    r = c.post("/set_internal_state", json=body, headers=right)
+    assert r.status_code == 200, r.text
+    assert eng.s.long_prefill_token_threshold == 4096
+
+
+@pytest.mark.parametrize("path", ["/get_server_info", "/server_info"])
+def test_info_endpoints_never_return_the_admin_key(admin_client, path):
+    c, _ = admin_client
+    r = c.get(path)
+    assert r.status_code == 200, r.text
+    assert ADMIN_KEY not in r.text
+    info = r.json()
+    assert info["admin_api_key"] == "<redacted>"
+    assert info["api_key"] is None
+    assert info["internal_states"][0]["admin_api_key"] == "<redacted>"
+    assert info["long_prefill_token_threshold"] == 0  # the rest is still there

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -16,11 +15,9 @@ ADMIN = {"Authorization": f"Bearer {KEY}"}
 
 
 def config(*argv: str, key: str | None = KEY) -> flags.SimConfig:
-    parser = argparse.ArgumentParser()
-    flags.add_arguments(parser)
-    ns = parser.parse_args(["--host", "127.0.0.1", "--port", "0", "--enable-metrics",
-                            "--tokenizer-metrics-allowed-custom-labels", "tenant", *argv])
-    return flags.config_from(ns, {"SLIPSTREAM_ADMIN_API_KEY": key} if key else {})
+    return flags.parse(["--host", "127.0.0.1", "--port", "0", "--enable-metrics",
+                        "--tokenizer-metrics-allowed-custom-labels", "tenant", *argv],
+                       {"SLIPSTREAM_ADMIN_API_KEY": key} if key else {})
 
 
 async def with_sim(check: Callable[[str, aiohttp.ClientSession], Awaitable[Any]], *argv: str,

@@ -1,19 +1,27 @@
-"""Helpers of the integration tier: polling with a deadline, a fake Prometheus for the
-answers a real one cannot give."""
+"""Helpers of observe's integration tests: the Prometheus binary (fails with the install
+command when missing, never skips), polling with a deadline, and a fake Prometheus for the
+answers a real one cannot give.
+
+The fixtures live here, not in a conftest.py, and test modules import them: a second
+``conftest`` module beside tests/cluster's would shadow its ``from conftest import ...``
+when both folders are collected in one run.
+"""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from slipstream.localkube import ports
+from slipstream.localkube import prometheus as localprom
 
 T = TypeVar("T")
 
@@ -44,11 +52,13 @@ class FakePrometheus:
     def __init__(self, responder: Responder) -> None:
         self.responder = responder
         self.requests = 0
+        self.last_headers: dict[str, str] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 fake.requests += 1
+                fake.last_headers = dict(self.headers)
                 query = parse_qs(urlparse(self.path).query).get("query", [""])[0]
                 status, body, delay = fake.responder(query)
                 if delay:
@@ -79,3 +89,22 @@ class FakePrometheus:
 
 def vector_body(result: list[dict[str, object]]) -> bytes:
     return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> Path:
+    missing: str | None = None
+    try:
+        return localprom.binary()
+    except localprom.PrometheusMissingError as exc:
+        missing = str(exc)
+    pytest.fail(missing, pytrace=False)
+
+
+@pytest.fixture
+def fake_prometheus() -> Iterator[FakePrometheus]:
+    fake = FakePrometheus(lambda q: (200, b"{}", 0.0))
+    yield fake
+    fake.stop()
+
+

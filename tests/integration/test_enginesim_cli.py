@@ -144,6 +144,18 @@ def test_load_command_replays_two_tenants_and_stops_by_itself(sim: Sim, tmp_path
     assert counts == {"chat": summary["tenants"]["chat"]["n"], "docs": summary["tenants"]["docs"]["n"]}
 
 
+def test_load_command_says_why_when_nothing_answers(tmp_path: Path) -> None:
+    from slipstream.localkube import ports
+
+    (port,) = ports.free_ports(1)  # nothing listens there
+    trace = write_trace(tmp_path / "t.jsonl", 3, 100, 10, 0)
+    proc = subprocess.run([sys.executable, "-m", "slipstream.cli", "load", "--trace", str(trace),
+                           "--target", f"http://127.0.0.1:{port}", "--time-scale", "100", "--report-every", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "no request was answered (3 sent); first error: ClientConnectorError" in proc.stderr
+
+
 def test_load_api_with_a_callable_target_list_and_a_duration(sim: Sim, tmp_path: Path) -> None:
     from slipstream.sim import traces
 
@@ -172,3 +184,37 @@ def test_load_api_with_a_callable_target_list_and_a_duration(sim: Sim, tmp_path:
     assert not first.ok and first.error == "no target ready"
     assert all(o.ok and o.ttft_s > 0 and o.target == sim.url for o in rest)
     assert any("t: n=" in line for line in lines)
+
+    stopped = threading.Event()
+    threading.Timer(0.3, stopped.set).start()
+    start = time.monotonic()
+    outcomes = load.replay(reqs, [sim.url], time_scale=1, prompt="field", report_every_s=None,
+                           stop=stopped.is_set)
+    assert time.monotonic() - start < 10 and 1 <= len(outcomes) < 50, "stop ends the sending"
+
+
+def test_load_api_replays_an_azure_trace_with_word_prompts(sim: Sim, azure: Path) -> None:
+    from slipstream.sim import traces
+
+    reqs = traces.load(azure, "code").requests[:15]
+    outcomes = load.replay(reqs, [sim.url], time_scale=20, rate_scale=5, prompt="words", report_every_s=None)
+    assert sorted(o.rid for o in outcomes) == sorted(r.rid for r in reqs)
+    assert all(o.ok and o.tenant == "code" for o in outcomes)
+    status, text = get(sim.url + "/metrics")
+    total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("sglang:prompt_tokens_total{"))
+    assert total == sum(r.prompt_tokens for r in reqs)
+
+
+def test_a_simulator_in_a_thread_serves_synchronous_callers() -> None:
+    from slipstream.enginesim import flags, server
+
+    cfg = flags.parse(["--port", "0", "--enable-metrics", "--tp-size", "8", "--page-size", "$(PAGE)"],
+                      {"SLIPSTREAM_ADMIN_API_KEY": KEY, "PAGE": "16"})
+    with server.InThread(cfg) as sim:
+        assert get(sim.url + "/health")[0] == 200
+        status, text = get(sim.url + "/get_server_info", KEY)
+        assert status == 200 and json.loads(text)["page_size"] == 16
+        assert get(sim.url + "/metrics")[0] == 200
+    with pytest.raises(OSError):
+        get(sim.url + "/health")

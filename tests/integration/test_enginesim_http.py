@@ -49,17 +49,17 @@ def test_completion_shapes_streaming_and_not() -> None:
         if openai_types is not None:
             openai_types.Completion.model_validate(full)
 
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 40}
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 200}
         async with s.post(url + "/v1/completions", json=body) as r:
             assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
             events = sse_events(await r.text())
         assert events[-1] == "[DONE]"
         chunks = events[:-1]
         usage_chunk = chunks.pop()
-        assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 40
+        assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 200
         assert len(chunks) >= 2, "tokens arrive over time, not in one piece"
         text = "".join(c["choices"][0]["text"] for c in chunks)
-        assert len(text.split()) == 40
+        assert len(text.split()) == 200
         assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "length"
         assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
         assert all(c["object"] == "text_completion" and c["id"] == chunks[0]["id"] for c in chunks)
@@ -121,12 +121,11 @@ def test_admin_endpoints_need_the_key_and_never_show_it() -> None:
         async with s.post(url + "/set_internal_state", json=change,
                           headers={"Authorization": "Bearer wrong"}) as r:
             assert r.status == 401
-        async with s.get(url + "/get_server_info") as r:
-            assert r.status == 401
         async with s.post(url + "/set_internal_state", json=change, headers=ADMIN) as r:
             assert r.status == 200 and (await r.json())["updated"] is True
-        for path in ("/get_server_info", "/server_info"):
-            async with s.get(url + path, headers=ADMIN) as r:
+        for path in ("/get_server_info", "/server_info"):  # open to any client, as SGLang's
+            async with s.get(url + path) as r:
+                assert r.status == 200
                 text = await r.text()
             assert KEY not in text
             info = json.loads(text)
@@ -146,6 +145,29 @@ def test_without_a_key_no_setting_can_change() -> None:
             assert "SLIPSTREAM_ADMIN_API_KEY" in (await r.json())["error"]
 
     asyncio.run(with_sim(check, key=None))
+
+
+def test_prompts_over_the_kv_pool_are_refused_as_sglang_does() -> None:
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
+            pool = (await r.json())["max_total_num_tokens"]
+        assert pool == 50000
+        body = {"prompt": "x", "max_tokens": 1, "slipstream": {"prompt_tokens": pool}}
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 400
+            assert (await r.json())["message"].startswith(
+                f"Input length ({pool} tokens) exceeds the maximum allowed length")
+        # Under the pool but over what an idle engine can admit: the twin refuses it.
+        for stream in (False, True):
+            body = {"prompt": "x", "max_tokens": 1, "stream": stream, "slipstream": {"prompt_tokens": 49999}}
+            async with s.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 400
+                assert "cannot fit the engine's KV pool" in (await r.json())["message"]
+        body = {"prompt": "x", "max_tokens": 1, "slipstream": {"prompt_tokens": 30000}}
+        async with s.post(url + "/v1/completions", json=body) as r:
+            assert r.status == 200
+
+    asyncio.run(with_sim(check, "--time-scale", "50", "--max-total-tokens", "50000"))
 
 
 def test_prompts_over_the_context_length_are_refused_as_sglang_does() -> None:
@@ -198,6 +220,17 @@ def test_refused_settings_say_why_and_change_nothing(args: dict[str, Any], reaso
     asyncio.run(with_sim(check, "--page-size", "64", "--long-prefill-token-threshold", "4096"))
 
 
+async def until_prefilling(url: str, s: aiohttp.ClientSession) -> None:
+    """Poll (with a deadline) until the engine reports a prefill part-way through."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
+            if (await r.json())["num_partial_prefills"] >= 1:
+                return
+        assert asyncio.get_running_loop().time() < deadline, "no prefill started"
+        await asyncio.sleep(0.002)
+
+
 async def burst(url: str, s: aiohttp.ClientSession, tag: str) -> tuple[float, list[float]]:
     """One long cold prompt, then (once the engine is prefilling it) eight short ones:
     (long TTFT, short TTFTs)."""
@@ -209,13 +242,7 @@ async def burst(url: str, s: aiohttp.ClientSession, tag: str) -> tuple[float, li
             return float(r.headers[server.TTFT_HEADER])
 
     long = asyncio.create_task(one(60000))
-    deadline = asyncio.get_running_loop().time() + 20
-    while True:  # poll until the long prompt is part-way through its prefill
-        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
-            if (await r.json())["num_partial_prefills"] >= 1:
-                break
-        assert asyncio.get_running_loop().time() < deadline, "the long prompt never started"
-        await asyncio.sleep(0.002)
+    await until_prefilling(url, s)
     shorts = await asyncio.gather(*(one(500) for _ in range(8)))
     return await long, list(shorts)
 
@@ -280,6 +307,7 @@ def test_metrics_have_sglang_names_buckets_labels_and_the_patch_gauges() -> None
         assert gauges[(names.LONG_PREFILL_MODE, "ceiling")] == 0
         assert gauges[(names.SCHEDULE_POLICY, "fcfs")] == 1
         assert gauges[(sim_metrics.MAX_PARTIAL_PREFILLS, None)] == 8
+        assert 0 <= gauges[("sglang:token_usage", None)] <= 1
         for gauge in (names.NUM_QUEUE_REQS, names.NUM_RUNNING_REQS, names.NUM_PARTIAL_PREFILLS):
             assert (gauge, None) in gauges
 
@@ -463,3 +491,30 @@ def test_random_and_mutated_bodies_never_get_a_500() -> None:
                     assert r.status == 200
 
     asyncio.run(with_sim(check, "--time-scale", "50"))
+
+
+def test_a_client_that_leaves_before_its_first_token_is_dropped_from_the_queue() -> None:
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        async def one(tokens: int, who: str, timeout: float | None = None) -> int:
+            body = {"prompt": "x", "max_tokens": 1, "slipstream": {"prompt_tokens": tokens}}
+            async with s.post(url + "/v1/completions", json=body, headers=tenant(who),
+                              timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                await r.read()
+                return r.status
+
+        long = asyncio.create_task(one(150000, "stays"))  # ~9 twin s of prefill
+        await until_prefilling(url, s)
+        with pytest.raises(TimeoutError):
+            await one(500, "leaves", timeout=0.02)  # queued behind the long prefill
+        assert await long == 200
+        async with s.get(url + "/metrics") as r:
+            families = {f.name: f for f in text_string_to_metric_families(await r.text())}
+        tenants = {smp.labels["tenant"] for smp in families[names.TTFT_SECONDS].samples}
+        assert tenants == {"stays"}, "the request whose client left never got a first token"
+        queued = [smp.value for smp in families[names.NUM_QUEUE_REQS].samples]
+        assert queued == [0]
+        aborted = {smp.labels["tenant"]: smp.value for smp in families["sglang:num_aborted_requests"].samples
+                   if smp.name.endswith("_total")}
+        assert aborted == {"leaves": 1}
+
+    asyncio.run(with_sim(check, "--time-scale", "10"))

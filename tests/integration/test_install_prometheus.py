@@ -5,6 +5,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import observe_helpers
+
+prometheus_binary = observe_helpers.prometheus_binary
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
+
 REPO = Path(__file__).resolve().parents[2]
 PINNED = "2.42.0+ds-5+deb12u1"
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import observe_helpers
 import pytest
 from observe_helpers import wait_for
 
@@ -27,6 +28,9 @@ from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings
 from slipstream.observe.client import PromClient
 from slipstream.sim.workload import Request
+
+prometheus_binary = observe_helpers.prometheus_binary
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
 
 KEY = "observe-test-key"
 TIME_SCALE = 5.0

@@ -9,19 +9,26 @@ against Prometheus's own ``histogram_quantile`` at the same evaluation time.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import observe_helpers
 import pytest
 from engine_exporter import EngineExporter
 from observe_helpers import wait_for
 
+from slipstream.api import models
 from slipstream.api import snapshot as snap
 from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings, queries
 from slipstream.observe.client import PromClient
+from slipstream.observe.fleet import FleetObserver
+
+prometheus_binary = observe_helpers.prometheus_binary
+"""Fixtures from observe_helpers (no conftest.py here: see its docstring)."""
 
 WINDOW_S = 60.0
 SETTINGS = ObserveSettings(window_s=WINDOW_S, min_samples=50, max_staleness_s=10.0)
@@ -223,6 +230,46 @@ def test_canary_and_baseline_ttft_by_tenant_over_pod_subsets(fleet):
     assert too_few.invalid == snap.TOO_FEW_SAMPLES
     nobody = observer.ttft_by_tenant("team-a", "chat", ["chat-9"], WINDOW_S)
     assert nobody.invalid == snap.NO_SERIES
+
+
+def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "apiVersion": "serving.slipstream.dev/v1alpha1", "kind": "ServingDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": url},
+                 "tuning": {"objective": {"tenantLabel": tenant_label}}},
+    })
+
+
+def test_per_deployment_loops_share_one_fleet_read(fleet):
+    """The controller's loops ask one deployment at a time; the fleet observer answers
+    them all from one read (six queries) per reuse period."""
+    observer = FleetObserver(SETTINGS, reuse_s=5.0, token_for=lambda sd: None)
+    sds = [sd(*PODS[p], fleet.prom.url) for p in ("chat-0", "batch-0")] + [sd("team-z", "ghost", fleet.prom.url)]
+
+    async def every(now: float) -> list[snap.WorkloadSnapshot]:
+        return await asyncio.gather(*(observer.snapshot(s, WINDOW_S, now) for s in sds))
+
+    async def scenario() -> None:  # one event loop, as in the operator
+        first = await every(fleet.t_eval)
+        assert [s.invalid for s in first] == [None, snap.NO_TRAFFIC, snap.NO_SERIES]
+        assert first[0] == fleet.observer().read(["team-a/chat"])["team-a/chat"]
+        assert observer.queries_made == 6
+        await every(fleet.t_eval + 1)
+        assert observer.queries_made == 6, "reused within reuse_s"
+        await every(fleet.t_eval + 6)
+        assert observer.queries_made == 12
+        other = await observer.snapshot(sd("team-a", "chat", fleet.prom.url, "customer"), WINDOW_S,
+                                        fleet.t_eval + 6)
+        assert other.tenants[0].name == "unlabelled", "another tenant label is another read"
+        assert observer.queries_made == 18
+        no_url = sds[0].model_copy(update={"spec": sds[0].spec.model_copy(
+            update={"prometheus": models.Prometheus()})})
+        unset = await observer.snapshot(no_url, WINDOW_S, 0)
+        assert unset.invalid == snap.UNREACHABLE and "spec.prometheus.url" in unset.detail
+
+    asyncio.run(scenario())
+    observer.close()
 
 
 def test_failing_scrapes_make_the_deployment_stale_not_idle(fleet):

@@ -3,7 +3,6 @@ and the twin driven by an injected clock (no sockets, no sleeps)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ from slipstream.sim.workload import Request
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> flags.SimConfig:
-    p = argparse.ArgumentParser()
-    flags.add_arguments(p)
-    return flags.config_from(p.parse_args(list(argv)), env or {})
+    return flags.parse(list(argv), env or {})
 
 
 def test_prompt_sizes_from_text_ids_chat_and_the_slipstream_field() -> None:
@@ -99,8 +96,8 @@ def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) 
     with pytest.raises(flags.FlagError, match="not modelled by the twin"):
         parse("--schedule-policy", "lof")
     env = {"T": "2048", "MODE": "floor"}
-    assert flags.expand_env(["--long-prefill-token-threshold", "$(T)", "--x=$(MODE)-$(UNSET)"], env) == [
-        "--long-prefill-token-threshold", "2048", "--x=floor-$(UNSET)"]
+    assert flags.expand_env(["--long-prefill-token-threshold", "$(T)", "--x=$(MODE)-$(UNSET)", "$$(T)"],
+                            env) == ["--long-prefill-token-threshold", "2048", "--x=floor-$(UNSET)", "$(T)"]
     assert flags.ignored_flags(["--tp-size", "8", "--mem-fraction-static=0.8", "x"]) == [
         "--tp-size", "--mem-fraction-static"]
 
@@ -154,7 +151,7 @@ SLIP = st.dictionaries(st.sampled_from(["prompt_tokens", "prefix_id", "cached_to
                                         "block_sizes"]), JSON, max_size=4)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(body=st.dictionaries(FIELDS, JSON, max_size=5), slip=st.none() | SLIP)
 def test_fuzzed_bodies_parse_or_raise_body_error(body: dict, slip: dict | None) -> None:
     """Whatever JSON object arrives, parsing gives a request or a BodyError, nothing else."""
@@ -170,7 +167,7 @@ def test_fuzzed_bodies_parse_or_raise_body_error(body: dict, slip: dict | None) 
         assert 1 <= inc.output_tokens <= bodies.MAX_TOKENS_LIMIT
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(args=st.dictionaries(st.sampled_from([*admin.LONG_PREFILL_KEYS, "other"]), JSON, max_size=4),
        faults=st.dictionaries(st.sampled_from(["ttft_multiplier", "admin", "metrics", "x"]), JSON, max_size=3))
 def test_fuzzed_admin_bodies_validate_or_refuse(args: dict, faults: dict) -> None:
@@ -190,3 +187,12 @@ def test_fuzzed_admin_bodies_validate_or_refuse(args: dict, faults: dict) -> Non
     except bodies.BodyError:
         return
     assert f.ttft_multiplier > 0 and f.admin in admin.ADMIN_FAULTS and f.metrics in admin.METRICS_FAULTS
+
+
+def test_the_partials_cap_reaches_the_twin_at_start_and_in_place() -> None:
+    pod = SimPod(parse("--max-partial-prefills", "3"), Clock(1.0, wall=lambda: 0.0))
+    assert pod.driver.config.max_partial_prefills == 3
+    assert pod.set_state({"max_partial_prefills": 5}) is None
+    assert pod.driver.config.max_partial_prefills == 5
+    assert pod.set_state({"max_partial_prefills": 0}) is not None
+    assert pod.driver.config.max_partial_prefills == 5

@@ -157,3 +157,53 @@ def test_an_unlimited_pool_is_the_twin_without_memory():
     result = engine.simulate(build("w", reqs), policies.parse("stock", cfg), PROFILE, cfg)
     assert result.kv_pool_tokens is None and result.retractions == 0
     assert replace(cfg, kv_pool_tokens=None).kv_pool_tokens is None
+
+
+def test_the_cli_can_lift_or_shrink_the_pool(capsys):
+    import json
+
+    from slipstream import cli
+
+    def peak(*extra: str) -> dict:
+        assert cli.main(["simulate", "--scenario", "seed-003", "--policy", "stock", "--json",
+                         *extra]) == 0
+        return json.loads(capsys.readouterr().out)["summary"]
+
+    assert peak()["kv_pool_tokens"] == profiles.load("llama3-70b-4xa100").kv_pool_tokens
+    assert peak("--kv-pool-tokens", "0")["kv_pool_tokens"] is None
+    assert peak("--kv-pool-tokens", "30000")["kv_pool_tokens"] == 30_000
+    assert cli.main(["simulate", "--scenario", "seed-003", "--policy", "stock",
+                     "--kv-pool-tokens", "-1"]) == 2
+
+
+def test_a_spec_may_set_the_pool_and_the_running_bounds_and_bad_values_are_refused():
+    from slipstream.sim import spec
+
+    text = """name: w
+engine: {kv_pool_tokens: 50000, max_running_requests: 16, max_partial_prefills: 2}
+requests:
+  - {id: a, arrival_s: 0.0, prompt_tokens: 1000, output_tokens: 2}
+"""
+    cfg = spec.parse(text, origin="w.yaml").engine
+    assert (cfg.kv_pool_tokens, cfg.max_running_requests, cfg.max_partial_prefills) == (50_000, 16, 2)
+    with pytest.raises(ValueError, match="kv_pool_tokens"):
+        spec.parse(text.replace("50000", "-5"), origin="w.yaml")
+    with pytest.raises(ValueError, match="max_partial_prefills"):
+        EngineConfig(max_partial_prefills=0)
+
+
+def test_a_stream_retracted_one_token_before_its_end_finishes_at_its_recompute():
+    """Its recomputation yields its last token: tokens_out counts every token once."""
+    cfg = EngineConfig(kv_pool_tokens=1_000_000)
+    eng = Engine(policies.parse("stock", cfg), PROFILE, cfg)
+    job = eng.submit(cold("a", 0.0, 2000, 3, 1))
+    while job.tokens_out(eng.now_s) < 2:
+        eng.advance(eng.now_s)
+    second_s = eng.now_s
+    eng._retract(job, len(eng._dtimes))  # as _make_room_for_decodes would
+    assert eng.decoding == 0 and eng.waiting == 1 and eng.kv_in_use == 0
+    eng.run()
+    assert job.retractions == 1 and job.finished_s > second_s
+    assert [job.tokens_out(t) for t in (second_s, job.finished_s - 1e-9, job.finished_s,
+                                        job.finished_s + 5)] == [2, 2, 3, 3]
+    assert job.max_itl_s >= job.finished_s - second_s  # the recompute is its longest gap

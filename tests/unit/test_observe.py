@@ -87,7 +87,7 @@ _json = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None, derandomize=True)
 @given(_json)
 def test_parse_is_total(result):
     try:
@@ -187,7 +187,7 @@ _samples = st.lists(st.builds(
 ), max_size=25)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None, derandomize=True)
 @given(st.fixed_dictionaries({k: _samples for k in ("ttft", "uncached", "tokens", "queue", "settings", "targets")}))
 def test_assemble_never_raises_and_valid_means_usable(res):
     for s in assemble.snapshots(res, now=NOW, rules=RULES).values():

@@ -16,6 +16,7 @@ def make(spec: dict[str, Any] | None = None, status_: dict[str, Any] | None = No
         "engine": {"image": "img:1", "model": "org/model", "tensorParallelSize": 8, "chunkedPrefillSize": 8192,
                    "pageSize": 64},
         "tuning": {"mode": "Fixed", "threshold": 4096},
+        "prometheus": {"url": "http://prometheus.monitoring:9090"},  # Auto and Recommend need it
     }  # fmt: skip
     for key, value in (spec or {}).items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
@@ -216,3 +217,25 @@ def test_status_changed_keeps_only_differing_fields() -> None:
     assert status.changed(sd, status.setting_patch(sd, objects.current_setting(sd))) == {}
     assert status.changed(sd, status.setting_patch(sd, moved)) == {"threshold": 1024, "concurrency": 8, "mode": "floor"}
     assert status.changed(sd, {"readyReplicas": None}) == {}
+
+
+def test_engine_pods_get_a_security_context_and_the_spec_can_tighten_it() -> None:
+    pod = objects.deployment(make())["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
+    tight = make({"engine": {"securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
+                                                 "capabilities": {"drop": ["ALL"]}},
+                             "podSecurityContext": {"runAsUser": 1000, "fsGroup": 1000}}})  # fmt: skip
+    spec = objects.deployment(tight)["spec"]["template"]["spec"]
+    assert spec["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+        "capabilities": {"add": [], "drop": ["ALL"]}}  # fmt: skip
+
+
+def test_monitors_label_every_engine_target_with_its_deployment() -> None:
+    for kind in ("PodMonitor", "ServiceMonitor"):
+        (endpoint,) = objects.monitor(make(), kind)["spec"][objects.MONITOR_KINDS[kind]]
+        by_target = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert by_target["servingdeployment"] == ["__meta_kubernetes_pod_label_serving_slipstream_dev_name"]
+        assert by_target["pod"] == ["__meta_kubernetes_pod_name"]

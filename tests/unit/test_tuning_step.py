@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from slipstream.api import models, snapshot
 from slipstream.controller import loop, tuning
 from slipstream.controller import settings as settings_
@@ -149,3 +151,42 @@ def test_conditions_rebased_on_a_fresh_read_keep_the_other_writers() -> None:
     assert [(c["type"], c["reason"]) for c in merged["conditions"]] == [
         ("Reconciled", "Applied"), ("EnginesInSync", "PodsUnreachable"), ("RolloutProgressing", "Idle")]
     assert merged["phase"] == "Progressing"
+
+
+def test_generated_admin_keys_are_derived_per_deployment() -> None:
+    from slipstream.controller import adminkeys
+
+    a = adminkeys.derive("seed-1", "prod", "kimi")
+    assert a == adminkeys.derive("seed-1", "prod", "kimi") and len(a) == 48
+    assert a != adminkeys.derive("seed-1", "prod", "kimi2") != adminkeys.derive("seed-1", "dev", "kimi")
+    assert a != adminkeys.derive("seed-2", "prod", "kimi")
+
+
+def test_a_spec_the_models_refuse_names_the_field_and_degrades() -> None:
+    import pydantic
+
+    from slipstream.controller import status
+
+    bad = {"metadata": {"name": "x"}, "spec": {"engine": {"image": "i", "model": "m",
+                                                          "env": [{"name": "1 BAD=", "value": "v"}]}}}  # fmt: skip
+    with pytest.raises(pydantic.ValidationError) as raised:
+        models.ServingDeployment.model_validate(bad)
+    message = status.invalid_spec_message(raised.value)
+    assert "spec.engine.env[0].name" in message and message.endswith("fix these fields")
+    patch = status.invalid_spec_patch([{"type": "Ready", "status": "True", "reason": "Available",
+                                        "lastTransitionTime": "t"}], message, 3, "now")  # fmt: skip
+    assert patch["phase"] == "Degraded"
+    assert [(c["type"], c["status"], c["reason"]) for c in patch["conditions"]] == [
+        ("Ready", "True", "Available"), ("Reconciled", "False", "InvalidSpec")]
+
+
+def test_each_deployment_gets_its_canary_source_from_the_fleet() -> None:
+    from slipstream.controller import stages
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_min_samples=7)
+    fleet = stages.fleet_observer(config)
+    latency = stages.latency_for(fleet, config)
+    source = latency(make({"mode": "Auto", "intervalSeconds": 60}))
+    assert source.min_samples == 7 and source.tenant_label == "tenant"
+    assert source.observer is fleet.observer("http://127.0.0.1:9090", 6.0, "tenant")
+    assert latency(make({"mode": "Auto", "intervalSeconds": 60})).observer is source.observer

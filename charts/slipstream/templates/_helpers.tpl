@@ -25,3 +25,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+
+{{- define "slipstream.peeringName" -}}
+{{- default (include "slipstream.fullname" .) .Values.peering.name -}}
+{{- end -}}

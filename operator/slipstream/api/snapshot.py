@@ -120,6 +120,10 @@ class TenantWindow:
     cache_hit_ratio: float | None = None
     """Cached over prompt tokens (``cached_tokens_total / prompt_tokens_total``); None
     when the engine does not export the counters per tenant."""
+    output_tokens: Histogram | None = None
+    """``sglang:generation_tokens_histogram`` for this tenant (output lengths of the
+    requests that finished); None when not read. The tuner's twin needs it to load the KV
+    pool with decodes as the engines do."""
 
     @property
     def ttft_p50_s(self) -> float:

@@ -110,6 +110,14 @@ class Kube:
         changed = after["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
         return after, before, "updated" if changed else None
 
+    def merge_patch(self, obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of `obj` (lists in `patch` replace the stored ones whole)."""
+        meta = obj["metadata"]
+        return self.request(
+            "PATCH", path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), body=patch,
+            query=[("fieldManager", FIELD_MANAGER)], content_type="application/merge-patch+json",
+        )  # fmt: skip
+
     def secret_state(self, namespace: str, name: str, key: str) -> SecretState:
         secret = self.get("v1", "Secret", namespace, name)
         if secret is None:
@@ -130,9 +138,7 @@ class Kube:
         """Create an object unless it exists; never rewrites it (a generated key must stay
         what the running engines were started with)."""
         meta = obj["metadata"]
-        if self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]) is not None:
-            return None
-        try:
+        try:  # no GET first: the operator may create Secrets where it may not read them
             self.request("POST", path_of(obj["apiVersion"], obj["kind"], meta["namespace"]), body=obj,
                          query=[("fieldManager", FIELD_MANAGER)])  # fmt: skip
         except ApiError as error:

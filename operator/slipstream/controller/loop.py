@@ -25,16 +25,15 @@ import ipaddress
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slipstream.api import models, snapshot
+from slipstream.controller import adminkeys, drift, objects, tuning
 from slipstream.controller import kube as kube_
-from slipstream.controller import objects, tuning
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
-from slipstream.engine import args as engine_args
 from slipstream.rollout import analysis, engines, machine
 
 log = logging.getLogger(__name__)
@@ -80,9 +79,12 @@ class Deps:
 
     kube: kube_.Kube
     config: settings_.ControllerSettings
+    keys: adminkeys.AdminKeys
     observer: Observer = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
+    tokens: Callable[[models.ServingDeployment], Awaitable[None]] | None = None
+    """Refreshes a deployment's Prometheus bearer token before its observe step."""
     clock: Callable[[], float] = time.time
 
 
@@ -94,6 +96,9 @@ class Memory:
     fleet: models.EngineSetting | None = None
     conditions: list[models.Condition] | None = None
     refusals: dict[str, str] = field(default_factory=dict)
+    configmap: models.EngineSetting | None = None
+    """The setting the loop last kept in the ConfigMap: a ConfigMap that departs from it
+    while it stays the target was edited by someone else."""
     """Pod -> why its last change failed (a later read shows only the setting it kept)."""
 
 
@@ -141,6 +146,8 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         return None, None
     window = tuning.interval(sd, deps.config)
     name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+    if deps.tokens is not None:
+        await deps.tokens(sd)
     try:
         snap = await asyncio.wait_for(
             deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
@@ -174,17 +181,31 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
             baseline = await source.tenant_p99(ns, name, canaries, started - window, started)
     except Exception as error:
         return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
-    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent)
+    objective = sd.spec.tuning.objective
+    targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
+    floors = {t: deps.config.canary_noise_floor * targets.get(t, objective.ttft_p99_seconds) for t in canary}
+    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
 
 
-async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:
+async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting,
+                         memory: Memory | None = None) -> machine.Event | None:  # fmt: skip
+    """Keep the ConfigMap (what new pods start with) at `setting`. A change the loop did not
+    make (a hand edit of the ConfigMap while its target stood still) is reverted with a
+    Warning naming what was reverted; the loop's own moves are a Normal Updated."""
     desired = objects.configmap(sd, setting)
-    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, desired["metadata"]["name"])
+    name = desired["metadata"]["name"]
+    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, name)
+    kept = memory.configmap if memory is not None else None
+    if memory is not None:
+        memory.configmap = setting
     if current is not None and current.get("data") == desired["data"]:
         return None
     await asyncio.to_thread(deps.kube.apply, desired)
-    return machine.Event("Normal", "Updated", f"Updated ConfigMap {desired['metadata']['name']}: new pods start with "
-                         f"{machine.show(setting)}")  # fmt: skip
+    if current is not None and kept == setting:
+        paths = drift.drift(desired["data"], current.get("data") or {}, "data")
+        return machine.Event("Warning", "DriftReverted", f"Reverted ConfigMap {name} to the fleet's setting: "
+                             f"{'; '.join(paths[:8])} (edit the ServingDeployment instead)")  # fmt: skip
+    return machine.Event("Normal", "Updated", f"Updated ConfigMap {name}: new pods start with {machine.show(setting)}")
 
 
 async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outcome:
@@ -198,8 +219,11 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
 
     items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
     pods = ready_pods(items)
-    ref = engine_args.admin_key_ref(sd.metadata.name, sd.spec.engine)
-    key = await asyncio.to_thread(deps.kube.secret_value, sd.metadata.namespace, ref.name, ref.key)
+    try:
+        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
+    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
+        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
+        key = None
     urls = {pod: address(sd, ip) for pod, ip in pods.items()}
     blocked = {pod for pod, url in urls.items() if not allowed(url, config.engine_networks)}
 
@@ -219,7 +243,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     decision = machine.decide(state, fleet, target, views, pol, now, verdict)
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
-    if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
+    if (event := await sync_configmap(deps, sd, decision.configmap, memory)) is not None:
         events.append(event)
     if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
         results = await engines.apply(reachable, client)
@@ -231,7 +255,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
         if not again.apply:
             decision = again
             events += again.events
-            if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
+            if (event := await sync_configmap(deps, sd, decision.configmap, memory)) is not None:
                 events.append(event)
     stamp = machine.stamp(now)
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)

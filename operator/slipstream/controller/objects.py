@@ -173,8 +173,12 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "readinessProbe": _probe(period=10, failures=3),
         "livenessProbe": _probe(period=30, failures=4),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "securityContext": engine.security_context.to_k8s(),
     }
+    pod_security = engine.pod_security_context.to_k8s()
+    pod_security["seccompProfile"] = {"type": pod_security.pop("seccompProfileType")}
     pod_spec: dict[str, Any] = {
+        "securityContext": pod_security,
         "containers": [container],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 60,
@@ -221,14 +225,27 @@ MONITOR_KINDS = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoin
 of their list of endpoints."""
 
 
+DEPLOYMENT_LABEL = "servingdeployment"
+"""Target label naming the ServingDeployment (INTERFACES E: with `namespace` and `pod`,
+which the Prometheus Operator sets itself); observe aggregates by it."""
+
+
 def monitor(sd: models.ServingDeployment, kind: str) -> dict[str, Any]:
     """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor."""
+    meta_label = "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in NAME_LABEL)
+    endpoint = {
+        "port": "http", "path": "/metrics", "interval": "15s",
+        "relabelings": [
+            {"sourceLabels": [meta_label], "targetLabel": DEPLOYMENT_LABEL, "action": "replace"},
+            {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"},
+        ],
+    }  # fmt: skip
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": kind,
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
             "selector": {"matchLabels": selector(sd)},
-            MONITOR_KINDS[kind]: [{"port": "http", "path": "/metrics", "interval": "15s"}],
+            MONITOR_KINDS[kind]: [endpoint],
         },
     }

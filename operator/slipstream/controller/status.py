@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+import pydantic
+
 from slipstream.api import models
 from slipstream.engine import args as engine_args
 
@@ -131,3 +133,27 @@ def merged_conditions(current: list[dict[str, Any]], patch: dict[str, Any], owne
     merged = [mine.pop(c["type"], c) for c in current] + list(mine.values())
     parsed = [models.Condition.model_validate(c) for c in merged]
     return {"conditions": merged, "phase": phase(parsed)}
+
+
+def invalid_spec_message(error: pydantic.ValidationError) -> str:
+    """One line naming each refused field (as the Kubernetes object spells it) and why."""
+    parts = []
+    for e in error.errors()[:5]:
+        field = ""
+        for x in e["loc"]:
+            field += f"[{x}]" if isinstance(x, int) else (f".{x}" if field else str(x))
+        parts.append(f"{field}: {e['msg']}")
+    more = f" (and {error.error_count() - 5} more)" if error.error_count() > 5 else ""
+    return "the spec cannot be served: " + "; ".join(parts) + more + ": fix these fields"
+
+
+def invalid_spec_patch(before: list[dict[str, Any]], message: str, generation: int, now: str) -> dict[str, Any]:
+    """Status for a spec the models refuse: Reconciled False (InvalidSpec), phase Degraded."""
+    conditions = []
+    for c in before:
+        try:
+            conditions.append(models.Condition.model_validate(c))
+        except pydantic.ValidationError:
+            continue  # a garbled condition is replaced, not kept
+    conditions = set_condition(conditions, RECONCILED, False, "InvalidSpec", message, generation, now)
+    return {"conditions": [c.to_k8s() for c in conditions], "phase": "Degraded"}

@@ -105,7 +105,7 @@ class Target:
 def serving_deployment(
     name: str,
     prometheus_url: str,
-    admin_secret: str,
+    admin_secret: str | None = None,
     *,
     mode: str = "Auto",
     replicas: int = 2,
@@ -152,7 +152,8 @@ def serving_deployment(
                 "tensorParallelSize": 8,
                 "port": 30000,
                 "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
-                "adminApiKeySecretRef": {"name": admin_secret, "key": "api-key"},
+                # None: the operator generates the engines' admin key (Secret <name>-admin-key)
+                **({"adminApiKeySecretRef": {"name": admin_secret, "key": "api-key"}} if admin_secret else {}),
             },
             "tuning": tuning,
             "prometheus": {"url": prometheus_url},

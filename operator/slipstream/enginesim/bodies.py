@@ -137,7 +137,7 @@ def _max_tokens(body: dict[str, Any], names: tuple[str, ...], default: int, wher
             continue
         if not _is_int(value) or not 0 <= value <= MAX_TOKENS_LIMIT:
             raise BodyError(f"{where}{name}: must be an integer in 0..{MAX_TOKENS_LIMIT}, got {value!r}")
-        return max(1, value)
+        return max(1, int(value))
     return default
 
 
@@ -223,11 +223,16 @@ def _text_blocks(units: list[Any]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def check_context(inc: Incoming, context_length: int | None) -> None:
-    """SGLang's input-length check (``--context-length``), with its message."""
+def check_length(inc: Incoming, context_length: int | None, kv_pool_tokens: int | None) -> None:
+    """SGLang's input-length checks, with its messages: the context length (tokenizer) and
+    the KV pool (scheduler: a prompt that cannot fit an idle engine is refused)."""
     if context_length is not None and inc.prompt_tokens >= context_length:
         raise BodyError(f"The input ({inc.prompt_tokens} tokens) is longer than the model's "
                         f"context length ({context_length} tokens).")
+    if kv_pool_tokens is not None and inc.prompt_tokens >= kv_pool_tokens:
+        raise BodyError(f"Input length ({inc.prompt_tokens} tokens) exceeds the maximum allowed "
+                        f"length ({kv_pool_tokens} tokens). Use a shorter input or enable "
+                        "--allow-auto-truncate.")
 
 
 def tenant_labels(header: str | None, allowed: tuple[str, ...]) -> dict[str, str]:

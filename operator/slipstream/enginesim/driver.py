@@ -21,6 +21,7 @@ class JobView(Protocol):
     first_token_s: float
     finished_s: float
     cached: int
+    rejected: bool
 
     def tokens_out(self, at_s: float) -> int: ...
 
@@ -28,6 +29,8 @@ class JobView(Protocol):
 class Driver(Protocol):
     now_s: float
     decoding: int
+    config: EngineConfig
+    kv_pool_tokens: int | None
 
     def submit(self, req: Request) -> JobView: ...
     def advance(self, until_s: float) -> None: ...
@@ -37,6 +40,8 @@ class Driver(Protocol):
     def waiting(self) -> int: ...
     @property
     def partials(self) -> int: ...
+    @property
+    def kv_in_use(self) -> int: ...
 
 
 def policy_for(setting: Setting, config: EngineConfig) -> policies.Policy:

@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--admin-api-key-file", metavar="PATH",
                      help=f"file holding the admin key (else env {engine_args.ADMIN_API_KEY_ENV})")
     eng.add_argument("--enable-metrics", action="store_true", help="serve /metrics")
+    eng.add_argument("--max-total-tokens", type=int, default=None,
+                     help="KV pool size in tokens (default: what the profile's HBM holds)")
     eng.add_argument("--context-length", type=int, default=None,
                      help="refuse prompts of this many tokens or more (default: no limit)")
     eng.add_argument("--admin-api-key", default=None,
@@ -100,6 +102,7 @@ class SimConfig:
     cache_tokens: int | None = None
     admin_api_key_file: str | None = None
     context_length: int | None = None
+    max_total_tokens: int | None = None
 
 
 def threshold_error(value: object, chunked_prefill_size: int, page_size: int) -> str | None:
@@ -159,12 +162,12 @@ def read_admin_key(key_file: str | None, environ: dict[str, str] | None = None,
         if not key:
             raise FlagError(f"--admin-api-key-file {key_file} is empty: write the key into it")
         return key
-    key = env.get(engine_args.ADMIN_API_KEY_ENV) or None
-    if key is None and argv_key:
+    from_env = env.get(engine_args.ADMIN_API_KEY_ENV) or None
+    if from_env is None and argv_key:
         print(f"engine-sim: warning: --admin-api-key puts the key in the process list; set "
               f"{engine_args.ADMIN_API_KEY_ENV} or --admin-api-key-file instead", file=sys.stderr)
         return argv_key
-    return key
+    return from_env
 
 
 def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -> SimConfig:
@@ -189,6 +192,8 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
                         f"got {ns.time_scale}")
     if not 0 <= ns.port <= 65535:
         raise FlagError(f"--port must be in 0..65535, got {ns.port}")
+    if ns.max_total_tokens is not None and ns.max_total_tokens < 2:
+        raise FlagError(f"--max-total-tokens must be >= 2, got {ns.max_total_tokens}")
     if ns.context_length is not None and ns.context_length < 2:
         raise FlagError(f"--context-length must be >= 2, got {ns.context_length}")
     if ns.cache_tokens is not None and ns.cache_tokens < 0:
@@ -217,18 +222,32 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
         cache_tokens=ns.cache_tokens,
         admin_api_key_file=ns.admin_api_key_file,
         context_length=ns.context_length,
+        max_total_tokens=ns.max_total_tokens,
     )
 
 
-_VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
 
 def expand_env(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
-    """``$(VAR)`` references expanded from the environment, as the kubelet does for a
-    container's args (a pod's launch args use them for the tuned setting); references to
-    unset variables stay as written, also as the kubelet does."""
+    """``$(VAR)`` references expanded from the environment with the kubelet's rules for a
+    container's args (a pod's launch args use them for the tuned setting): ``$$`` is a
+    literal ``$``, a reference to an unset variable stays as written."""
     env = os.environ if environ is None else environ
-    return [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
+
+    def one(m: re.Match[str]) -> str:
+        return "$" if m.group(1) is None else env.get(m.group(1), m.group(0))
+
+    return [_VAR_REF.sub(one, arg) for arg in argv]
+
+
+def parse(argv: list[str], environ: dict[str, str] | None = None) -> SimConfig:
+    """A SimConfig from ``slipstream engine-sim`` arguments (for tests and tools); unknown
+    launch_server flags are ignored as the command ignores them."""
+    parser = argparse.ArgumentParser(prog="slipstream engine-sim", allow_abbrev=False)
+    add_arguments(parser)
+    ns, _ = parser.parse_known_args(expand_env(list(argv), environ))
+    return config_from(ns, environ)
 
 
 def ignored_flags(extra: list[str]) -> list[str]:

@@ -164,9 +164,12 @@ async def replay_async(
     out: TextIO | None = None,
     timeout_s: float = 600.0,
     drain_s: float = DRAIN_S,
+    stop: Callable[[], bool] | None = None,
 ) -> list[Outcome]:
     """Send ``requests`` at their arrivals / (rate_scale x time_scale) wall seconds; returns
-    one Outcome per request sent, in completion order."""
+    one Outcome per request sent, in completion order. ``stop`` (e.g. a threading.Event's
+    ``is_set``) ends the sending early, checked at least every 0.1 s; the requests in
+    flight then get ``drain_s`` to finish."""
     if not time_scale > 0 or not rate_scale > 0:
         raise LoadError(f"time scale and rate scale must be > 0, got {time_scale} and {rate_scale}")
     if duration_s is not None and not duration_s > 0:
@@ -196,11 +199,8 @@ async def replay_async(
         try:
             for req in ordered:
                 at = t0 + (req.arrival_s - first) / (rate_scale * time_scale)
-                if at >= deadline:
+                if at >= deadline or not await _wait_until(at, stop):
                     break
-                delay = at - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
                 task = asyncio.create_task(run.send(session, req))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -218,6 +218,17 @@ async def replay_async(
     if report_every_s:
         print(summary_line(run.outcomes, time.monotonic() - t0, 0), file=stream, flush=True)
     return run.outcomes
+
+
+async def _wait_until(at: float, stop: Callable[[], bool] | None) -> bool:
+    """Sleep until monotonic time ``at``; False if ``stop`` said so first."""
+    while True:
+        if stop is not None and stop():
+            return False
+        delay = at - time.monotonic()
+        if delay <= 0:
+            return True
+        await asyncio.sleep(min(delay, 0.1) if stop is not None else delay)
 
 
 def replay(requests: Sequence[Request], targets: Targets, time_scale: float = 1.0,
@@ -257,4 +268,9 @@ def main(args: Any) -> int:
             "tenants": {t: {"n": len(v), "ttft_p50_s": percentile(v, 50), "ttft_p99_s": percentile(v, 99)}
                         for t, v in sorted(by_tenant.items())},
         }, indent=1))
-    return 0 if any(o.ok for o in outcomes) else 1
+    if not any(o.ok for o in outcomes):
+        first_error = next((o.error for o in outcomes if o.error), "nothing was sent")
+        print(f"slipstream load: no request was answered ({len(outcomes)} sent); first error: "
+              f"{first_error}", file=sys.stderr)
+        return 1
+    return 0

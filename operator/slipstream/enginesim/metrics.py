@@ -63,9 +63,12 @@ class EngineMetrics:
                                     [*req, "cache_source"], registry=r)
         self.requests_total = Counter("sglang:num_requests_total", "Number of requests processed.",
                                       streaming, registry=r)
+        self.aborted_total = Counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
+                                     req, registry=r)
         self.running = Gauge(names.NUM_RUNNING_REQS, "The number of running requests.", sched, registry=r)
         self.queued = Gauge(names.NUM_QUEUE_REQS, "The number of requests in the waiting queue.",
                             sched, registry=r)
+        self.token_usage = Gauge("sglang:token_usage", "The token usage.", sched, registry=r)
         self.threshold = Gauge(names.LONG_PREFILL_TOKEN_THRESHOLD,
                                "Most prefill tokens one request may take per round (0 = off).",
                                sched, registry=r)
@@ -85,6 +88,9 @@ class EngineMetrics:
     def first_token(self, labels: dict[str, str], stream: bool, ttft_s: float) -> None:
         self.ttft.labels(**self.base, **labels, is_streaming=_flag(stream)).observe(ttft_s)
 
+    def aborted(self, labels: dict[str, str]) -> None:
+        self.aborted_total.labels(**self.base, **labels).inc()
+
     def finished(self, labels: dict[str, str], stream: bool, prompt_tokens: int, cached_tokens: int,
                  output_tokens: int, e2e_s: float) -> None:
         """What SGLang's tokenizer records when a request finishes."""
@@ -101,9 +107,10 @@ class EngineMetrics:
         self.generation_hist.labels(**req).observe(output_tokens)
 
     def scheduler(self, running: int, queued: int, partials: int, threshold: int, mode: str,
-                  policy: str, max_partials: int) -> None:
+                  policy: str, max_partials: int, token_usage: float) -> None:
         """The scheduler's gauges, set just before a scrape (the patch's log_long_prefill)."""
         s = self.sched_labels
+        self.token_usage.labels(**s).set(token_usage)
         self.running.labels(**s).set(running)
         self.queued.labels(**s).set(queued)
         self.partials.labels(**s).set(partials)

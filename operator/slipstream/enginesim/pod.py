@@ -2,9 +2,10 @@
 
 Requests are submitted at the twin time they arrive; a pump task advances the twin to the
 clock and releases each request's first token and completion when the twin clock reaches
-them, recording the metrics a real engine records at those moments (so a request whose
-client went away still counts, as in SGLang). A ``/set_internal_state`` change is applied
-to the twin between passes, so the TTFTs that follow come from the new setting.
+them, recording the metrics a real engine records at those moments (a request whose
+client left once it had tokens still counts; one still waiting is dropped, as SGLang
+aborts it). A ``/set_internal_state`` change is applied to the twin between passes, so
+the TTFTs that follow come from the new setting.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class Tracked:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     ttft_s: float = -1.0
     e2e_s: float = -1.0
+    rejected: bool = False
+    """The twin refused the request (it cannot fit the KV pool): released with no tokens."""
 
     def shift(self) -> float:
         """Extra delay from an injected TTFT multiplier (applies to every later token too)."""
@@ -70,21 +73,15 @@ class Tracked:
 def engine_config(cfg: flags.SimConfig) -> EngineConfig:
     """The twin's fixed settings from the engine flags (the twin's defaults elsewhere)."""
     base = EngineConfig()
-    out = dataclasses.replace(
+    return dataclasses.replace(
         base,
         chunked_prefill_size=cfg.chunked_prefill_size,
         page_size=cfg.page_size,
         cache_tokens=cfg.cache_tokens if cfg.cache_tokens is not None else base.cache_tokens,
         srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
+        max_partial_prefills=cfg.max_partial_prefills,
+        kv_pool_tokens=cfg.max_total_tokens,
     )
-    return with_max_partials(out, cfg.max_partial_prefills)
-
-
-def with_max_partials(config: EngineConfig, n: int) -> EngineConfig:
-    """``config`` with the partials cap, where the twin models it (INTERFACES B)."""
-    if "max_partial_prefills" in {f.name for f in dataclasses.fields(config)}:
-        return dataclasses.replace(config, max_partial_prefills=n)  # type: ignore[call-arg]
-    return config
 
 
 class SimPod:
@@ -151,6 +148,7 @@ class SimPod:
         if tracked.first.is_set() or not self.driver.abort(tracked.rid):
             return False
         self._pending.remove(tracked)
+        self.metrics.aborted(tracked.labels)
         return True
 
     def set_state(self, updates: dict[str, object]) -> str | None:
@@ -162,17 +160,19 @@ class SimPod:
             d.advance(self.clock.now())
             self.live = live
             d.apply(self._setting())
-            config = getattr(d, "config", None)
-            if isinstance(config, EngineConfig):  # the steppable Engine reads it every pass
-                d.config = with_max_partials(config, live.max_partial_prefills)  # type: ignore[attr-defined]
+            # The partials cap is an engine setting the twin reads every pass.
+            d.config = dataclasses.replace(d.config, max_partial_prefills=live.max_partial_prefills)
             self._wake.set()
         return reason
 
     def scrape(self) -> bytes:
         d = self.driver
         d.advance(self.clock.now())
+        pool = d.kv_pool_tokens
+        usage = d.kv_in_use / pool if pool else 0.0
         self.metrics.scheduler(d.decoding, d.waiting, d.partials, self.live.threshold,
-                               self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills)
+                               self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills,
+                               usage)
         return self.metrics.exposition()
 
     def step(self) -> float:
@@ -184,6 +184,11 @@ class SimPod:
         for t in self._pending:
             job = t.job
             if not t.first.is_set():
+                if job.rejected:
+                    t.rejected = True
+                    t.first.set()
+                    t.done.set()
+                    continue
                 if job.first_token_s < 0:
                     still.append(t)
                     continue

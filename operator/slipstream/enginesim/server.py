@@ -1,8 +1,8 @@
 """The engine simulator's HTTP server (aiohttp): the patched engine's endpoints over a SimPod.
 
 Serving: /v1/completions, /v1/chat/completions (SSE when ``stream``), /generate,
-/v1/models, /health. Admin (``Authorization: Bearer <admin key>``): /set_internal_state,
-/get_server_info, /server_info (secrets redacted), POST/GET /slipstream/faults.
+/v1/models, /health, /get_server_info and /server_info (secrets redacted). Admin
+(``Authorization: Bearer <admin key>``): /set_internal_state, POST/GET /slipstream/faults.
 Metrics: /metrics (with ``--enable-metrics``, as SGLang). Bodies over ``MAX_BODY_BYTES``
 get 413, malformed ones 400, unknown paths 404: always a JSON error, never a traceback.
 """
@@ -121,14 +121,17 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def server_info(request: web.Request) -> web.StreamResponse:
-    refused = admin_refusal(request) or await admin_fault(request)
+    """Open to any client, as SGLang's (its secrets are redacted)."""
+    refused = await admin_fault(request)
     if refused is not None:
         return refused
     pod = request.app[POD]
     extra = {"profile": pod.profile.name, "time_scale": pod.clock.time_scale,
              "pod_name": pod.cfg.pod_name, "twin_now_s": pod.clock.now(),
-             "requests_served": pod.served}
-    return web.json_response(admin.server_info(pod.cfg, pod.live, pod.driver.partials, extra))
+             "requests_served": pod.served, "requests_in_flight": pod.in_flight}
+    info = admin.server_info(pod.cfg, pod.live, pod.driver.partials, extra)
+    info["max_total_num_tokens"] = pod.driver.kv_pool_tokens
+    return web.json_response(info)
 
 
 async def set_internal_state(request: web.Request) -> web.StreamResponse:
@@ -173,7 +176,7 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
     async def handle(request: web.Request) -> web.StreamResponse:
         pod = request.app[POD]
         inc = parse(await read_json(request))
-        bodies.check_context(inc, pod.cfg.context_length)
+        bodies.check_length(inc, pod.cfg.context_length, pod.driver.kv_pool_tokens)
         labels = bodies.tenant_labels(request.headers.get(pod.cfg.labels_header), pod.cfg.allowed_labels)
         tracked = pod.submit(inc, labels)
         shape = shapes.Shapes(kind, tracked.rid, pod.cfg.model_name, inc)
@@ -181,7 +184,7 @@ def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Ha
             if not inc.stream:
                 await _until(pod, tracked.done)
                 if tracked.e2e_s < 0:
-                    raise TwinFailed(pod.failure or "the simulated engine failed")
+                    _refused(pod, tracked)
                 return web.json_response(shape.full(tracked.job.cached, tracked.e2e_s),
                                          headers={TTFT_HEADER: f"{tracked.ttft_s:.6f}"})
             return await _stream(request, pod, tracked, shape)
@@ -205,10 +208,18 @@ async def _until(pod: SimPod, event: asyncio.Event) -> None:
         raise web.HTTPServiceUnavailable(reason="engine simulator shutting down")
 
 
+def _refused(pod: SimPod, t: Tracked) -> None:
+    """A request released without tokens: the twin refused it, or the twin failed."""
+    if t.rejected:
+        raise BodyError(f"the request ({t.inc.prompt_tokens} prompt + {t.inc.output_tokens} output "
+                        "tokens) cannot fit the engine's KV pool")
+    raise TwinFailed(pod.failure or "the simulated engine failed")
+
+
 async def _stream(request: web.Request, pod: SimPod, t: Tracked, shape: shapes.Shapes) -> web.StreamResponse:
     await _until(pod, t.first)
     if t.ttft_s < 0:
-        raise TwinFailed(pod.failure or "the simulated engine failed")
+        _refused(pod, t)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", TTFT_HEADER: f"{t.ttft_s:.6f}"})
     await response.prepare(request)
@@ -288,6 +299,45 @@ async def start(cfg: flags.SimConfig) -> Running:
     return Running(pod, runner, f"http://{host}:{port}", port)
 
 
+class InThread:
+    """A simulator on its own event loop in a daemon thread, for synchronous callers
+    (tests that scrape it with Prometheus or drive it with blocking clients)::
+
+        sim = InThread(flags.parse(["--port", "0", "--enable-metrics"]))
+        ... sim.url ...
+        sim.close()
+    """
+
+    def __init__(self, cfg: flags.SimConfig, start_timeout_s: float = 30.0) -> None:
+        import concurrent.futures
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="engine-sim", daemon=True)
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(start(cfg), self.loop)
+        try:
+            self.running = future.result(start_timeout_s)
+        except (Exception, concurrent.futures.TimeoutError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+            raise
+        self.url = self.running.url
+        self.pod = self.running.pod
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.running.close(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+    def __enter__(self) -> InThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 async def serve_forever(cfg: flags.SimConfig) -> None:
     running = await start(cfg)
     stop = asyncio.Event()
@@ -317,4 +367,4 @@ def main(ns: Any, extra: list[str]) -> int:
     return 0
 
 
-__all__ = ["MAX_BODY_BYTES", "Running", "build_app", "main", "start"]
+__all__ = ["MAX_BODY_BYTES", "InThread", "Running", "build_app", "main", "start"]

@@ -72,7 +72,8 @@ class DiscoveryServer:
         port_name: str = "http",
         metrics_path: str = "/metrics",
     ) -> None:
-        self._api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+        api_client = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        self._api = client.CoreV1Api(api_client)
         self._namespaces = tuple(namespaces)
         self._port_name = port_name
         self._metrics_path = metrics_path
@@ -103,13 +104,14 @@ class DiscoveryServer:
     def _pods(self) -> list[dict[str, Any]]:
         selector = NAME_LABEL
         if not self._namespaces:
-            resp = self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)
+            # _preload_content=False: the raw JSON, in the API's own field names (podIP).
+            resp: Any = self._api.list_pod_for_all_namespaces(label_selector=selector, _preload_content=False)
             items: list[dict[str, Any]] = json.loads(resp.data)["items"]
             return items
         out: list[dict[str, Any]] = []
         for ns in self._namespaces:
-            resp = self._api.list_namespaced_pod(ns, label_selector=selector, _preload_content=False)
-            out.extend(json.loads(resp.data)["items"])
+            page: Any = self._api.list_namespaced_pod(ns, label_selector=selector, _preload_content=False)
+            out.extend(json.loads(page.data)["items"])
         return out
 
     def groups(self) -> list[dict[str, Any]]:

@@ -76,6 +76,9 @@ class StaticTarget:
     servingdeployment: str = "engine"
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     metrics_path: str = "/metrics"
+    honor_labels: bool = False
+    """Keep the exporter's own namespace/pod/servingdeployment labels over these (one
+    exporter standing in for many pods, as the scale benchmark's does)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,7 @@ def _static_job(index: int, target: StaticTarget, relabel: list[dict[str, Any]])
         "metrics_path": target.metrics_path,
         "static_configs": [{"targets": [target.address], "labels": labels}],
         "metric_relabel_configs": relabel,
+        "honor_labels": target.honor_labels,
     }
 
 

@@ -32,6 +32,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from slipstream.api import snapshot as snap
 from slipstream.observe import parse, queries
@@ -119,8 +120,10 @@ def _dep(s: parse.Sample) -> Key:
     return (s.label("namespace"), s.label("servingdeployment"))
 
 
-def _dep_tenant(s: parse.Sample) -> Key:
-    return (*_dep(s), s.label(queries.TENANT_LABEL) or UNLABELLED_TENANT)
+def _dep_tenant(tenant_label: str) -> Callable[[parse.Sample], Key]:
+    def key(s: parse.Sample) -> Key:
+        return (*_dep(s), s.label(tenant_label) or UNLABELLED_TENANT)
+    return key
 
 
 def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, dict[str, float]]:
@@ -189,40 +192,52 @@ def snapshots(
     now: float,
     rules: Rules,
     deployments: Iterable[str] | None = None,
+    tenant_label: str = queries.TENANT_LABEL,
 ) -> dict[str, snap.WorkloadSnapshot]:
     """A snapshot for each deployment (``namespace/name``) from ``queries.fleet`` answers.
 
     ``results`` maps each ``FleetQueries`` field name to its samples. Without
     ``deployments``, every deployment any answer mentions gets one.
     """
-    ttft = histograms(results["ttft"], _dep_tenant)
-    uncached = histograms(results["uncached"], _dep_tenant)
-    tokens = _parts(results["tokens"], _dep_tenant)
+    per_tenant = _dep_tenant(tenant_label)
+    ttft = histograms(results["ttft"], per_tenant)
+    uncached = histograms(results["uncached"], per_tenant)
+    tokens = _parts(results["tokens"], per_tenant)
     queue = _parts(results["queue"], _dep)
     targets = _parts(results["targets"], _dep)
     pods, bad_gauges = _settings(results["settings"])
 
     seen = {k[:2] for k in (*ttft, *uncached, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]
+    by_dep_ttft, by_dep_uncached, by_dep_tokens = _by_deployment(ttft), _by_deployment(uncached), _by_deployment(tokens)
     out: dict[str, snap.WorkloadSnapshot] = {}
     for dep in wanted:
         name = deployment_name(*dep)
-        dep_ttft = {k[2]: h for k, h in ttft.items() if k[:2] == dep}
-        dep_uncached = {k[2]: h for k, h in uncached.items() if k[:2] == dep}
-        dep_tokens = {k[2]: v for k, v in tokens.items() if k[:2] == dep}
         out[name] = _one(
             name,
             now=now,
             rules=rules,
             present=dep in seen,
-            ttft=dep_ttft,
-            uncached=dep_uncached,
-            tokens=dep_tokens,
+            ttft=by_dep_ttft.get(dep, {}),
+            uncached=by_dep_uncached.get(dep, {}),
+            tokens=by_dep_tokens.get(dep, {}),
             queue=queue.get(dep, {}),
             targets=targets.get(dep, {}),
             pods=tuple(pods.get(dep, ())),
             bad_gauges=bad_gauges.get(dep, []),
         )
+    return out
+
+
+V = TypeVar("V")
+
+
+def _by_deployment(per_tenant: Mapping[Key, V]) -> dict[Key, dict[str, V]]:
+    """(namespace, name, tenant) -> value, regrouped as (namespace, name) -> tenant -> value:
+    one pass, so assembling N deployments costs O(N), not O(N^2)."""
+    out: dict[Key, dict[str, V]] = defaultdict(dict)
+    for key, value in per_tenant.items():
+        out[key[:2]][key[2]] = value
     return out
 
 
@@ -254,8 +269,9 @@ def _one(
             f"Prometheus has no series for {name}: are its engine pods scraped with the labels "
             f"namespace, pod and servingdeployment? (check up{{servingdeployment=\"{name.split('/')[1]}\"}})",
         )
-    up, down = int(targets.get("up", 0)), int(targets.get("down", 0))
-    scrape = f"{up} of {up + down} scrape targets up"
+    # Counts from count(); kept as floats so a garbled answer (inf, NaN) cannot raise here.
+    up, down = targets.get("up", 0.0), targets.get("down", 0.0)
+    scrape = f"{up:g} of {up + down:g} scrape targets up"
     newest = queue.get("newest")
     if newest is None:
         return snap.invalid(
@@ -290,8 +306,8 @@ def _one(
         "requests": requests,
         "requests_per_s": requests / window,
         "newest_sample_age_s": age,
-        "targets_up": float(up),
-        "targets_down": float(down),
+        "targets_up": up,
+        "targets_down": down,
     }
     if prompt > 0:
         extra["cache_hit_ratio"] = cached / prompt
@@ -336,13 +352,14 @@ def pod_group(
     now: float,
     window_s: float,
     min_samples: int,
+    tenant_label: str = queries.TENANT_LABEL,
 ) -> snap.WorkloadSnapshot:
     """Per-tenant TTFT of a subset of one deployment's pods (``queries.pods_ttft``'s answer).
 
     For canary analysis: valid only with ``min_samples`` first tokens and finite counts;
     ``tenants[i].ttft_p99_s`` is then that tenant's p99 over those pods.
     """
-    hists = histograms(samples, lambda s: (s.label(queries.TENANT_LABEL) or UNLABELLED_TENANT,))
+    hists = histograms(samples, lambda s: (s.label(tenant_label) or UNLABELLED_TENANT,))
     if not hists:
         return snap.invalid(name, now, window_s, snap.NO_SERIES, f"no TTFT series for these pods of {name}")
     tenants = tuple(

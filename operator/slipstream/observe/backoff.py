@@ -37,7 +37,7 @@ class Backoff:
         self.failures += 1
         if self.failing_since is None:
             self.failing_since = now
-        delay = min(self.max_s, self.initial_s * 2 ** (self.failures - 1))
+        delay = float(min(self.max_s, self.initial_s * 2.0 ** (self.failures - 1)))
         self.next_try_at = now + delay
         self.last_error = error
         return delay

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import requests
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
 from slipstream.observe import parse
@@ -33,12 +34,16 @@ class QueryFailed(RuntimeError):
 class PromClient:
     """Instant queries against one Prometheus, evaluated at a caller-given time."""
 
-    def __init__(self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, bearer_token: str | None = None
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.queries_made = 0
+        # The token goes in a header only: never in the URL, an error message or a log line.
+        headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else None
         self._connect = PrometheusConnect(
-            url=self.url, disable_ssl=True, retry=Retry(total=0, status_forcelist=())
+            url=self.url, headers=headers, disable_ssl=True, retry=Retry(total=0, status_forcelist=())
         )
 
     def close(self) -> None:
@@ -76,7 +81,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
     """The exception and its causes (requests wraps urllib3 wraps the socket error)."""
     out = [exc]
     while out[-1].__context__ is not None and out[-1].__context__ not in out and len(out) < 10:
-        out.append(out[-1].__context__)  # type: ignore[arg-type]
+        out.append(out[-1].__context__)
     return out
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slipstream.api import snapshot as snap
-from slipstream.observe import assemble, queries
+from slipstream.observe import assemble, parse, queries
 from slipstream.observe.backoff import Backoff
 from slipstream.observe.client import DEFAULT_TIMEOUT_S, PromClient, QueryFailed
 
@@ -26,13 +26,24 @@ class ObserveSettings:
 
     window_s: float = 300.0
     """Seconds of history per snapshot: enough first tokens for a p99 at modest traffic."""
-    min_samples: int = 100
-    """First tokens needed in the window (all tenants); a p99 of fewer is one request."""
+    min_samples: int = 50
+    """First tokens needed in the window (all tenants): the tuner's guardrail default
+    (``tune.guardrails``), so the two never disagree about "enough"."""
     max_staleness_s: float = 60.0
     """Oldest the newest engine sample may be: four 15 s scrapes (1 s scrapes in tests)."""
     query_timeout_s: float = DEFAULT_TIMEOUT_S
+    """Seconds one query may take before the read counts as failed."""
     backoff_initial_s: float = 10.0
+    """First wait after a failed read (see ``backoff.Backoff``)."""
     backoff_max_s: float = 300.0
+    """Longest wait between reads of a failing Prometheus."""
+    tenant_label: str = queries.TENANT_LABEL
+    """The label naming the tenant (``spec.tuning.objective.tenantLabel``)."""
+
+    def __post_init__(self) -> None:
+        queries.check_label(self.tenant_label)
+        if self.window_s <= 0 or self.min_samples < 0 or self.max_staleness_s <= 0:
+            raise ValueError("window_s and max_staleness_s must be > 0 and min_samples >= 0")
 
     def rules(self, window_s: float | None = None, min_samples: int | None = None) -> assemble.Rules:
         return assemble.Rules(
@@ -40,6 +51,27 @@ class ObserveSettings:
             min_samples=self.min_samples if min_samples is None else min_samples,
             max_staleness_s=self.max_staleness_s,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRead:
+    """One interval's answers (or why there are none), turned into snapshots on demand."""
+
+    at: float
+    rules: assemble.Rules
+    tenant_label: str
+    results: dict[str, list[parse.Sample]] | None
+    """``FleetQueries`` field -> samples; None when the read failed."""
+    failure: str
+    """Why the read failed (the PrometheusUnreachable detail); empty when it did not."""
+
+    def snapshots(self, names: Sequence[str] | None = None) -> dict[str, snap.WorkloadSnapshot]:
+        """A snapshot per name (all deployments the answers mention when None)."""
+        if self.results is None:
+            return {n: snap.invalid(n, self.at, self.rules.window_s, snap.UNREACHABLE, self.failure)
+                    for n in names or ()}
+        return assemble.snapshots(self.results, now=self.at, rules=self.rules, deployments=names,
+                                  tenant_label=self.tenant_label)
 
 
 class Observer:
@@ -51,9 +83,10 @@ class Observer:
         settings: ObserveSettings | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        bearer_token: str | None = None,
     ) -> None:
         self.settings = settings or ObserveSettings()
-        self.client = PromClient(url, timeout_s=self.settings.query_timeout_s)
+        self.client = PromClient(url, timeout_s=self.settings.query_timeout_s, bearer_token=bearer_token)
         self.clock = clock
         self.backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
 
@@ -65,23 +98,33 @@ class Observer:
     def close(self) -> None:
         self.client.close()
 
-    def read(self, deployments: Iterable[str] | None = None) -> dict[str, snap.WorkloadSnapshot]:
-        """A snapshot per deployment (``namespace/name``); all deployments seen when None."""
+    def read(
+        self, deployments: Iterable[str] | None = None, *, at: float | None = None
+    ) -> dict[str, snap.WorkloadSnapshot]:
+        """A snapshot per deployment (``namespace/name``); all deployments seen when None.
+
+        ``at`` evaluates at that unix time instead of the clock's now (a caller with its own
+        clock). When the read failed, and with ``deployments`` None, the answer is empty.
+        """
         names = None if deployments is None else list(deployments)
         for name in names or ():
             assemble.split_name(name)
-        now = self.clock()
+        return self.fetch(at).snapshots(names)
+
+    def fetch(self, at: float | None = None) -> FleetRead:
+        """The six queries at ``at`` (default: now), or why there is no answer."""
+        now = self.clock() if at is None else at
         rules = self.settings.rules()
         if self.backoff.waiting(now):
-            return self._unreachable(names, now, rules.window_s, self._waiting_detail(now))
+            return FleetRead(now, rules, self.settings.tenant_label, None, self._waiting_detail(now))
         results = {}
         try:
-            for field, promql in queries.fleet(rules.window_s).items():
+            for field, promql in queries.fleet(rules.window_s, self.settings.tenant_label).items():
                 results[field] = self.client.query(promql, now)
         except QueryFailed as exc:
-            return self._unreachable(names, now, rules.window_s, self._failed(now, str(exc)))
+            return FleetRead(now, rules, self.settings.tenant_label, None, self._failed(now, str(exc)))
         self.backoff.succeeded()
-        return assemble.snapshots(results, now=now, rules=rules, deployments=names)
+        return FleetRead(now, rules, self.settings.tenant_label, results, "")
 
     def ttft_by_tenant(
         self,
@@ -99,7 +142,7 @@ class Observer:
         samples, not finite) as for ``read``.
         """
         rules = self.settings.rules(window_s, min_samples)
-        promql = queries.pods_ttft(namespace, deployment, pods, rules.window_s)
+        promql = queries.pods_ttft(namespace, deployment, pods, rules.window_s, self.settings.tenant_label)
         name = assemble.deployment_name(namespace, deployment)
         now = self.clock()
         if self.backoff.waiting(now):
@@ -110,7 +153,8 @@ class Observer:
             return snap.invalid(name, now, rules.window_s, snap.UNREACHABLE, self._failed(now, str(exc)))
         self.backoff.succeeded()
         return assemble.pod_group(
-            samples, name=name, now=now, window_s=rules.window_s, min_samples=rules.min_samples
+            samples, name=name, now=now, window_s=rules.window_s, min_samples=rules.min_samples,
+            tenant_label=self.settings.tenant_label,
         )
 
     ttft_p99_by_tenant = ttft_by_tenant
@@ -125,8 +169,3 @@ class Observer:
         return (f"{self.backoff.last_error}; backing off, next query in {left:.0f} s "
                 f"(failure {self.backoff.failures} in a row)")
 
-    @staticmethod
-    def _unreachable(
-        names: list[str] | None, now: float, window_s: float, detail: str
-    ) -> dict[str, snap.WorkloadSnapshot]:
-        return {n: snap.invalid(n, now, window_s, snap.UNREACHABLE, detail) for n in names or ()}

@@ -22,7 +22,9 @@ from slipstream.engine import metrics
 DEPLOYMENT_LABELS = ("namespace", "servingdeployment")
 """Target labels naming a ServingDeployment."""
 TENANT_LABEL = "tenant"
-"""The custom label the engines take from the ``x-custom-labels`` header."""
+"""The custom label the engines take from the ``x-custom-labels`` header (the default of
+``spec.tuning.objective.tenantLabel``)."""
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 POD_LABEL = "pod"
 PART_LABEL = "part"
 """Added by ``label_replace`` to tell the parts of one query's answer apart."""
@@ -100,11 +102,17 @@ class FleetQueries:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
 
-def fleet(window_s: float) -> FleetQueries:
+def check_label(label: str) -> str:
+    if not _LABEL_NAME.match(label) or label.startswith("__"):
+        raise ValueError(f"tenant label {label!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)")
+    return label
+
+
+def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
     """All queries of one observation over the last ``window_s`` seconds."""
     rng = window(window_s)
     dep = DEPLOYMENT_LABELS
-    per_tenant = (*dep, TENANT_LABEL)
+    per_tenant = (*dep, check_label(tenant_label))
     per_pod = (*dep, POD_LABEL)
     return FleetQueries(
         ttft=histogram_increase(metrics.TTFT_SECONDS, per_tenant, rng),
@@ -143,7 +151,9 @@ def check_name(field: str, value: str) -> str:
     return value
 
 
-def pods_ttft(namespace: str, deployment: str, pods: Sequence[str], window_s: float) -> str:
+def pods_ttft(
+    namespace: str, deployment: str, pods: Sequence[str], window_s: float, tenant_label: str = TENANT_LABEL
+) -> str:
     """TTFT increase by tenant over ``pods`` of one deployment (canary or baseline subset)."""
     if not pods:
         raise ValueError("pods must name at least one pod")
@@ -154,4 +164,4 @@ def pods_ttft(namespace: str, deployment: str, pods: Sequence[str], window_s: fl
         f"servingdeployment={_quote(check_name('deployment', deployment))}",
         f"pod=~{_quote(pod_regex)}",
     ]
-    return histogram_increase(metrics.TTFT_SECONDS, (TENANT_LABEL,), window(window_s), matchers)
+    return histogram_increase(metrics.TTFT_SECONDS, (check_label(tenant_label),), window(window_s), matchers)

@@ -426,9 +426,9 @@ class Engine:
         cfg = self.config
         slots = cfg.max_running_requests - self.decoding - len(partials)
         queue.start_round(self.prefill_tokens)  # hrrn's clock: prefill tokens so far
-        head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0))
         max_partials = cfg.max_partial_prefills
         if self.kv_pool_tokens is None:
+            head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), False)
             if partials_first(rule, policy.order):
                 return policy.allocator(rule, partials, queue.items[:head], budget,
                                         max_partials=max_partials)
@@ -438,12 +438,17 @@ class Engine:
         # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
         kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
-        for job in queue.items[:head]:
-            out = job.req.output_tokens - job.redo
-            # its output, clipped as SGLang estimates it, and the cached prefix it will lock
-            job.out_reserve = min(out, CLIP_MAX_NEW_TOKENS) + (
-                job.req.prompt_tokens + job.redo - job.need)
-        if partials_first(rule, policy.order):
+        first = partials_first(rule, policy.order)
+        if (kv_free <= 1 + rule.page_size and policy.allocator is allocate
+                and (first or rule.page_size == 1)):
+            # A full pool admits no new request (one needs need + page >= 2 tokens free):
+            # the rule's own refusal, decided without re-matching the queue's head.
+            if not partials:
+                return {}
+            head = 0
+        else:
+            head = _refresh_head(queue, self.cache, rule.threshold, budget, max(slots, 0), True)
+        if first:
             alloc = policy.allocator(rule, partials, queue.items[:head], budget,
                                      kv_free=kv_free, max_partials=max_partials)
         else:
@@ -664,14 +669,14 @@ class Engine:
             job.first_token_s = t
             if self._observed is not None:
                 self._observed.append(FirstToken(req.tenant, job.arrival_s, t,
-                                                 req.prompt_tokens, job.uncached))
+                                                 req.prompt_tokens, job.uncached, req.output_tokens))
             _prefilled(job, self.cache)
         rem = req.output_tokens - produced
+        step = len(self._dtimes)
+        job.entry_step = step  # a segment opened by the token at t: decode steps from step
+        job.seg_start_s = t
+        job.out_base = produced
         if rem > 0:
-            step = len(self._dtimes)
-            job.entry_step = step
-            job.seg_start_s = t
-            job.out_base = produced
             job._times = self._dtimes
             heapq.heappush(self._dec_heap, (step + rem, job.seq, job.epoch, job))
             self.decoding += 1
@@ -756,11 +761,13 @@ def simulate(
 
 
 def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, budget: int,
-                  slots: int) -> int:
+                  slots: int, limited: bool) -> int:
     """Re-match the requests at the head of the queue that this round could admit.
 
     Returns how many there are (the allocator never reaches past them), at most ``slots``
-    (what ``max_running_requests`` leaves).
+    (what ``max_running_requests`` leaves). With a KV pool (``limited``) each also gets
+    its ``out_reserve``: its output clipped as SGLang estimates it, and the cached prefix
+    it will lock.
     """
     room = budget
     n = 0
@@ -771,6 +778,10 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
         if not job.redo:
             job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
                                                       cache.peek(req.blocks, req.block_sizes))
+        if limited:
+            out = req.output_tokens - job.redo
+            job.out_reserve = (out if out < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) + (
+                req.prompt_tokens + job.redo - job.need)
         n += 1
         room -= min(job.need, threshold) if threshold else job.need
         if room <= 0:

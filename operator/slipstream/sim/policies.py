@@ -107,7 +107,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         # Messages start with the field's name: spec.py points at that field's line.
-        for name in ("chunked_prefill_size", "page_size"):
+        for name in ("chunked_prefill_size", "page_size", "max_running_requests",
+                     "max_partial_prefills"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be an integer > 0, got {value!r}")
@@ -115,6 +116,10 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        pool = self.kv_pool_tokens
+        if pool is not None and (isinstance(pool, bool) or not isinstance(pool, int) or pool < 0):
+            raise ValueError(f"kv_pool_tokens must be an integer >= 0 (0 = no memory limit), "
+                             f"got {pool!r}")
         m = self.max_prefill_tokens
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
             raise ValueError(f"max_prefill_tokens must be an integer > 0, got {m!r}")
@@ -141,6 +146,10 @@ class FirstToken:
     first_token_s: float
     prompt_tokens: int
     uncached_tokens: int
+    output_tokens: int = 0
+    """The request's output length. The engine's ``sglang:generation_tokens_histogram``
+    counts it when the request finishes; the controller hook sees first tokens only, so a
+    twin controller counts it here, its decode time earlier (0 = not given)."""
 
 
 @dataclass(frozen=True, slots=True)

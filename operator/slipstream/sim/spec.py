@@ -94,6 +94,9 @@ _ENGINE_FIELDS = {
     "cache_tokens": int,
     "host_cache_tokens": int,
     "srpt_aging_tokens_per_s": float,
+    "kv_pool_tokens": int,
+    "max_running_requests": int,
+    "max_partial_prefills": int,
 }
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from collections import deque
 
+from slipstream.api.snapshot import NO_TRAFFIC
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.tune import observed
-from slipstream.tune.guardrails import Decision, Move, TunerState
+from slipstream.tune.guardrails import Decision, Hold, Move, TunerState
 from slipstream.tune.tuner import TunerSettings, tune_once
 
 
@@ -35,13 +36,22 @@ class TwinAuto:
         self.state = TunerState(start)
         self.decisions: list[tuple[float, Decision]] = []
         self._seen: deque[FirstToken] = deque()
+        self._started: float | None = None
 
     def __call__(self, view: RoundView) -> Setting | None:
         now = view.now_s
+        if self._started is None:
+            self._started = now
         self._seen.extend(view.first_tokens)
         while self._seen and self._seen[0].first_token_s <= now - self.window_s:
             self._seen.popleft()
-        snapshot = observed.snapshot_of(self.deployment, self._seen, now, self.window_s)
+        # A window reaching back before the first call would count the time before any
+        # traffic as idle and halve the rates (as increase() over a younger series would).
+        window = min(self.window_s, now - self._started)
+        if window <= 0:
+            self.decisions.append((now, Hold(NO_TRAFFIC, "no time observed yet")))
+            return None
+        snapshot = observed.snapshot_of(self.deployment, self._seen, now, window)
         decision = tune_once(snapshot, self.state, self.settings, self.profile, self.config, now)
         self.decisions.append((now, decision))
         if isinstance(decision, Move):

@@ -40,11 +40,12 @@ def from_dict(data: Any) -> WorkloadSnapshot:
         where = f"tenants[{k}]"
         if not isinstance(t, dict) or "name" not in t or "requests_per_s" not in t:
             raise ValueError(f"{where} needs name and requests_per_s")
-        hit = t.get("cache_hit_ratio")
+        hit, out = t.get("cache_hit_ratio"), t.get("output_tokens")
         tenants.append(TenantWindow(str(t["name"]), float(t["requests_per_s"]),
                                     _hist(t.get("ttft"), f"{where}.ttft"),
                                     _hist(t.get("uncached_tokens"), f"{where}.uncached_tokens"),
-                                    None if hit is None else float(hit)))
+                                    None if hit is None else float(hit),
+                                    None if out is None else _hist(out, f"{where}.output_tokens")))
     pods = tuple(PodSetting(str(p["pod"]), int(p["threshold"]), str(p["mode"]), str(p["schedule_policy"]))
                  for p in data.get("pods") or ())
     mix = data.get("uncached_tokens")

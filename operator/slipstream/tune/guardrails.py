@@ -14,7 +14,8 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 6. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
    with ``recommend``'s candidates; re-checked because the spec may have changed);
 7. the best differs from the current setting and its predicted gain clears the margin
-   (relative ``min_gain`` and absolute ``min_gain_abs``): Move, with the recommendation's
+   (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
+   confirming run: ``Recommendation.gain``): Move, with the recommendation's
    one-line reason. This holds even when no candidate meets every target: the best effort
    still serves the tenants better, and the reason says which targets it misses. Also a
    Move: the best has less concurrency than the current setting,
@@ -169,7 +170,7 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
         return Hold(OUT_OF_BOUNDS, f"{describe(best, c)} is outside the spec's bounds", rec)
     cur = rec.current.objective(rec.objective)
     new = rec.best.objective(rec.objective)
-    if best != state.current and cur - new >= settings.min_gain_abs and rec.gain >= settings.min_gain:
+    if best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= settings.min_gain:
         return Move(state.current, best, rec.reason, rec)
     if (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
             and rec.heterogeneity <= settings.step_back_max_heterogeneity

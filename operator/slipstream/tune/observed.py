@@ -3,8 +3,10 @@
 The twin's ``auto`` uses this to give the tuner exactly the view an operator has in a
 cluster: per tenant, the rate of first tokens, the TTFT and uncached-prompt-token
 histograms binned into SGLang 0.5.18's own bucket bounds (``api.buckets``), and the
-cache-hit ratio (cached over prompt tokens). Only requests whose first token came inside
-the window are counted, never the future; the engine's internal queue is not read.
+cache-hit ratio (cached over prompt tokens), and output lengths in
+``sglang:generation_tokens_histogram``'s bounds (SGLang counts a request there when it
+finishes; here at its first token: the hook sees first tokens only). Only requests whose
+first token came inside the window are counted; the engine's internal queue is not read.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def snapshot_of(deployment: str, first_tokens: Iterable[FirstToken], now_s: floa
             histogram_of([ft.first_token_s - ft.arrival_s for ft in fts], buckets.TTFT_SECONDS),
             histogram_of([float(ft.uncached_tokens) for ft in fts], buckets.PROMPT_TOKENS),
             1.0 - sum(ft.uncached_tokens for ft in fts) / prompt if prompt > 0 else 0.0,
+            histogram_of([float(ft.output_tokens) for ft in fts], buckets.PROMPT_TOKENS)
+            if any(ft.output_tokens for ft in fts) else None,
         ))
     return WorkloadSnapshot(
         deployment, now_s, window_s, tuple(tenants),

@@ -8,8 +8,8 @@ Steps (each a function below, plain data between them):
    the snapshot's TTFT histograms show for that same setting. Real traffic is burstier
    than Poisson; on the Azure code trace stock's p99 TTFT is 14 s at 27% prefill load,
    which Poisson arrivals at the same rate predict as well under 1 s;
-2. ``predict`` each candidate: one deterministic twin run per candidate, on the same
-   workload (the workload, the cost model and the reference run are shared);
+2. ``predict`` each candidate (the screen): one deterministic twin run per candidate,
+   on the same workload;
 3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
    per-tenant p99 TTFT target and keep the longest prompts' slowdown within the bound,
    the one with the least objective (default: the worst tenant's p99 slowdown, TTFT over
@@ -17,6 +17,12 @@ Steps (each a function below, plain data between them):
    ties, won by the preferred (least concurrency, then srpt, fcfs, lpm, then ceiling;
    ``candidates.preference``): uniform traffic, where
    every candidate predicts the same, stays at off.
+
+4. ``confirm``: the best screened candidates, the current setting and off in every order
+   run again on a longer, independent sample of the same mix (``confirm_requests``,
+   replayed past the window's span), and the choice and its gain come from that run: a
+   short run from an empty engine cannot see a backlog or a full KV pool building up,
+   and a second sample takes the winner's curse out of the gain.
 
 A target is *attainable* when the tenant's own p99 TTFT alone (its prompts' prefill on an
 idle engine) is below it: no scheduler can bring a 600K-token prompt under 2 s, so such a
@@ -55,10 +61,27 @@ BASELINE = Setting(0, "ceiling", "fcfs")
 class RecommenderSettings:
     """How the recommender runs; every field with its unit and why."""
 
-    max_requests: int = 300
-    """Requests in the synthetic workload (count). Bounds one candidate's twin run to a few
-    ms on one core, so ~45 candidates fit well under a second; 300 still puts three of a 1%
-    tail into the sample."""
+    max_requests: int = 200
+    """Requests in the screening workload (count), which every candidate runs on; its span
+    is the snapshot's window (shorter if the window holds more). Bounds one run to a few ms
+    so ~45 candidates fit in a fraction of a second; 200 still puts two of a 1% tail in."""
+    confirm_requests: int = 2000
+    """Requests in the confirming workload (count; 0 turns the stage off): an independent
+    sample of the same mix, replayed for as long as it takes (beyond the window), on which
+    the shortlist runs and the choice is made. A short run starts from an empty engine and
+    cannot see a backlog or a full KV pool that builds over minutes: on the Mooncake + Azure
+    traces a 120 s screen ranked ceiling:4096/srpt 16 and stock/srpt 40, a 200 s run 264 and
+    40. Being a second sample it also takes the winner's curse out of the gain: the least of
+    45 noisy estimates is biased low."""
+    shortlist: int = 4
+    max_step_factor: float = 2.0
+    """Most concurrency a step may reach, as a multiple of the current (off counts as 1; 0
+    turns the limit off); fewer is never limited. More concurrent prefills hold more KV,
+    a risk a window-long twin run sees late; stepping up by at most double lets each step
+    show in the metrics before the next (on builtin:multi-tenant a first step from off
+    straight to concurrency 4 raised the worst tenant's p99 slowdown from 464 to 1106)."""
+    """Best screened candidates (count) the confirming run re-checks, besides the current
+    setting and off in every order."""
     seed: int = 0
     """Seed of the workload's RNG: the same snapshot gives the same recommendation."""
     objective: str = "worst_tenant_slowdown_p99"
@@ -161,13 +184,22 @@ class Recommendation:
     fit_error: float = math.nan
     """Mean |log(predicted / observed)| of the current setting's per-tenant p99 TTFT at
     ``burst`` (0 is a perfect fit; NaN when no tenant had enough samples)."""
+    confirmed: tuple[Prediction, ...] = ()
+    """The shortlist re-run on the longer, independent confirming sample; ``best`` and
+    ``current`` are from these (``predictions`` holds the screen of every candidate)."""
 
     @property
     def gain(self) -> float:
         """Relative predicted improvement of the objective over the current setting."""
         cur = self.current.objective(self.objective)
         new = self.best.objective(self.objective)
-        return (cur - new) / cur if cur > 0 and math.isfinite(cur) else 0.0
+        return (cur - new) / cur if cur > 0 and math.isfinite(cur) and math.isfinite(new) else 0.0
+
+    @property
+    def gain_abs(self) -> float:
+        """Absolute predicted improvement (objective units)."""
+        diff = self.current.objective(self.objective) - self.best.objective(self.objective)
+        return diff if math.isfinite(diff) else 0.0
 
 
 def twin_config(config: EngineConfig, spec: TuningSpec, workload: Workload) -> EngineConfig:
@@ -207,7 +239,7 @@ def predict(workload: Workload, setting: Setting, profile: Profile, config: Engi
     )
 
 
-def choose(predictions: Sequence[Prediction], bound: float, settings: RecommenderSettings,
+def choose(predictions: Sequence[Prediction], settings: RecommenderSettings,
            chunked_prefill_size: int) -> tuple[Prediction, bool]:
     """(best, feasible) by the rules of the module doc."""
     allowed = [p for p in predictions if p.allowed] or list(predictions)
@@ -226,22 +258,64 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     settings = settings or RecommenderSettings()
     if not snapshot.valid:
         raise ValueError(f"snapshot of {snapshot.deployment} is not valid: {snapshot.invalid}")
-    burst, workload, current_run, fit = calibrate(snapshot, current, spec, profile, config or EngineConfig(),
-                                                  settings)
-    cfg = twin_config(config or EngineConfig(), spec, workload)
-    settings_to_run = [BASELINE, *enumerate_candidates(spec, settings.orders, settings.modes)]
+    base = config or EngineConfig()
+    burst, workload, current_run, fit = calibrate(snapshot, current, spec, profile, base, settings)
+    cfg = twin_config(base, spec, workload)
     runs = {current: current_run}
-    runs.update({s: predict(workload, s, profile, cfg, spec) for s in settings_to_run if s not in runs})
-    bound = max(settings.long_prompt_slowdown_max,
-                settings.long_prompt_slowdown_factor * runs[BASELINE].long_prompt_slowdown_p99)
-    preds = tuple(replace(p, within_long_bound=p.long_prompt_slowdown_p99 <= bound) for p in runs.values())
-    by_setting = {p.setting: p for p in preds}
-    best, feasible = choose(preds, bound, settings, spec.chunked_prefill_size)
+    runs.update({s: predict(workload, s, profile, cfg, spec)
+                 for s in (BASELINE, *enumerate_candidates(stepped(spec, current, settings), settings.orders,
+                                                           settings.modes)) if s not in runs})
+    screened = bounded(tuple(runs.values()), settings)
+    confirmed = screened
+    if settings.confirm_requests:
+        longer = synthesize(snapshot, settings.confirm_requests, settings.seed + 1, burst, max_span_s=math.inf)
+        lcfg = twin_config(base, spec, longer)
+        confirmed = bounded(tuple(predict(longer, s, profile, lcfg, spec)
+                                  for s in shortlist(screened, current, settings, spec.chunked_prefill_size)),
+                            settings)
+    best, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
+    cur = next(p for p in confirmed if p.setting == current)
     mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
                         spec.chunked_prefill_size)
-    cur = by_setting[current]
-    return Recommendation(best, cur, preds, mix, feasible, settings.objective, bound,
-                          len(workload.requests), reason_line(mix, cur, best, feasible), burst, fit)
+    bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
+    return Recommendation(best, cur, screened, mix, feasible, settings.objective,
+                          long_bound(bound, settings), len(workload.requests),
+                          reason_line(mix, cur, best, feasible), burst, fit, confirmed)
+
+
+def stepped(spec: TuningSpec, current: Setting, settings: RecommenderSettings) -> TuningSpec:
+    """The spec's bounds narrowed to one step up from the current setting: concurrency at
+    most ``max_step_factor`` times the current (off counts as 1); down is not limited."""
+    if not settings.max_step_factor:
+        return spec
+    cur = concurrency(current, spec.chunked_prefill_size)
+    top = max(spec.min_concurrency, min(spec.max_concurrency, int(cur * settings.max_step_factor)))
+    return replace(spec, max_concurrency=top)
+
+
+def long_bound(baseline_long_slowdown: float, settings: RecommenderSettings) -> float:
+    """The longest prompts' p99 slowdown a candidate may reach (module doc)."""
+    return max(settings.long_prompt_slowdown_max, settings.long_prompt_slowdown_factor * baseline_long_slowdown)
+
+
+def bounded(preds: tuple[Prediction, ...], settings: RecommenderSettings) -> tuple[Prediction, ...]:
+    """The predictions marked against the long-prompt bound of their own run of off/fcfs."""
+    base = next(p for p in preds if p.setting == BASELINE)
+    bound = long_bound(base.long_prompt_slowdown_p99, settings)
+    return tuple(replace(p, within_long_bound=p.long_prompt_slowdown_p99 <= bound) for p in preds)
+
+
+def shortlist(screened: Sequence[Prediction], current: Setting, settings: RecommenderSettings,
+              chunked_prefill_size: int) -> list[Setting]:
+    """What the longer run confirms: the best ``shortlist`` allowed candidates of the screen,
+    the current setting, off/fcfs (the bound's reference) and off in every order (the
+    settings that hold the least KV, which a short screen flatters least)."""
+    allowed = sorted((p for p in screened if p.allowed),
+                     key=lambda p: (p.objective(settings.objective), preference(p.setting, chunked_prefill_size)))
+    picks = [p.setting for p in allowed[: settings.shortlist]]
+    picks += [current, BASELINE]
+    picks += [p.setting for p in screened if p.allowed and p.setting.threshold == 0]
+    return list(dict.fromkeys(picks))
 
 
 def calibrate(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,

@@ -9,13 +9,13 @@ the request arrives (``Request.warm_blocks``).
 
 Size is bounded (``max_requests``): the span is the snapshot's window, shortened so the
 whole synthetic load holds at most that many requests, which keeps one candidate's run at
-a few milliseconds. Output lengths are one token: the snapshot carries no generation
-lengths, and in the prefill-first engine kinds a request's first token waits for prefill
-work only (running decodes yield the pass to any admissible prefill), so decodes would
-cost time here without changing what the candidates are ranked on.
+a few milliseconds. Output lengths are drawn from the tenant's generation-token histogram
+when the snapshot has one (decodes hold KV, and a full pool holds up admission), else one
+token each (no decodes).
 
 Arrivals may come in bursts (``burst``), fitted by the recommender to the current
-setting's observed TTFT. Deterministic: one seeded ``random.Random`` per call.
+setting's observed TTFT. The snapshot counts the whole deployment; the twin is one engine, so rates are divided by
+the number of pods the snapshot lists (one when it lists none). Deterministic: one seeded ``random.Random`` per call.
 """
 
 from __future__ import annotations
@@ -66,40 +66,49 @@ def _lowers(hist: Histogram) -> list[float]:
 
 
 def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 0,
-               burst: int = 1) -> Workload:
+               burst: int = 1, max_span_s: float | None = None) -> Workload:
     """The twin workload of one valid snapshot (see the module doc). Empty when no traffic.
 
     ``burst`` > 1 makes arrivals come in groups of that many at once (a compound Poisson
     process with the same mean rate): real traffic is burstier than Poisson (the Azure code
     trace's requests come in clumps), and the recommender fits this to what the current
-    setting's TTFT histogram shows.
+    setting's TTFT histogram shows. ``max_span_s`` caps the span (default: the window);
+    ``math.inf`` replays the window's mix for as long as ``max_requests`` takes.
     """
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
     tenants = [t for t in snapshot.tenants if t.requests_per_s > 0 and t.uncached_tokens.total > 0
                and t.uncached_tokens.finite]
-    rate = sum(t.requests_per_s for t in tenants)
+    # The twin is one engine: a deployment's traffic is spread over its pods.
+    engines = max(1, len(snapshot.pods))
+    rate = sum(t.requests_per_s for t in tenants) / engines
     if not tenants or rate <= 0:
         return build(f"{snapshot.deployment}@twin", [])
-    span = min(snapshot.window_s, max_requests / rate)
+    span = min(snapshot.window_s if max_span_s is None else max_span_s, max_requests / rate)
     rng = random.Random(seed)
     reqs: list[Request] = []
     for k, tenant in enumerate(tenants):
-        n = max(1, round(tenant.requests_per_s * span))
+        tenant_rate = tenant.requests_per_s / engines
+        n = max(1, round(tenant_rate * span))
         draw = inverse_cdf(tenant.uncached_tokens)
         lengths = [max(1, round(draw((i + rng.random()) / n))) for i in range(n)]
         rng.shuffle(lengths)
+        outputs = [1] * n
+        if tenant.output_tokens is not None and tenant.output_tokens.total > 0 and tenant.output_tokens.finite:
+            draw_out = inverse_cdf(tenant.output_tokens)
+            outputs = [max(1, round(draw_out((i + rng.random()) / n))) for i in range(n)]
+            rng.shuffle(outputs)
         hit = min(MAX_HIT_RATIO, max(0.0, tenant.cache_hit_ratio or 0.0))
         base = (k + 1) * BLOCK_SPACE
         at = 0.0
         for i, uncached in enumerate(lengths):
             if i % burst == 0:
-                at += rng.expovariate(tenant.requests_per_s / burst)
+                at += rng.expovariate(tenant_rate / burst)
             cached = round(uncached * hit / (1.0 - hit))
             if cached:
                 blocks, sizes, warm = (base + 2 * i, base + 2 * i + 1), (cached, uncached), 1
             else:
                 blocks, sizes, warm = (base + 2 * i + 1,), (uncached,), 0
-            reqs.append(Request(f"{tenant.name}-{i}", tenant.name, at, cached + uncached, 1,
+            reqs.append(Request(f"{tenant.name}-{i}", tenant.name, at, cached + uncached, outputs[i],
                                 blocks, sizes, warm))
     return build(f"{snapshot.deployment}@twin", reqs)

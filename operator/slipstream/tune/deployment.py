@@ -1,0 +1,94 @@
+"""The tuner for one ServingDeployment: its spec and status in, a Decision out (pure).
+
+What the operator's loop calls (``controller/loop.py``'s ``Recommender``), so that the
+controller needs no knowledge of the tuner's types:
+
+    decision = deployment.decide_for(sd, snap, fleet, now, profile)
+    setting, move, reason, mix = deployment.summary(decision, fleet)
+
+``fleet`` is what the engines run (``models.EngineSetting``, read back from their gauges);
+``now`` is Unix seconds (the loop's injected clock). The tuner's memory lives in the CR
+status: the last step's time is ``status.lastDecision.time`` and a rollout is in progress
+while ``status.rollout.phase`` is not Idle, so a restarted operator decides exactly as the
+one before it would have. ``time_scale`` multiplies the spec's interval and cooldown (the
+controller's ``tuning_time_scale``, for time-scaled tests and the demo).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from slipstream.api import models
+from slipstream.api.snapshot import WorkloadSnapshot
+from slipstream.sim.policies import EngineConfig, Setting
+from slipstream.sim.profiles import Profile
+from slipstream.tune.candidates import from_spec
+from slipstream.tune.guardrails import Decision, GuardrailSettings, Move, TunerState
+from slipstream.tune.tuner import TunerSettings, tune_once
+
+DEFAULT_PROFILE = "kimi-k3-8xh200"
+"""The twin profile when the operator is not told which model/GPU pair the engines are."""
+
+
+def setting_of(es: models.EngineSetting) -> Setting:
+    return Setting(es.threshold, es.mode, es.schedule_policy)
+
+
+def engine_setting(setting: Setting) -> models.EngineSetting:
+    return models.EngineSetting(threshold=setting.threshold, mode=setting.mode,  # type: ignore[arg-type]
+                                schedule_policy=setting.order)  # type: ignore[arg-type]
+
+
+def tuner_settings(spec: models.ServingDeploymentSpec, time_scale: float = 1.0) -> TunerSettings:
+    """The spec's bounds, targets, interval and cooldown as the tuner's settings."""
+    tuning = spec.tuning
+    guard = GuardrailSettings(interval_s=tuning.interval_seconds * time_scale,
+                              cooldown_s=tuning.cooldown_seconds * time_scale)
+    return TunerSettings(spec=from_spec(spec), guardrails=guard)
+
+
+def unix_seconds(stamp: str | float | int | None) -> float | None:
+    """A status time (RFC 3339, or seconds) as Unix seconds; None when absent or unreadable."""
+    if stamp is None:
+        return None
+    if isinstance(stamp, int | float):
+        return float(stamp)
+    try:
+        return float(stamp)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def tuner_state(sd: models.ServingDeployment, fleet: models.EngineSetting) -> TunerState:
+    """What the tuner remembers, read from the CR status."""
+    status = sd.status
+    last = status.last_decision if status is not None else None
+    rollout = status.rollout if status is not None else None
+    return TunerState(setting_of(fleet), unix_seconds(last.time) if last is not None else None,
+                      rollout is not None and rollout.phase != "Idle")
+
+
+def decide_for(sd: models.ServingDeployment, snap: WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+               profile: Profile, time_scale: float = 1.0) -> Decision:
+    """This interval's decision for ``sd`` (see ``tuner.tune_once``)."""
+    settings = tuner_settings(sd.spec, time_scale)
+    engine = sd.spec.engine
+    config = EngineConfig(chunked_prefill_size=engine.chunked_prefill_size, page_size=engine.page_size)
+    return tune_once(snap, tuner_state(sd, fleet), settings, profile, config, now)
+
+
+def summary(decision: Decision, fleet: models.EngineSetting
+            ) -> tuple[models.EngineSetting, bool, str, float | None]:
+    """(setting it would run, whether to move now, reason line, heterogeneity) for status
+    and the controller's ``tuning.Recommendation``."""
+    rec = decision.recommendation
+    setting = engine_setting(rec.best.setting) if rec is not None else fleet
+    mix = rec.heterogeneity if rec is not None and math.isfinite(rec.heterogeneity) else None
+    if isinstance(decision, Move):
+        return engine_setting(decision.to), True, decision.reason, mix
+    return setting, False, f"{decision.reason}: {decision.message}", mix

@@ -58,10 +58,11 @@ NEEDED = [
     ("create", "secrets", "-n", "team-x"),
     ("create", "events", "-n", "team-x"),
     ("get", "secret/slipstream-admin-seed", "-n", RELEASE_NS),
-    ("get", "secret/kimi-k3-admin", "-n", "ex-kimi-k3"),  # a namespace listed in rbac.secretNamespaces
+    ("get", "secret/kimi-k3-admin", "-n", "team-x"),  # a name listed in rbac.secretNames
 ]
 DENIED = [
     ("get", "secrets", "-n", "team-x"),
+    ("get", "secret/other-admin", "-n", "team-x"),
     ("list", "secrets", "--all-namespaces"),
     ("get", "secret/sh.helm.release.v1.slipstream.v1", "-n", RELEASE_NS),
     ("get", "secrets", "-n", "kube-system"),

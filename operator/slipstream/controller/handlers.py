@@ -148,7 +148,10 @@ def revert_drift(
     found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
     if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
         return None
-    sd = models.ServingDeployment.model_validate(found)
+    try:
+        sd = models.ServingDeployment.model_validate(found)
+    except pydantic.ValidationError:
+        return None  # reconcile reports it (InvalidSpec); there is no desired object to revert to
     if sd.status.observed_generation is None:
         return None  # not reconciled yet: reconcile applies it
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
@@ -259,15 +262,11 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
-    fleet = stages.FleetObserver(config)
-
-    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
-        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
-        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
-
+    tokens = stages.PrometheusTokens(kube)
+    fleet = stages.fleet_observer(config, tokens)
     keys = adminkeys.AdminKeys(kube, config)
-    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
-                     recommender=stages.TwinRecommender(config), latency=latency)  # fmt: skip
+    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
+                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens))  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -344,7 +343,10 @@ def register(
         initial_delay=config.status_interval_seconds, registry=registry,
     )  # fmt: skip
     async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError:
+            return  # reconcile reports it (InvalidSpec)
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
         deployment = await asyncio.to_thread(
@@ -400,7 +402,6 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
-            fleet.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
     reverts = replicas.Reverts()

@@ -25,7 +25,7 @@ import ipaddress
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -83,6 +83,8 @@ class Deps:
     observer: Observer = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
+    tokens: Callable[[models.ServingDeployment], Awaitable[None]] | None = None
+    """Refreshes a deployment's Prometheus bearer token before its observe step."""
     clock: Callable[[], float] = time.time
 
 
@@ -141,6 +143,8 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         return None, None
     window = tuning.interval(sd, deps.config)
     name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+    if deps.tokens is not None:
+        await deps.tokens(sd)
     try:
         snap = await asyncio.wait_for(
             deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
@@ -174,7 +178,10 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
             baseline = await source.tenant_p99(ns, name, canaries, started - window, started)
     except Exception as error:
         return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
-    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent)
+    objective = sd.spec.tuning.objective
+    targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
+    floors = {t: deps.config.canary_noise_floor * targets.get(t, objective.ttft_p99_seconds) for t in canary}
+    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
 
 
 async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:

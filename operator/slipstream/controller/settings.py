@@ -42,12 +42,7 @@ class ControllerSettings:
     prometheus_timeout_seconds: float = 10.0
     """Timeout of one Prometheus query. Env: SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS."""
 
-    prometheus_url: str = ""
-    """Read every deployment's metrics here instead of its spec.prometheus.url (an operator
-    running outside the cluster, as in the local stack). Empty: the spec's.
-    Env: SLIPSTREAM_PROMETHEUS_URL."""
-
-    observe_min_samples: int = 100
+    observe_min_samples: int = 50
     """First tokens a window needs before the tuner may act on it (all tenants): a p99 of
     fewer is one slow request. Env: SLIPSTREAM_OBSERVE_MIN_SAMPLES."""
 
@@ -70,9 +65,20 @@ class ControllerSettings:
     default is cores + 4, so six on a small node, and one deployment's slow call would
     queue the others'. Env: SLIPSTREAM_WORKER_THREADS."""
 
+    canary_noise_floor: float = 0.25
+    """Fraction of a tenant's p99 TTFT target under which its canary p99 never counts as
+    a regression (0.25: with a 2 s target, 0.2 s -> 0.37 s is noise, 0.4 s -> 0.9 s is not).
+    Env: SLIPSTREAM_CANARY_NOISE_FLOOR."""
+
     twin_profile: str = "kimi-k3-8xh200"
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see
     `slipstream bench --profile`). Env: SLIPSTREAM_TWIN_PROFILE."""
+
+    tuner_reuse_seconds: float = 600.0
+    """Longest the tuner reuses a deployment's last twin run while its workload has not moved
+    (`tune.memo`; scaled by tuning_time_scale). A twin run costs 0.2-0.7 s of CPU, so
+    without reuse 500 deployments at a 60 s interval need ~3 cores (docs/reliability.md,
+    "Scale"). 0: run the twin every interval. Env: SLIPSTREAM_TUNER_REUSE_SECONDS."""
 
     engine_networks: str = ""
     """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a

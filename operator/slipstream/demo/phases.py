@@ -35,9 +35,10 @@ HETEROGENEOUS = "heterogeneous"
 ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
 PROFILE = "kimi-k3-8xh200"
 
-GIANT_EVERY_S = 90.0
-"""Twin seconds between giants per replica: about a quarter of the time one
-runs, enough to make stock's queueing the tail of every tenant."""
+GIANT_EVERY_S = 120.0
+"""Twin seconds between giants per replica: one runs about a quarter of the time,
+enough to make stock's queueing the tail of every tenant, while the engines stay ~70%
+busy (giants of 250K-400K every 90 s overloaded them: capped settings then fell behind)."""
 
 GIANT_TOKENS = (150_000, 250_000)
 

@@ -1,0 +1,140 @@
+"""Reuse a deployment's last recommendation while its workload has not moved.
+
+A recommendation costs ~0.2-0.7 s of CPU (45 candidates on the twin), and the operator
+asks for one per deployment per interval: 500 deployments at a 60 s interval would need
+about three cores for the twin alone (measured in docs/reliability.md, "Scale"). Steady
+traffic gives nearly the same snapshot interval after interval, and the twin, fed the same
+workload, predicts the same. So each deployment keeps its last recommendation with a
+fingerprint of what the twin read from the snapshot, and re-runs the twin only when
+
+- the workload moved from the snapshot the twin last ran on by more than the sampling
+  noise of a window (and at least the twin's resolution): a tenant's rate, TTFT p99 or
+  prompt-length mean, a histogram's shape (a two-sample Kolmogorov-Smirnov bound), a
+  cache-hit ratio by 0.02, a tenant came or went (``fingerprint``); or
+- the current setting, the spec's bounds, the recommender's settings or the twin's
+  profile or engine config changed; or
+- the recommendation is older than ``max_age_s`` (a bound on how long anything may be
+  reused, whatever the fingerprint says).
+
+The guardrails still judge every interval's fresh snapshot (gate before, decide after): only
+the twin's predictions are reused. Pure: no clock of its own (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from slipstream.api.snapshot import Histogram, WorkloadSnapshot
+
+RELATIVE = math.log(1.05)
+"""Rates, p99s and means always count as the same within 5% (the recommender's tie band)."""
+SHARE = 0.01
+"""Histogram cumulative shares always count as the same within a percentage point."""
+RATIO = 0.02
+"""Cache-hit ratios count as the same within 0.02."""
+KS_95 = 1.36
+"""Two samples' cumulative shares differ beyond noise (95%) when they differ by more than
+1.36 x sqrt(2 / n) (Kolmogorov-Smirnov, n samples each)."""
+
+
+def _noise(n: float, scale: float) -> float:
+    """Sampling noise of a figure estimated from ``n`` samples (scale / sqrt(n))."""
+    return scale / math.sqrt(max(n, 1.0))
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What the recommender reads from a snapshot: the parts that must be equal, and the
+    numbers that may differ by their tolerance (their sampling noise, at least the twin's
+    resolution). Compared with the snapshot the twin last ran on, so a slow drift adds up
+    and re-runs it."""
+
+    exact: tuple[Any, ...]
+    values: tuple[float, ...]
+    tolerances: tuple[float, ...]
+
+    def close_to(self, other: Fingerprint) -> bool:
+        return self.exact == other.exact and all(
+            abs(a - b) < max(ta, tb)
+            for a, b, ta, tb in zip(self.values, other.values, self.tolerances, other.tolerances, strict=True)
+        )
+
+
+def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fingerprint:
+    """The snapshot as the recommender sees it: per tenant the rate (tolerance 2/sqrt(n)
+    relative, n first tokens), the TTFT p99 the twin is calibrated to (1/sqrt(n/100): a
+    p99 rests on the top 1% of the window), the prompt and output length histograms
+    (cumulative shares within the KS bound, mean within 2/sqrt(n)) and the cache-hit ratio.
+    Anything not finite must match exactly."""
+    exact: list[Any] = [round(snapshot.window_s, 3)]
+    values: list[float] = []
+    tolerances: list[float] = []
+
+    def log(value: float, tolerance: float) -> None:
+        if math.isfinite(value) and value > 0:
+            exact.append("+")
+            values.append(math.log(value))
+            tolerances.append(max(RELATIVE, tolerance))
+        else:
+            exact.append(str(value))
+
+    def histogram(hist: Histogram | None) -> None:
+        if hist is None or not hist.finite or hist.total <= 0:
+            exact.append(None if hist is None else ("empty", hist.bounds, str(hist.total)))
+            return
+        exact.append(hist.bounds)
+        values.extend(c / hist.total for c in hist.counts)
+        tolerances.extend([max(SHARE, KS_95 * math.sqrt(2 / hist.total))] * len(hist.counts))
+        log(hist.sum / hist.total, _noise(hist.total, 2.0))
+
+    for t in sorted(snapshot.tenants, key=lambda t: t.name):
+        calibrated = t.ttft.total >= calibration_min_samples and t.ttft.finite
+        exact.extend((t.name, calibrated, t.cache_hit_ratio is None))
+        log(t.requests_per_s, _noise(t.ttft.total if t.ttft.finite else 0.0, 2.0))
+        if calibrated:
+            log(t.ttft_p99_s, _noise(t.ttft.total / 100, 1.0))
+        histogram(t.uncached_tokens)
+        histogram(t.output_tokens)
+        if t.cache_hit_ratio is not None:
+            values.append(t.cache_hit_ratio)
+            tolerances.append(RATIO)
+    histogram(snapshot.uncached_tokens)
+    return Fingerprint(tuple(exact), tuple(values), tuple(tolerances))
+
+
+@dataclass
+class Memo:
+    """The last recommendation of each deployment, by deployment name."""
+
+    max_age_s: float
+    """Longest a recommendation is reused (seconds of the caller's clock)."""
+    entries: dict[str, tuple[tuple[Any, ...], Fingerprint, float, Any]] = field(default_factory=dict)
+    runs: int = 0
+    reused: int = 0
+    pruned_at: float = -math.inf
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """The operator's loops call from worker threads."""
+
+    def get(self, name: str, key: tuple[Any, ...], seen: Fingerprint, now: float) -> Any | None:
+        """The recommendation stored for ``name`` if made under ``key`` (setting, spec,
+        profile: equal), from a snapshot close to ``seen``, and younger than max_age_s."""
+        with self.lock:
+            found = self.entries.get(name)
+            if found is None or found[0] != key or not found[1].close_to(seen):
+                return None
+            if not 0 <= now - found[2] < self.max_age_s:
+                return None
+            self.reused += 1
+            return found[3]
+
+    def put(self, name: str, key: tuple[Any, ...], seen: Fingerprint, now: float, recommendation: Any) -> None:
+        """Store a fresh recommendation; entries unused for max_age_s (deleted deployments) go."""
+        with self.lock:
+            self.runs += 1
+            if now - self.pruned_at >= self.max_age_s:
+                self.entries = {n: e for n, e in self.entries.items() if now - e[2] < self.max_age_s}
+                self.pruned_at = now
+            self.entries[name] = (key, seen, now, recommendation)

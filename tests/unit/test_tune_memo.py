@@ -1,0 +1,98 @@
+"""tune.memo: the twin re-runs only when the workload moved, the setting changed, or the
+last run is too old; the guardrails still judge every snapshot."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from test_tune import OFF, PROFILE, SPEC, heterogeneous
+
+from slipstream.sim.policies import Setting
+from slipstream.tune import memo, recommend, tuner
+from slipstream.tune.guardrails import GuardrailSettings, TunerState
+
+SETTINGS = tuner.TunerSettings(spec=SPEC, guardrails=GuardrailSettings(min_samples=20, cooldown_s=0, interval_s=1))
+
+
+@pytest.fixture
+def twin_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every twin run (recommend.recommend call), by deployment."""
+    runs: list[str] = []
+    real = recommend.recommend
+
+    def counted(snapshot, *args, **kwargs):  # type: ignore[no-untyped-def]
+        runs.append(snapshot.deployment)
+        return real(snapshot, *args, **kwargs)
+
+    monkeypatch.setattr(recommend, "recommend", counted)
+    return runs
+
+
+def scaled(snap, rate_factor: float):  # type: ignore[no-untyped-def]
+    tenants = tuple(dataclasses.replace(t, requests_per_s=t.requests_per_s * rate_factor) for t in snap.tenants)
+    return dataclasses.replace(snap, tenants=tenants)
+
+
+def test_an_unmoved_workload_reuses_the_twin_run_and_decides_the_same(twin_runs: list[str]) -> None:
+    m = memo.Memo(max_age_s=600)
+    state = TunerState(current=OFF)
+    first = tuner.tune_once(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m)
+    # The next interval: 1% more traffic is within the twin's resolution.
+    again = tuner.tune_once(scaled(heterogeneous(), 1.01), state, SETTINGS, PROFILE, None, 1060.0, m)
+    assert twin_runs == ["ns/sd"] and (m.runs, m.reused) == (1, 1)
+    assert again == first
+    assert again == tuner.tune_once(heterogeneous(), state, SETTINGS, PROFILE, None, 1060.0)  # no memo: same answer
+
+
+def test_a_moved_workload_a_new_setting_or_an_old_run_runs_the_twin_again(twin_runs: list[str]) -> None:
+    m = memo.Memo(max_age_s=600)
+    state = TunerState(current=OFF)
+    tuner.tune_once(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m)
+    tuner.tune_once(scaled(heterogeneous(), 1.3), state, SETTINGS, PROFILE, None, 1060.0, m)  # traffic +30%
+    tuner.tune_once(scaled(heterogeneous(), 1.3), TunerState(current=Setting(2048, "ceiling", "srpt")),
+                    SETTINGS, PROFILE, None, 1120.0, m)  # fmt: skip
+    tuner.tune_once(scaled(heterogeneous(), 1.3), TunerState(current=Setting(2048, "ceiling", "srpt")),
+                    SETTINGS, PROFILE, None, 1120.0 + 600, m)  # too old
+    assert len(twin_runs) == 4 and m.reused == 0
+
+
+def test_deployments_never_share_a_run_and_held_snapshots_run_nothing(twin_runs: list[str]) -> None:
+    m = memo.Memo(max_age_s=600)
+    other = dataclasses.replace(heterogeneous(), deployment="ns/other")
+    tuner.tune_once(heterogeneous(), TunerState(current=OFF), SETTINGS, PROFILE, None, 1000.0, m)
+    tuner.tune_once(other, TunerState(current=OFF), SETTINGS, PROFILE, None, 1000.0, m)
+    held = tuner.tune_once(heterogeneous(), TunerState(current=OFF, rollout_in_progress=True), SETTINGS, PROFILE,
+                           None, 1010.0, m)  # fmt: skip
+    assert held.reason == "RolloutInProgress"
+    assert twin_runs == ["ns/sd", "ns/other"] and m.reused == 0
+
+
+def test_zero_max_age_never_reuses() -> None:
+    m = memo.Memo(max_age_s=0)
+    seen = memo.fingerprint(heterogeneous(), 20)
+    m.put("a", ("k",), seen, 1.0, "rec")
+    assert m.get("a", ("k",), seen, 1.0) is None
+
+
+def test_fingerprint_resolution() -> None:
+    snap = heterogeneous()
+    seen = memo.fingerprint(snap, 20)
+    assert memo.fingerprint(scaled(snap, 1.05), 20).close_to(seen)
+    assert not memo.fingerprint(scaled(snap, 1.3), 20).close_to(seen)
+    fewer = dataclasses.replace(snap, tenants=snap.tenants[:2])
+    assert not memo.fingerprint(fewer, 20).close_to(seen)
+    # A slow drift is measured from the snapshot the twin ran on: +5% twice is +10%, a re-run
+    # (chat's rate rests on 900 first tokens: its noise is 2/sqrt(900) = 6.7%).
+    assert not memo.fingerprint(scaled(scaled(snap, 1.05), 1.05), 20).close_to(seen)
+
+
+def test_a_rate_measured_on_few_requests_tolerates_its_noise() -> None:
+    snap = heterogeneous()
+    seen = memo.fingerprint(snap, 20)
+    docs = [dataclasses.replace(t, requests_per_s=t.requests_per_s * 1.3) if t.name == "docs" else t
+            for t in snap.tenants]  # 12 first tokens: +30% is noise
+    chat = [dataclasses.replace(t, requests_per_s=t.requests_per_s * 1.3) if t.name == "chat" else t
+            for t in snap.tenants]  # 900 first tokens: +30% is a change
+    assert memo.fingerprint(dataclasses.replace(snap, tenants=tuple(docs)), 20).close_to(seen)
+    assert not memo.fingerprint(dataclasses.replace(snap, tenants=tuple(chat)), 20).close_to(seen)

@@ -154,8 +154,8 @@ def test_an_owned_object_kubernetes_refuses_gives_a_condition_and_one_warning(
     cluster: localkube.Cluster, operator: Operator
 ) -> None:
     ns = namespace(cluster, "refused-object")
-    # A limit below its request: the CRD accepts it (it cannot compare quantities), the
-    # Deployment's validation does not. (A bad nodeSelector key is now refused at apply.)
+    # Requests above limits: each quantity is valid (the CRD cannot compare them); the
+    # Deployment built from them is refused.
     apply(cluster, ns, fixed_sd("picky", resources={"requests": {"cpu": 4}, "limits": {"cpu": 2}}))
 
     def degraded() -> dict[str, Any]:
@@ -166,7 +166,7 @@ def test_an_owned_object_kubernetes_refuses_gives_a_condition_and_one_warning(
     sd = eventually(degraded, deadline_s=DEADLINE_S, what="picky degraded")
     (cond,) = [c for c in sd["status"]["conditions"] if c["type"] == "Reconciled"]
     assert cond["status"] == "False" and cond["reason"] == "DeploymentRefused", cond
-    assert "resources" in cond["message"], cond["message"]
+    assert "resources.requests" in cond["message"] and "limit" in cond["message"], cond["message"]
     eventually(lambda: _retried(operator, ns), deadline_s=DEADLINE_S, what="a retry of the reconcile")
     warnings = [e for e in events(cluster, ns, "picky") if e["reason"] == "DeploymentRefused"]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning" and warnings[0].get("count", 1) == 1, warnings

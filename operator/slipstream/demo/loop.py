@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import secrets
 import subprocess
 import threading
 import time
@@ -63,17 +62,11 @@ class Target:
     def apply(self, *docs: dict[str, Any]) -> None:
         self.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
 
-    def admin_secret(self, namespace: str, name: str) -> str:
-        """Create the engines' admin key Secret ``name`` (key ``api-key``), as the examples
-        tell a user to; return the key. An existing Secret is kept."""
-        existing = self.kubectl("get", "secret", name, f"--namespace={namespace}",
-                                "-o", "jsonpath={.data.api-key}", check=False)  # fmt: skip
-        if existing.returncode == 0 and existing.stdout:
-            return base64.b64decode(existing.stdout).decode()
-        key = secrets.token_hex(24)
-        self.kubectl("create", "secret", "generic", name, f"--namespace={namespace}",
-                     f"--from-literal=api-key={key}")  # fmt: skip
-        return key
+    def admin_key(self, namespace: str, name: str) -> str:
+        """The engines' admin key the operator generated for ServingDeployment ``name``
+        (Secret ``<name>-admin-key``, key ``api-key``; INTERFACES C)."""
+        secret = self.reader.get_json(f"/api/v1/namespaces/{namespace}/secrets/{name}-admin-key")
+        return base64.b64decode(secret["data"]["api-key"]).decode()
 
     def get_sd(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -5,7 +5,7 @@ why in its conditions, warns once (not once per interval), and the next step goe
 
 The layers below are fuzzed on their own (tests/integration/test_observe_faults.py,
 tests/integration/test_admin_client_answers.py); this is the controller's view of both at
-once, through the same stages the operator wires (`stages.FleetObserver`,
+once, through the same stages the operator wires (`stages.fleet_observer`,
 `stages.TwinRecommender`, `engines` over `admin.AdminClient`). Only the Kubernetes API is a
 stand-in (`PodsAndConfigMaps`: one pod on 127.0.0.1 and the ConfigMap it writes), because a
 pod IP the loop may contact must be loopback on a test machine.
@@ -132,8 +132,10 @@ def test_a_step_given_garbage_raises_nothing_moves_nothing_and_warns_once(
             sd = models.ServingDeployment.model_validate(doc)
             config = settings_.ControllerSettings(engine_networks="127.0.0.0/8", tuning_time_scale=0.01)
             kube = PodsAndConfigMaps(port)
-            deps = loop.Deps(kube=kube, config=config, keys=Key(), observer=stages.FleetObserver(config),  # type: ignore[arg-type]
-                             recommender=stages.TwinRecommender(config))  # fmt: skip
+            fleet = stages.fleet_observer(config)  # as controller.handlers.register wires them
+            deps = loop.Deps(kube=kube, config=config, keys=Key(), observer=fleet,  # type: ignore[arg-type]
+                             recommender=stages.TwinRecommender(config),
+                             latency=stages.latency_for(fleet, config))  # fmt: skip
             memory = loop.Memory()
             first = await loop.step(deps, sd, memory)
             second = await loop.step(deps, sd, memory)

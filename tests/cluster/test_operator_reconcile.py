@@ -102,17 +102,15 @@ class Operator:
         return "\n".join(self.log().splitlines()[-40:])
 
 
-SECRET_NAMESPACES = ("ex-kimi-k3", "ex-deepseek-v4-flash", "secret-missing")
-"""The namespaces whose ServingDeployments name their own admin-key Secret: the chart lets
-the operator read Secrets only there (rbac.secretNamespaces)."""
+SECRET_NAMES = ("kimi-k3-admin", "deepseek-v4-flash-admin", "engine-admin")
+"""The admin-key Secrets the tests' ServingDeployments name: the chart lets the operator
+read Secrets by these names only (rbac.secretNames)."""
 
 
 def installed_operator(cluster: localkube.Cluster, name: str, env: dict[str, str] | None = None) -> Iterator[Operator]:
     """The chart installed with helm and the operator running as its ServiceAccount."""
-    for ns in SECRET_NAMESPACES:
-        cluster.kubectl("create", "namespace", ns, check=False)
     cluster.helm("install", "slipstream", str(CHART), f"--namespace={RELEASE_NS}", "--create-namespace",
-                 f"--set=rbac.secretNamespaces={{{','.join(SECRET_NAMESPACES)}}}")  # fmt: skip
+                 f"--set=rbac.secretNames={{{','.join(SECRET_NAMES)}}}")  # fmt: skip
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/servingdeployments.serving.slipstream.dev", "crd/clusterkopfpeerings.kopf.dev",
@@ -135,8 +133,7 @@ def operator(cluster: localkube.Cluster) -> Iterator[Operator]:
 
 
 def namespace(cluster: localkube.Cluster, name: str) -> str:
-    created = cluster.kubectl("create", "namespace", name, check=False)
-    assert created.returncode == 0 or (name in SECRET_NAMESPACES and "AlreadyExists" in created.stderr), created.stderr
+    cluster.kubectl("create", "namespace", name)
     return name
 
 

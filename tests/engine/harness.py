@@ -15,7 +15,12 @@ Stand-ins (no GPU, no model, so no forward pass runs):
   chunk decrements `inflight_middle_chunks`; a finished prefill appends its one output
   token, finishes on length and releases its KV with `release_kv_cache`).
 - `_NaivePagedKernel`: the paged allocator's Triton kernel, replaced by sglang's own
-  pure-torch `alloc_extend_naive` (page_size > 1 only).
+  pure-torch `alloc_extend_naive` (page_size > 1 only); `_NaivePagedDecodeKernel` the
+  same for decode (a few lines of Python: sglang has no pure-torch one).
+- `finish_decode_round`: stands in for `process_batch_result_decode`; decode passes
+  otherwise run the real `update_running_batch` (decode memory check, retraction with
+  SGLang's new-token-ratio tracker, `prepare_for_decode` allocation).
+- `write_and_check_kv`: the forward pass's KV writes (each slot gets its token id).
 - `_Passthrough`: dp-attention adapter and n-gram manager (both no-ops here).
 
 Run as a script (`python harness.py CASES_JSON`) it prints the allocations of the cases
@@ -39,6 +44,9 @@ from sglang.srt.managers.io_struct import AbortReq, SetInternalStateReq
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import (
+    NewTokenRatioTracker,
+)
 from sglang.srt.mem_cache.allocator import (
     PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
@@ -69,7 +77,25 @@ class _NaivePagedKernel:
         return launch
 
 
+class _NaivePagedDecodeKernel:
+    """Stand-in for the Triton `alloc_decode_kernel`: the token of a sequence whose new
+    length starts a page takes the next free page; any other continues its last page."""
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(seq_lens, last_loc, free_pages, out_indices, _bs_pow2, page):
+            k = 0
+            for i, n in enumerate(seq_lens.tolist()):
+                if (n - 1) % page == 0:
+                    out_indices[i] = free_pages[k] * page
+                    k += 1
+                else:
+                    out_indices[i] = last_loc[i] + 1
+
+        return launch
+
+
 paged.alloc_extend_kernel = _NaivePagedKernel()
+paged.alloc_decode_kernel = _NaivePagedDecodeKernel()
 
 
 class _Passthrough:
@@ -102,6 +128,10 @@ class Engine:
     slots_free_at_start: int
     next_id: int = 0
     rounds: list[dict[str, int]] = field(default_factory=list)
+    check_kv: bool = False
+    """Write each computed token's id into its KV slot and check every pass that a
+    request's KV holds exactly its own tokens (see write_and_check_kv)."""
+    decode_passes: int = 0
 
     @property
     def s(self) -> Scheduler:
@@ -131,14 +161,22 @@ class Engine:
         return req
 
     def step(self) -> dict[str, int]:
-        """One scheduling round: the prefill allocation {rid: tokens} (may be empty)."""
+        """One scheduling round: the prefill allocation {rid: tokens} (may be empty;
+        a decode pass, when requests decode, shows as {})."""
         plan = self.s.get_next_batch_to_run(self.s.running_batch, self.s.last_batch)
         self.s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         alloc: dict[str, int] = {}
         if batch is not None and batch.forward_mode.is_extend():
             alloc = {r.rid: r.extend_range.length for r in batch.reqs}
+            if self.check_kv:
+                write_and_check_kv(self.s, batch)
             finish_prefill_round(self.s, batch)
+        elif batch is not None and batch.forward_mode.is_decode():
+            if self.check_kv:
+                write_and_check_kv(self.s, batch)
+            finish_decode_round(self.s, batch)
+            self.decode_passes += 1
         self.s.last_batch = batch
         self.rounds.append(alloc)
         return alloc
@@ -153,7 +191,11 @@ class Engine:
     def busy(self) -> bool:
         s = self.s
         return bool(
-            s.waiting_queue or s.chunked_req is not None or getattr(s, "partial_reqs", None)
+            s.waiting_queue
+            or s.chunked_req is not None
+            or getattr(s, "partial_reqs", None)
+            or not s.running_batch.is_empty()
+            or (s.last_batch is not None and not s.last_batch.is_empty())
         )
 
     def kv_free(self) -> int:
@@ -174,7 +216,68 @@ def finish_prefill_round(s: Scheduler, batch: ScheduleBatch) -> None:
         if req.inflight_middle_chunks > 0:
             req.inflight_middle_chunks -= 1
             continue
-        req.output_ids.append(0)
+        # The k-th output token is 7 + k: what a deterministic model would produce,
+        # the same whether or not the request was retracted and re-prefilled.
+        req.output_ids.append(len(req.output_ids) + 7)
+        req.update_finish_state()
+        if req.finished():
+            release_kv_cache(req, s.tree_cache)
+
+
+KV_ID_MOD = 1_000_003
+"""Token ids are stored in the one-element KV slots modulo this prime (exact in float32)."""
+
+
+def token_at(req: Req, pos: int) -> int:
+    """The token at position ``pos`` of a request: its prompt, then the outputs of the
+    deterministic stand-in model (the k-th output is 7 + k). Known without the output
+    list, which lags one token behind the scheduled batch in the overlap loop."""
+    n = len(req.origin_input_ids)
+    return req.origin_input_ids[pos] if pos < n else 7 + (pos - n)
+
+
+def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
+    """Stand-in for the forward pass's KV writes, with a check no real model makes:
+    the KV of every position a request attends to holds that request's token there.
+
+    Each computed position's slot gets its token id; then each request's whole context
+    [0, seq_len) is read back through req_to_token. A slot handed to two requests, a
+    chunk skipped, or a decode over KV never written fails here."""
+    kv = s.token_to_kv_pool_allocator.get_kvcache()
+    buf = kv.k_buffer[0]
+    table = s.req_to_token_pool.req_to_token
+    seq_lens = batch.seq_lens.tolist() if batch.forward_mode.is_decode() else None
+    for i, req in enumerate(batch.reqs):
+        if seq_lens is None:
+            start, end = req.extend_range.start, req.extend_range.end
+        else:  # decode: the new token sits at position seq_len - 1
+            end = int(seq_lens[i])
+            start = end - 1
+        locs = table[req.req_pool_idx, start:end].to(torch.int64)
+        vals = torch.tensor([token_at(req, p) % KV_ID_MOD for p in range(start, end)],
+                            dtype=buf.dtype)
+        buf[locs] = vals.view(-1, 1, 1)
+        if seq_lens is not None and end % 64 and not _last_decode(req):
+            continue  # the whole context is re-read every 64 tokens and at the end
+        ctx = table[req.req_pool_idx, :end].to(torch.int64)
+        got = buf[ctx].view(-1).to(torch.int64).tolist()
+        want = [token_at(req, p) % KV_ID_MOD for p in range(end)]
+        if got != want:
+            bad = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
+            raise AssertionError(f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}")
+
+
+def _last_decode(req: Req) -> bool:
+    return len(req.output_ids) + 1 >= req.sampling_params.max_new_tokens
+
+
+def finish_decode_round(s: Scheduler, batch: ScheduleBatch) -> None:
+    """Stand-in for `process_batch_result_decode`: one output token per request; a
+    finished request releases its KV with `release_kv_cache`."""
+    for req in batch.reqs:
+        if req.finished():
+            continue
+        req.output_ids.append(len(req.output_ids) + 7)
         req.update_finish_state()
         if req.finished():
             release_kv_cache(req, s.tree_cache)
@@ -225,7 +328,7 @@ def make_engine(
     kv = MHATokenToKVPool(
         size=kv_tokens,
         page_size=page_size,
-        dtype=torch.float16,
+        dtype=torch.float32,
         head_num=1,
         head_dim=1,
         layer_num=1,
@@ -233,10 +336,10 @@ def make_engine(
         enable_memory_saver=False,
     )
     if page_size == 1:
-        allocator = TokenToKVPoolAllocator(kv_tokens, torch.float16, "cpu", kv, need_sort=False)
+        allocator = TokenToKVPoolAllocator(kv_tokens, torch.float32, "cpu", kv, need_sort=False)
     else:
         allocator = PagedTokenToKVPoolAllocator(
-            kv_tokens, page_size, torch.float16, "cpu", kv, need_sort=False
+            kv_tokens, page_size, torch.float32, "cpu", kv, need_sort=False
         )
     params = CacheInitParams(
         disable=not radix_cache,
@@ -290,7 +393,12 @@ def make_engine(
     s.dp_attn_adapter = _Passthrough()
     s.ngram_embedding_manager = _Passthrough()
     s.ipc_channels = SimpleNamespace(send_to_tokenizer=_StandInTokenizerChannel())
-    s.new_token_ratio_tracker = SimpleNamespace(current=0.0)
+    # The real tracker (SGLang's defaults: starts at 0.7, decays to 0.1 per decode
+    # pass, re-estimated on retraction): it sizes the decode reservation.
+    s.new_token_ratio_tracker = NewTokenRatioTracker.from_config()
+    s.metrics_reporter = SimpleNamespace(num_retracted_reqs=0, enable_metrics=False)
+    s.forward_ct = 0
+    s.max_queued_requests = None
     s.grammar_manager = SimpleNamespace(
         has_waiting_grammars=lambda: False, abort_requests=lambda recv_req: None
     )
@@ -352,8 +460,57 @@ def run_case(case: dict[str, Any]) -> list[dict[str, int]]:
     return eng.rounds
 
 
+def run_pressure(case: dict[str, Any]) -> dict[str, Any]:
+    """A KV-pressure case: requests [{rid, need, max_new, round}] join the queue at
+    their round; runs until every request has finished, checking the KV content of
+    every pass (write_and_check_kv), progress on every pass that has work, and no leak.
+
+    Returns each request's output tokens, the retractions and the pass counts."""
+    eng = make_engine(**case.get("engine", {}))
+    eng.check_kv = True
+    pending = sorted(case["requests"], key=lambda r: r.get("round", 0))
+    reqs: dict[str, Req] = {}
+    retractions = max_partials_seen = idle_run = 0
+    n = 0
+    while pending or eng.busy():
+        while pending and pending[0].get("round", 0) <= n:
+            r = pending.pop(0)
+            reqs[r["rid"]] = eng.add(
+                r["need"], rid=r["rid"], arrival=float(n) + len(reqs) * 1e-3,
+                max_new_tokens=r["max_new"],
+            )
+        busy = eng.busy()
+        eng.s.metrics_reporter.num_retracted_reqs = 0
+        before = eng.decode_passes
+        alloc = eng.step()
+        retractions += eng.s.metrics_reporter.num_retracted_reqs
+        idle_run = idle_run + 1 if busy and not alloc and eng.decode_passes == before else 0
+        # Stock itself spends one empty pass when the last decode leaves a full batch
+        # (batch_is_full is reset by that pass); two in a row is a stall.
+        if idle_run >= 2:
+            raise AssertionError(f"pass {n}: work pending but nothing ran twice in a row")
+        max_partials_seen = max(max_partials_seen, len(getattr(eng.s, "partial_reqs", [])))
+        n += 1
+        if n > 50_000:
+            raise AssertionError("not finished")
+    # The last pass's finished requests leave the running batch on the next round.
+    eng.s.get_next_batch_to_run(eng.s.running_batch, eng.s.last_batch)
+    leak = (eng.kv_free_at_start - eng.kv_free(), eng.slots_free_at_start - eng.slots_free())
+    return {
+        "outputs": {rid: list(r.output_ids) for rid, r in reqs.items()},
+        "retractions": retractions,
+        "prefill_passes": sum(1 for a in eng.rounds if a),
+        "decode_passes": eng.decode_passes,
+        "max_partials": max_partials_seen,
+        "leak": list(leak),
+    }
+
+
 if __name__ == "__main__":
     cases = json.loads(sys.argv[1])
-    out: dict[str, Any] = {name: run_case(c) for name, c in cases.items()}
+    out: dict[str, Any] = {
+        name: run_pressure(c) if c.get("kind") == "pressure" else run_case(c)
+        for name, c in cases.items()
+    }
     out["_patched"] = PATCHED
     print(json.dumps(out))

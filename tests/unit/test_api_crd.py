@@ -160,4 +160,4 @@ def test_pydantic_refuses_what_kubernetes_would(field: str, value: str) -> None:
         models.ServingDeploymentSpec.model_validate({"engine": engine})
     ok = {"image": "i", "model": "m", "resources": {"requests": {"cpu": "500m", "memory": "64Gi"}},
           "env": [{"name": "HF_HOME", "value": "/x"}]}  # fmt: skip
-    models.ServingDeploymentSpec.model_validate({"engine": ok})
+    models.ServingDeploymentSpec.model_validate({"engine": ok, "tuning": {"threshold": 4096}})

@@ -31,7 +31,10 @@ def test_default_values_match_the_schema() -> None:
 @pytest.mark.parametrize(
     ("path", "bad"),
     [(("replicaCount",), "two"), (("replicaCount",), 0), (("image", "pullPolicy"), "Sometimes"),
-     (("metrics", "port"), 80), (("peering", "name"), "Not_A_Name"), (("unknownKey",), 1)],
+     (("metrics", "port"), 80), (("peering", "name"), "Not_A_Name"), (("unknownKey",), 1),
+     (("rbac", "secretNamespaces"), ["Not_A_Namespace"]), (("rbac", "secretNamespaces"), ["a", "a"]),
+     (("networkPolicy", "enginePorts"), []), (("networkPolicy", "apiServer", "cidrs"), ["10.0.0.1"]),
+     (("networkPolicy", "egressAnywhere"), True)],
 )  # fmt: skip
 def test_schema_refuses_bad_values(path: tuple[str, ...], bad: Any) -> None:
     broken = copy.deepcopy(values())

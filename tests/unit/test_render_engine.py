@@ -16,6 +16,7 @@ def make(spec: dict[str, Any] | None = None, status_: dict[str, Any] | None = No
         "engine": {"image": "img:1", "model": "org/model", "tensorParallelSize": 8, "chunkedPrefillSize": 8192,
                    "pageSize": 64},
         "tuning": {"mode": "Fixed", "threshold": 4096},
+        "prometheus": {"url": "http://prometheus.monitoring:9090"},  # Auto and Recommend need it
     }  # fmt: skip
     for key, value in (spec or {}).items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value

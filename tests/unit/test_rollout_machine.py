@@ -221,9 +221,20 @@ def test_comparison_rules() -> None:
     assert not analysis.compare({"a": float("nan")}, {"a": 1.0}, 5).passed
     assert analysis.compare({"a": 0.0}, {"a": 0.0}, 5).passed
     assert not analysis.compare({"a": 0.5}, {"a": 0.0}, 5).passed
-    assert analysis.compare({"a": 0.01}, {"a": 0.0}, 5, min_p99_s=0.05).passed
+    assert analysis.compare({"a": 0.01}, {"a": 0.0}, 5, floors=0.05).passed
+    # under a tenant's noise floor a big percentage is not a regression; above it, it is
+    assert analysis.compare({"a": 0.37, "b": 0.96}, {"a": 0.20, "b": 0.38}, 20, floors={"a": 0.5}).summary.count("p99") == 1
+    assert analysis.compare({"a": 0.37}, {"a": 0.20}, 20, floors={"a": 0.5}).passed
 
 
 def test_stamps_round_trip() -> None:
     assert machine.seconds(machine.stamp(T0)) == T0
     assert machine.seconds(None) is None
+
+
+def test_event_wording_names_what_moves() -> None:
+    assert machine.describe_change(OLD, NEW, 8192) == "4096 -> 2048 (concurrency 2 -> 4, order fcfs -> srpt)"
+    assert machine.describe_change(S(threshold=0), S(threshold=0, schedule_policy="srpt"), 8192) == (
+        "threshold 0 (concurrency 1): order fcfs -> srpt")
+    assert machine.describe_change(OLD, S(threshold=4096, mode="floor"), 8192) == (
+        "threshold 4096 (concurrency 2): order fcfs, mode ceiling -> floor")

@@ -130,7 +130,7 @@ def test_recommend_cli_times_and_round_trips_a_snapshot(tmp_path, capsys):
     assert "recommendation:" in first and "time:" in first
     assert cli.main(["recommend", "--snapshot", str(dump), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["reason"].startswith("heterogeneity") and len(out["candidates"]) >= 45
+    assert out["reason"].startswith("heterogeneity") and len(out["candidates"]) >= 9
 
 
 def test_recommend_cli_refuses_a_bad_snapshot(tmp_path, capsys):

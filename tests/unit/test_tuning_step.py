@@ -178,3 +178,15 @@ def test_a_spec_the_models_refuse_names_the_field_and_degrades() -> None:
     assert patch["phase"] == "Degraded"
     assert [(c["type"], c["status"], c["reason"]) for c in patch["conditions"]] == [
         ("Ready", "True", "Available"), ("Reconciled", "False", "InvalidSpec")]
+
+
+def test_each_deployment_gets_its_canary_source_from_the_fleet() -> None:
+    from slipstream.controller import stages
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_min_samples=7)
+    fleet = stages.fleet_observer(config)
+    latency = stages.latency_for(fleet, config)
+    source = latency(make({"mode": "Auto", "intervalSeconds": 60}))
+    assert source.min_samples == 7 and source.tenant_label == "tenant"
+    assert source.observer is fleet.observer("http://127.0.0.1:9090", 6.0, "tenant")
+    assert latency(make({"mode": "Auto", "intervalSeconds": 60})).observer is source.observer

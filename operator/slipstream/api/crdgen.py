@@ -39,11 +39,27 @@ PRINTER_COLUMNS = [
 ]
 
 
-def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+def _keys_rule(path: str, pattern: str) -> dict[str, str]:
+    """A map's key pattern (pydantic's patternProperties, which a structural schema lacks)
+    as a CEL rule on the map."""
+    return {
+        "rule": f"self.all(k, k.matches(r'{pattern}'))",  # raw: the pattern's backslashes
+        "message": f"{path}: every key must be a qualified name such as cpu, nvidia.com/gpu or "
+        "kubernetes.io/hostname (letters, digits, '-', '_', '.'; an optional DNS prefix and '/'): "
+        "fix the key",
+    }
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> dict[str, Any]:
     if "$ref" in node:
         target = defs[node["$ref"].rsplit("/", 1)[-1]]
         siblings = {k: v for k, v in node.items() if k != "$ref"}
-        return _structural({**target, **siblings}, defs)
+        return _structural({**target, **siblings}, defs, path)
+    if "patternProperties" in node:
+        ((pattern, values),) = node["patternProperties"].items()
+        rest = {k: v for k, v in node.items() if k not in ("patternProperties", "propertyNames")}
+        rules = [*rest.get("x-kubernetes-validations", []), _keys_rule(path, pattern)]
+        return _structural({**rest, "additionalProperties": values, "x-kubernetes-validations": rules}, defs, path)
     if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
         variants = [v for v in node["anyOf"] if v.get("type") != "null"]
         if len(variants) != 1:
@@ -51,16 +67,16 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         rest = {k: v for k, v in node.items() if k != "anyOf"}
         if rest.get("default", ...) is None:
             del rest["default"]
-        return _structural({**variants[0], **rest}, defs)
+        return _structural({**variants[0], **rest}, defs, path)
 
     out: dict[str, Any] = {}
     for key, value in node.items():
         if key in _DROP:
             continue
         if key == "properties":
-            out[key] = {name: _structural(sub, defs) for name, sub in value.items()}
+            out[key] = {name: _structural(sub, defs, f"{path}.{name}") for name, sub in value.items()}
         elif key == "items":
-            out[key] = _structural(value, defs)
+            out[key] = _structural(value, defs, f"{path}[]")
         elif key == "exclusiveMinimum":
             out["minimum"], out["exclusiveMinimum"] = value, True
         elif key == "exclusiveMaximum":
@@ -78,7 +94,7 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     else:
         extra = node.get("additionalProperties")
         if isinstance(extra, dict):
-            out["additionalProperties"] = _structural(extra, defs)
+            out["additionalProperties"] = _structural(extra, defs, f"{path}{{}}")
     if out.get("enum") and "type" not in out:
         out["type"] = "string"
     if out.get("required") == []:
@@ -86,17 +102,17 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def model_schema(model: type[models.Model]) -> dict[str, Any]:
-    """The structural schema of one model, as it appears in the CRD."""
+def model_schema(model: type[models.Model], path: str = "") -> dict[str, Any]:
+    """The structural schema of one model, as it appears in the CRD at `path`."""
     raw = model.model_json_schema(by_alias=True)
-    return _structural(raw, raw.get("$defs", {}))
+    return _structural(raw, raw.get("$defs", {}), path)
 
 
 def crd() -> dict[str, Any]:
     """The whole CustomResourceDefinition object."""
-    spec = model_schema(models.ServingDeploymentSpec)
+    spec = model_schema(models.ServingDeploymentSpec, "spec")
     spec["description"] = "Desired state: the engine, how T is tuned, where metrics are read."
-    status = model_schema(models.ServingDeploymentStatus)
+    status = model_schema(models.ServingDeploymentStatus, "status")
     status["description"] = "Observed state, written by the operator."
     root = {
         "type": "object",

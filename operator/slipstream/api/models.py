@@ -10,9 +10,20 @@ names sit side by side.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 GROUP = "serving.slipstream.dev"
@@ -33,35 +44,68 @@ SchedulePolicy = Literal["fcfs", "lpm", "srpt"]
 """Admission order of waiting requests (srpt: shortest remaining uncached prefill first)."""
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
-"""Kubernetes' own pattern for a resource quantity (its OpenAPI schema's)."""
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
+"""Kubernetes' quantity grammar, non-negative (a resource request or limit can be no less).
+Kubernetes' own OpenAPI pattern is looser ("..." and "1.2.3" match it) and its parser then
+refuses them in the Deployment: this one refuses them at apply."""
 Quantity = Annotated[
-    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
+    Annotated[int, Field(ge=0)] | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=64)],
     # As Kubernetes' own schema writes it: the pattern beside the anyOf (it applies to
-    # strings only; a structural schema allows no more than the two types in the anyOf).
+    # strings only, as minimum applies to integers only; a structural schema allows no more
+    # than the two types in the anyOf).
     WithJsonSchema({
         "x-kubernetes-int-or-string": True,
         "anyOf": [{"type": "integer"}, {"type": "string"}],
         "pattern": QUANTITY_PATTERN,
+        "minimum": 0,
+        "maxLength": 64,
     }),
 ]  # fmt: skip
+RESOURCE_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""A resource name (cpu, memory, example.com/foo): a qualified name, as Pod validation wants."""
+ResourceName = Annotated[str, StringConstraints(pattern=RESOURCE_NAME_PATTERN, max_length=317)]
+LABEL_KEY_PATTERN = RESOURCE_NAME_PATTERN
+"""A label key: an optional DNS-subdomain prefix and '/', then a name of at most 63 characters."""
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN, max_length=317)]
+LabelValue = Annotated[str, StringConstraints(pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", max_length=63)]
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Secret's name: a DNS subdomain (what the Deployment's secretKeyRef must name)."""
 """A Kubernetes resource quantity: 8, "8", "64Gi", "500m" (not "lots": refused at apply)."""
 
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 """Environment variable names the kubelet accepts (letters, digits, '_', '-', '.'; no digit first)."""
-NAME_RULE = (
-    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 52",
-    "metadata.name must be a DNS label of at most 52 characters (lower-case letters, digits and "
-    "'-', starting with a letter, no dots): it names the engine Service and labels every "
-    "engine pod; choose a shorter name without dots",
-)
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_MAX = 52
 """The ServingDeployment's name becomes a Service name (DNS-1035 label) and a label value
 (<= 63); 52 leaves room for the pods' generated suffixes and `-engine-setting`."""
 
 
-def _rules(*rules: tuple[str, str]) -> ConfigDict:
+class Rule(NamedTuple):
+    """A cross-field rule, written twice side by side: in CEL for the apiserver (the CRD's
+    `x-kubernetes-validations`) and in Python for the models, so that a spec checked
+    locally is refused for the same reason, with the same message, as at apply
+    (tests/cluster/test_spec_fuzz.py checks that the two agree)."""
+
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]
+
+
+NAME_RULE = Rule(
+    f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {NAME_MAX}",
+    "metadata.name must be a DNS label of at most 52 characters (lower-case letters, digits and "
+    "'-', starting with a letter, no dots): it names the engine Service and labels every "
+    "engine pod; choose a shorter name without dots",
+    lambda sd: re.fullmatch(NAME_PATTERN, sd.metadata.name) is not None and len(sd.metadata.name) <= NAME_MAX,
+)
+"""On the CRD's root (crdgen puts it there): the name is metadata, outside every spec model."""
+
+
+def _rules(*rules: Rule) -> ConfigDict:
     """Model config carrying CEL rules (rule, message) into the CRD."""
-    validations: list[JsonValue] = [{"rule": rule, "message": message} for rule, message in rules]
+    validations: list[JsonValue] = [{"rule": r.cel, "message": r.message} for r in rules]
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
 
 
@@ -73,9 +117,19 @@ def _section(model: type[BaseModel], description: str) -> Any:
 class Model(BaseModel):
     """camelCase on the wire, snake_case in Python, unknown fields refused."""
 
+    # strict: no "2" for 2 or true for 1, as the apiserver's schema refuses them.
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
+    cel_rules: ClassVar[tuple[Rule, ...]] = ()
+    """The model's cross-field rules; `model_config = _rules(*cel_rules)` puts them in the CRD."""
+
+    @model_validator(mode="after")
+    def _cel_rules_hold(self) -> Any:
+        for rule in type(self).cel_rules:
+            if not rule.holds(self):
+                raise ValueError(rule.message)
+        return self
 
     def to_k8s(self) -> dict[str, Any]:
         """The object as the Kubernetes API shows it (camelCase, unset fields left out)."""
@@ -83,27 +137,35 @@ class Model(BaseModel):
 
 
 class SecretKeyRef(Model):
-    name: str = Field(min_length=1, max_length=253, description="Name of a Secret in the same namespace.")
-    key: str = Field(default="api-key", min_length=1, max_length=253, description="Key in the Secret's data.")
+    name: str = Field(
+        min_length=1, max_length=253, pattern=SECRET_NAME_PATTERN, description="Name of a Secret in the same namespace."
+    )
+    key: str = Field(
+        default="api-key", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key in the Secret's data.",
+    )  # fmt: skip
 
 
 class ResourceRequirements(Model):
-    requests: dict[str, Quantity] = Field(
-        default_factory=dict, description='Resource requests, e.g. {"cpu": 32, "memory": "512Gi"}.'
+    requests: dict[ResourceName, Quantity] = Field(
+        default_factory=dict, max_length=32, description='Resource requests, e.g. {"cpu": 32, "memory": "512Gi"}.'
     )
-    limits: dict[str, Quantity] = Field(
+    limits: dict[ResourceName, Quantity] = Field(
         default_factory=dict,
+        max_length=32,
         description="Resource limits. GPUs are added from engine.gpus; do not list them here.",
     )
 
 
 class EnvVar(Model):
-    model_config = _rules(
-        (
+    cel_rules = (
+        Rule(
             "!(has(self.value) && has(self.secretKeyRef))",
             "spec.engine.env: an entry takes value or secretKeyRef, not both: remove one of them",
+            lambda e: not (e.value is not None and e.secret_key_ref is not None),
         ),
     )
+    model_config = _rules(*cel_rules)
 
     name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Environment variable name.")
     value: str | None = Field(default=None, max_length=32768, description="Literal value.")
@@ -113,9 +175,32 @@ class EnvVar(Model):
 
 
 class Toleration(Model):
-    key: str | None = Field(default=None, max_length=316)
+    """A pod toleration; the rules are Pod validation's, refused here at apply instead."""
+
+    cel_rules = (
+        Rule(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "spec.engine.tolerations: operator Exists takes no value: remove the value or use operator Equal",
+            lambda t: t.operator != "Exists" or not t.value,
+        ),
+        Rule(
+            "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+            "spec.engine.tolerations: an entry without a key must use operator Exists (it then "
+            "tolerates every taint): set a key or operator Exists",
+            lambda t: bool(t.key) or t.operator == "Exists",
+        ),
+        Rule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "spec.engine.tolerations: tolerationSeconds applies only to effect NoExecute: remove "
+            "it or set effect NoExecute",
+            lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+        ),
+    )
+    model_config = _rules(*cel_rules)
+
+    key: str | None = Field(default=None, max_length=317, pattern=f"^$|{LABEL_KEY_PATTERN}")
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = Field(default=None, max_length=63)
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(default=None, ge=0)
 
@@ -123,13 +208,15 @@ class Toleration(Model):
 class HiCache(Model):
     """SGLang's hierarchical KV cache (host memory, optionally storage) behind the GPU pool."""
 
-    model_config = _rules(
-        (
+    cel_rules = (
+        Rule(
             "!(has(self.ratio) && has(self.sizeGB))",
             "spec.engine.hicache: set only one of ratio or sizeGB (sizeGB overrides ratio in "
             "the engine): remove one of them",
+            lambda h: not (h.ratio is not None and h.size_gb is not None),
         ),
     )
+    model_config = _rules(*cel_rules)
 
     enabled: bool = Field(default=False, description="Pass --enable-hierarchical-cache.")
     ratio: float | None = Field(
@@ -171,28 +258,36 @@ class PodSecurityContext(Model):
     run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
     run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
     fs_group: int | None = Field(default=None, ge=0, le=2147483647)
-    seccomp_profile_type: Literal["RuntimeDefault", "Unconfined", "Localhost"] = Field(
-        default="RuntimeDefault", description="seccompProfile.type: the runtime's default filter unless an engine needs another."
+    seccomp_profile_type: Literal["RuntimeDefault", "Unconfined"] = Field(
+        default="RuntimeDefault",
+        description="seccompProfile.type: the runtime's default filter unless an engine needs "
+        "another (Localhost needs a profile file on every node: not offered).",
     )
 
 
 class Engine(Model):
     """The patched SGLang engine each pod runs."""
 
-    model_config = _rules(
-        (
+    cel_rules = (
+        Rule(
             "self.chunkedPrefillSize % self.pageSize == 0",
             "spec.engine.chunkedPrefillSize must be a multiple of spec.engine.pageSize: round "
             "chunkedPrefillSize to a whole number of pages",
+            lambda e: e.chunked_prefill_size % e.page_size == 0,
         ),
-        (
-            "!has(self.gpus) || self.gpus >= self.tensorParallelSize",
-            "spec.engine.gpus must be at least spec.engine.tensorParallelSize: each "
-            "tensor-parallel rank needs its own GPU",
+        Rule(
+            "!has(self.gpus) || self.gpus == 0 || self.gpus >= self.tensorParallelSize",
+            "spec.engine.gpus must be at least spec.engine.tensorParallelSize (or 0: no GPU "
+            "request, as for simulated engines): each tensor-parallel rank needs its own GPU",
+            lambda e: e.gpus is None or e.gpus == 0 or e.gpus >= e.tensor_parallel_size,
         ),
     )
+    model_config = _rules(*cel_rules)
 
-    image: str = Field(min_length=1, max_length=1024, description="Image of the patched engine.")
+    image: str = Field(
+        min_length=1, max_length=1024, pattern=r"^\S(.*\S)?$",
+        description="Image of the patched engine (no leading or trailing space).",
+    )  # fmt: skip
     model: str = Field(
         min_length=1, max_length=1024, description="Model path or Hugging Face id (--model-path)."
     )
@@ -204,7 +299,10 @@ class Engine(Model):
         default=None, ge=0, le=64, description="GPUs per pod; defaults to tensorParallelSize."
     )
     gpu_resource_name: str = Field(
-        default="nvidia.com/gpu", max_length=253, description="Extended resource name of a GPU."
+        default="nvidia.com/gpu",
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+        description="Extended resource name of a GPU (domain/name, e.g. nvidia.com/gpu, amd.com/gpu).",
     )
     chunked_prefill_size: int = Field(
         default=8192, ge=64, le=1048576, description="C: prefill token budget per round (--chunked-prefill-size)."
@@ -233,7 +331,7 @@ class Engine(Model):
         ContainerSecurityContext, "The engine container's securityContext."
     )
     pod_security_context: PodSecurityContext = _section(PodSecurityContext, "The engine pods' securityContext.")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod node selector.")
+    node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64, description="Pod node selector.")
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Pod tolerations.")
 
 
@@ -260,6 +358,15 @@ class Objective(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
 
+    @field_validator("tenants")
+    @classmethod
+    def _tenants_once(cls, tenants: list[TenantTarget]) -> list[TenantTarget]:
+        # The CRD's list-map keys refuse a duplicate name at apply; the models the same.
+        names = [t.name for t in tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("spec.tuning.objective.tenants: each tenant name may appear once: merge the duplicates")
+        return tenants
+
 
 class Rollout(Model):
     canary_replicas: int = Field(default=1, ge=1, le=64, description="Pods that try a new setting first.")
@@ -274,15 +381,17 @@ class Rollout(Model):
 class Tuning(Model):
     """What T to run and how Slipstream may move it."""
 
-    model_config = _rules(
-        (
+    cel_rules = (
+        Rule(
             # has(): the rule is also checked against the CRD's `default: {}` of tuning.
             "!has(self.minConcurrency) || !has(self.maxConcurrency) "
             "|| self.minConcurrency <= self.maxConcurrency",
             "spec.tuning.minConcurrency must be <= spec.tuning.maxConcurrency: lower "
             "minConcurrency or raise maxConcurrency",
+            lambda t: t.min_concurrency <= t.max_concurrency,
         ),
     )
+    model_config = _rules(*cel_rules)
 
     mode: TuningMode = Field(default="Fixed", description="Auto | Recommend | Fixed | Off.")
     threshold: int | None = Field(
@@ -290,7 +399,8 @@ class Tuning(Model):
         ge=0,
         le=1048576,
         description="T (--long-prefill-token-threshold): required for Fixed, the starting value "
-        "otherwise; 0 turns the cap off.",
+        "otherwise; 0 turns the cap off. Per engine scheduler: with DP attention (--dp-size N) "
+        "SGLang gives each DP rank chunkedPrefillSize / N tokens a round, so T must be <= that.",
     )
     engine_mode: EngineMode = Field(default="ceiling", description="--long-prefill-mode.")
     schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
@@ -318,38 +428,47 @@ class Prometheus(Model):
 
 
 class ServingDeploymentSpec(Model):
-    model_config = _rules(
-        (
+    cel_rules = (
+        Rule(
             "self.tuning.mode != 'Fixed' || has(self.tuning.threshold)",
             "spec.tuning.threshold is required when spec.tuning.mode is Fixed: set "
             "spec.tuning.threshold (0 turns the cap off) or choose mode Auto, Recommend or Off",
+            lambda s: s.tuning.mode != "Fixed" or s.tuning.threshold is not None,
         ),
-        (
+        Rule(
             "!has(self.tuning.threshold) || self.tuning.threshold <= self.engine.chunkedPrefillSize",
             "spec.tuning.threshold must be <= spec.engine.chunkedPrefillSize: lower the threshold "
-            "or raise chunkedPrefillSize",
+            "or raise chunkedPrefillSize (with DP attention, --enable-dp-attention --dp-size N in "
+            "extraArgs, each DP rank gets chunkedPrefillSize / N tokens a round and T applies per "
+            "rank: keep T <= chunkedPrefillSize / N, which the engine enforces)",
+            lambda s: s.tuning.threshold is None or s.tuning.threshold <= s.engine.chunked_prefill_size,
         ),
-        (
+        Rule(
             "!has(self.tuning.threshold) || self.tuning.threshold % self.engine.pageSize == 0",
             "spec.tuning.threshold must be a multiple of spec.engine.pageSize: round it to a "
             "whole number of pages (0 turns the cap off)",
+            lambda s: s.tuning.threshold is None or s.tuning.threshold % s.engine.page_size == 0,
         ),
-        (
+        Rule(
             "self.tuning.maxConcurrency * self.engine.pageSize <= self.engine.chunkedPrefillSize",
             "spec.tuning.maxConcurrency must be <= spec.engine.chunkedPrefillSize / "
             "spec.engine.pageSize: each concurrent prefill needs at least one page a round",
+            lambda s: s.tuning.max_concurrency * s.engine.page_size <= s.engine.chunked_prefill_size,
         ),
-        (
+        Rule(
             "!(self.tuning.mode in ['Auto', 'Recommend']) || has(self.prometheus.url)",
             "spec.prometheus.url is required when spec.tuning.mode is Auto or Recommend: set it "
             "to your Prometheus, or choose mode Fixed or Off",
+            lambda s: s.tuning.mode not in ("Auto", "Recommend") or s.prometheus.url is not None,
         ),
-        (
+        Rule(
             "self.tuning.mode != 'Auto' || self.tuning.rollout.canaryReplicas <= self.replicas",
             "spec.tuning.rollout.canaryReplicas must be <= spec.replicas in mode Auto: lower "
             "canaryReplicas or add replicas",
+            lambda s: s.tuning.mode != "Auto" or s.tuning.rollout.canary_replicas <= s.replicas,
         ),
     )
+    model_config = _rules(*cel_rules)
 
     replicas: int = Field(default=1, ge=0, le=512, description="Engine pods.")
     engine: Engine = Field(description="The engine each pod runs.")
@@ -446,6 +565,7 @@ class ObjectMeta(BaseModel):
 
 class ServingDeployment(Model):
     model_config = ConfigDict(extra="ignore")
+    cel_rules = (NAME_RULE,)
 
     api_version: Literal["serving.slipstream.dev/v1alpha1"] = "serving.slipstream.dev/v1alpha1"
     kind: Literal["ServingDeployment"] = "ServingDeployment"

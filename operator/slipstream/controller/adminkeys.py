@@ -86,7 +86,8 @@ def forbidden(sd: models.ServingDeployment, ref: models.SecretKeyRef) -> str:
     ns = sd.metadata.namespace
     return (
         f"the operator may not read Secret {ref.name!r} (spec.engine.adminApiKeySecretRef) in namespace "
-        f"{ns!r}: let it read Secrets there (`helm upgrade ... --set rbac.secretNamespaces={{{ns}}}`), or "
-        "remove adminApiKeySecretRef and the operator generates and keeps the key itself"
+        f"{ns!r}: let it read that Secret (`helm upgrade ... --set rbac.secretNames={{{ref.name}}}`) or "
+        f"Secrets there (`--set rbac.secretNamespaces={{{ns}}}`), or remove adminApiKeySecretRef and the "
+        "operator generates and keeps the key itself"
     )
 

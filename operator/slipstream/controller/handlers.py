@@ -15,15 +15,16 @@ import concurrent.futures
 import copy
 import datetime
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import prometheus_client
 import pydantic
 
 from slipstream.api import models
-from slipstream.controller import adminkeys, drift, loop, objects, stages, status, tuning
+from slipstream.controller import adminkeys, drift, loop, objects, replicas, stages, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 
@@ -91,8 +92,12 @@ def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | 
     return None
 
 
-def apply_objects(kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment) -> Outcome:
-    """Blocking: run it in a thread. Applies every owned object that should exist."""
+def apply_objects(
+    kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment, keep_replicas: bool = True
+) -> Outcome:
+    """Blocking: run it in a thread. Applies every owned object that should exist;
+    spec.replicas of the Deployment only with `keep_replicas` (not while another writer
+    has it: `replicas`)."""
     setting = objects.configmap_setting(sd)
     problem = secret_problem(kube, sd)
     changes: list[tuple[str, str, str]] = []
@@ -108,7 +113,8 @@ def apply_objects(kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.Servin
                 changes.append(("Secret", generated["metadata"]["name"], "created"))
     desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
     if problem is None:
-        desired.append(objects.deployment(sd))
+        dep = objects.deployment(sd)
+        desired.append(dep if keep_replicas else replicas.without_replicas(dep))
     rolled, deployment = False, None
     for obj in filter(None, desired):
         try:
@@ -128,10 +134,13 @@ def apply_objects(kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.Servin
     return Outcome(setting, changes, rolled, deployment, problem)
 
 
-def revert_drift(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> tuple[dict[str, Any], list[str]] | None:
+def revert_drift(
+    kube: kube_.Kube, kind: str, live: dict[str, Any], reverts: replicas.Reverts | None = None, now: float = 0.0
+) -> tuple[dict[str, Any], list[str], str | None] | None:
     """Blocking. When a person or another controller changed fields the operator owns in
     `live` (a Deployment or Service), apply them back. Returns (the ServingDeployment, what
-    was reverted), or None when nothing drifted or the owner is gone."""
+    was reverted, why spec.replicas is now left to another writer or None), or None when
+    nothing drifted or the owner is gone."""
     meta = live.get("metadata") or {}
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == models.KIND), None)
     if owner is None or meta.get("deletionTimestamp"):
@@ -139,7 +148,10 @@ def revert_drift(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> tuple[dic
     found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
     if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
         return None
-    sd = models.ServingDeployment.model_validate(found)
+    try:
+        sd = models.ServingDeployment.model_validate(found)
+    except pydantic.ValidationError:
+        return None  # reconcile reports it (InvalidSpec); there is no desired object to revert to
     if sd.status.observed_generation is None:
         return None  # not reconciled yet: reconcile applies it
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
@@ -147,14 +159,40 @@ def revert_drift(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> tuple[dic
         return None
     # The event may be older than the object (several arrive for one edit): judge the object now.
     current = kube.get(desired["apiVersion"], kind, meta["namespace"], meta["name"])
-    paths = drift.of_object(desired, current) if current is not None else []
-    if not paths:
+    if current is None:
         return None
-    kube.apply(desired)
-    return found, paths
+    contest = None
+    if kind == "Deployment":
+        have = (current.get("spec") or {}).get("replicas")
+        who = replicas.writers(current, kube_.FIELD_MANAGER)
+        if replicas.contested(sd):
+            desired = replicas.without_replicas(desired)
+        elif reverts is not None and who and have != desired["spec"].get("replicas"):
+            key = f"{meta['namespace']}/{meta['name']}"
+            generation = int(current["metadata"].get("generation") or 0)
+            if reverts.note(key, generation, now):  # a writer that comes back each time: stop fighting
+                reverts.forget(key)
+                desired = replicas.without_replicas(desired)
+                contest = replicas.message(who, have, sd.spec.replicas)
+    paths = drift.of_object(desired, current)
+    if not paths:
+        return (found, [], contest) if contest is not None else None
+    try:
+        kube.apply(desired)
+    except kube_.ApiError as error:
+        if error.status != 422:
+            raise
+        # Apply never drops a list entry another manager owns: a Service port whose key
+        # (port) was edited stays beside ours, two ports named alike (422). Replace the
+        # spec's lists with a merge patch, then apply to own every field again.
+        kube.merge_patch(desired, {"spec": desired["spec"]})
+        kube.apply(desired)
+    return found, paths, contest
 
 
-def write_status(kube: kube_.Kube, body: dict[str, Any], patch: dict[str, Any], tries: int = 3) -> None:
+def write_status(
+    kube: kube_.Kube, body: dict[str, Any], patch: dict[str, Any], tries: int = 3, owned: tuple[str, ...] = tuning.CONDITIONS
+) -> None:
     """Blocking. The tuning loop's status patch, never from a stale read: conditions are one
     list shared with reconcile, so it is written at the version it was read at, and on a
     conflict merged into the fresh object's conditions (ours replace only our types)."""
@@ -172,7 +210,15 @@ def write_status(kube: kube_.Kube, body: dict[str, Any], patch: dict[str, Any], 
             return  # deleted meanwhile
         version = fresh["metadata"]["resourceVersion"]
         patch = {**patch, **status.merged_conditions(
-            (fresh.get("status") or {}).get("conditions") or [], patch, tuning.CONDITIONS)}
+            (fresh.get("status") or {}).get("conditions") or [], patch, owned)}
+
+
+def contest_replicas(kube: kube_.Kube, body: dict[str, Any], message: str) -> None:
+    """Blocking. Record in status that spec.replicas is left to another writer."""
+    sd = models.ServingDeployment.model_validate(body)
+    conds = status.set_condition(sd.status.conditions, replicas.CONDITION, True, "OtherWriter", message,
+                                 sd.metadata.generation, utcnow())  # fmt: skip
+    write_status(kube, body, {"conditions": [c.to_k8s() for c in conds]}, owned=(replicas.CONDITION,))
 
 
 def refused(obj: dict[str, Any], error: kube_.ApiError) -> tuple[str, str]:
@@ -216,15 +262,11 @@ def register(
 ) -> None:
     """Attach the handlers to a registry (a fresh one per operator or per test)."""
     resource = (models.GROUP, models.VERSION, models.PLURAL)
-    fleet = stages.FleetObserver(config)
-
-    def latency(sd: models.ServingDeployment) -> stages.ObserveLatency:
-        url = stages.prometheus_url(sd, config) or "http://prometheus.invalid:9090"
-        return stages.ObserveLatency(fleet.observer((url, tuning.interval(sd, config))), config.canary_min_samples)
-
+    tokens = stages.PrometheusTokens(kube)
+    fleet = stages.fleet_observer(config, tokens)
     keys = adminkeys.AdminKeys(kube, config)
-    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet,
-                     recommender=stages.TwinRecommender(config), latency=latency)  # fmt: skip
+    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
+                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens))  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -254,11 +296,12 @@ def register(
         # Events are for what the operator changes, not for every handler log line.
         settings.posting.level = logging.WARNING
         settings.posting.reporting_component = "slipstream"
+        settings.peering.lifetime = config.peering_lifetime_seconds
 
     @kopf.on.resume(*resource, id="reconcile", registry=registry)
     @kopf.on.create(*resource, id="reconcile", registry=registry)
     @kopf.on.update(*resource, id="reconcile", registry=registry)
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **_: Any) -> None:
+    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, diff: kopf.Diff = (), **_: Any) -> None:
         try:
             sd = models.ServingDeployment.model_validate(dict(body))
         except pydantic.ValidationError as error:  # the CRD let through what the models refuse
@@ -269,9 +312,17 @@ def register(
                 kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
             RECONCILES.labels("invalid").inc()
             raise kopf.PermanentError(message) from None  # until the spec changes
-        outcome = await asyncio.to_thread(apply_objects, kube, keys, sd)
+        # A user's change of spec.replicas takes the field back from another writer.
+        taken_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
+        keep = taken_back or not replicas.contested(sd)
+        outcome = await asyncio.to_thread(apply_objects, kube, keys, sd, keep)
         record_changes(body, sd, outcome)
         conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
+        if taken_back:
+            conditions = [c for c in conditions if c.type != replicas.CONDITION]
+            kopf.event(body, type="Normal", reason="ReplicasTakenBack",
+                       message=f"spec.replicas changed: the operator sets the engine Deployment's replicas "
+                       f"({sd.spec.replicas}) again")  # fmt: skip
         first = objects.current_setting(sd) if sd.status.threshold is None else None
         patch.status.update(status.patch(sd, first, conditions, outcome.deployment))
         if (wake := wakes.get(sd.metadata.uid)) is not None:
@@ -292,13 +343,20 @@ def register(
         initial_delay=config.status_interval_seconds, registry=registry,
     )  # fmt: skip
     async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        sd = models.ServingDeployment.model_validate(dict(body))
+        try:
+            sd = models.ServingDeployment.model_validate(dict(body))
+        except pydantic.ValidationError:
+            return  # reconcile reports it (InvalidSpec)
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
         deployment = await asyncio.to_thread(
             kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
         )
         conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
+        if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
+            # The operator owns spec.replicas alone again (taken back): a condition a stale
+            # write put back must not outlive it.
+            conditions = [c for c in conditions if c.type != replicas.CONDITION]
         was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
         now = next(c for c in conditions if c.type == status.READY)
         if was != now.status:
@@ -344,20 +402,25 @@ def register(
                 await pause(stopped, wake, delay)
         finally:
             wakes.pop(uid, None)
-            fleet.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
+
+    reverts = replicas.Reverts()
 
     async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:
         try:
-            found = await asyncio.to_thread(revert_drift, kube, kind, dict(body))
+            found = await asyncio.to_thread(revert_drift, kube, kind, dict(body), reverts, time.monotonic())
+            if found is not None and found[2] is not None:
+                await asyncio.to_thread(contest_replicas, kube, found[0], found[2])
         except kube_.ApiError as error:  # the next event retries; never a crash loop
             logger.warning("reverting %s drift failed: %s", kind, error)
             return
-        if found is not None:
-            owner, paths = found
+        if found is not None and found[2] is not None:
+            kopf.event(cast(kopf.Body, found[0]), type="Warning", reason="ReplicasContested", message=found[2])
+        if found is not None and found[1]:
+            owner, paths, _ = found
             OBJECT_CHANGES.labels(kind, "reverted").inc()
             listed = "; ".join(paths[:8]) + (f"; and {len(paths) - 8} more" if len(paths) > 8 else "")
-            kopf.event(owner, type="Warning", reason="DriftReverted",
+            kopf.event(cast(kopf.Body, owner), type="Warning", reason="DriftReverted",
                        message=f"Reverted {kind} {body['metadata']['name']} to the spec: {listed} "
                        "(edit the ServingDeployment instead)")  # fmt: skip
 

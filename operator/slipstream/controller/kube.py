@@ -110,6 +110,14 @@ class Kube:
         changed = after["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
         return after, before, "updated" if changed else None
 
+    def merge_patch(self, obj: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of `obj` (lists in `patch` replace the stored ones whole)."""
+        meta = obj["metadata"]
+        return self.request(
+            "PATCH", path_of(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]), body=patch,
+            query=[("fieldManager", FIELD_MANAGER)], content_type="application/merge-patch+json",
+        )  # fmt: skip
+
     def secret_state(self, namespace: str, name: str, key: str) -> SecretState:
         secret = self.get("v1", "Secret", namespace, name)
         if secret is None:

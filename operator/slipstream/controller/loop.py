@@ -25,12 +25,13 @@ import ipaddress
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slipstream.api import models, snapshot
-from slipstream.controller import adminkeys, objects, tuning
+from slipstream.api import models
+from slipstream.api import snapshot as snapshot_
+from slipstream.controller import adminkeys, drift, objects, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
@@ -42,14 +43,14 @@ log = logging.getLogger(__name__)
 class Observer(Protocol):
     """`slipstream.observe` as the loop uses it: never raises, says why a snapshot is invalid."""
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot: ...
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot: ...
 
 
 class Recommender(Protocol):
     """`slipstream.tune` (recommender + guardrails) as the loop uses it: pure."""
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation: ...
 
 
@@ -59,12 +60,12 @@ class NotBuilt:
 
     what: str = "the observe stage is not built into this operator yet"
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot:
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
-        return snapshot.invalid(name, now, window_s, snapshot.UNREACHABLE, self.what)
+        return snapshot_.invalid(name, now, window_s, snapshot_.UNREACHABLE, self.what)
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
         return tuning.Recommendation(fleet, False, "the tuner is not built into this operator yet")
 
@@ -83,6 +84,8 @@ class Deps:
     observer: Observer = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
+    tokens: Callable[[models.ServingDeployment], Awaitable[None]] | None = None
+    """Refreshes a deployment's Prometheus bearer token before its observe step."""
     clock: Callable[[], float] = time.time
 
 
@@ -136,17 +139,19 @@ def allowed(url: str, networks: str) -> bool:
 
 
 async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float
-                  ) -> tuple[snapshot.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+                  ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
     if not tuning.observes(sd):
         return None, None
     window = tuning.interval(sd, deps.config)
     name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+    if deps.tokens is not None:
+        await deps.tokens(sd)
     try:
         snap = await asyncio.wait_for(
             deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
         )
     except Exception as error:  # a failed read is a reason, never zero traffic
-        snap = snapshot.invalid(name, now, window, snapshot.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
+        snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
     # The twin runs on a worker thread: this deployment's recommendation must not stall
@@ -174,17 +179,29 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
             baseline = await source.tenant_p99(ns, name, canaries, started - window, started)
     except Exception as error:
         return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
-    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent)
+    objective = sd.spec.tuning.objective
+    targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
+    floors = {t: deps.config.canary_noise_floor * targets.get(t, objective.ttft_p99_seconds) for t in canary}
+    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
 
 
 async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:
+    """Keep the ConfigMap (what new pods start with) at `setting`. A value someone else
+    wrote (another field manager owns a data key: `kubectl edit`, `kubectl patch`) is
+    reverted with a Warning naming what was reverted; the loop's own moves are a Normal
+    Updated."""
     desired = objects.configmap(sd, setting)
-    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, desired["metadata"]["name"])
+    name = desired["metadata"]["name"]
+    current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, name)
     if current is not None and current.get("data") == desired["data"]:
         return None
     await asyncio.to_thread(deps.kube.apply, desired)
-    return machine.Event("Normal", "Updated", f"Updated ConfigMap {desired['metadata']['name']}: new pods start with "
-                         f"{machine.show(setting)}")  # fmt: skip
+    if current is not None and (who := drift.managers_of(current, kube_.FIELD_MANAGER, "f:data")):
+        paths = drift.drift(desired["data"], current.get("data") or {}, "data")
+        return machine.Event("Warning", "DriftReverted", f"Reverted ConfigMap {name} to the fleet's setting: "
+                             f"{'; '.join(paths[:8])} (written by {', '.join(who)}; edit the ServingDeployment "
+                             "instead)")  # fmt: skip
+    return machine.Event("Normal", "Updated", f"Updated ConfigMap {name}: new pods start with {machine.show(setting)}")
 
 
 async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outcome:

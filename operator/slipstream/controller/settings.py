@@ -42,12 +42,7 @@ class ControllerSettings:
     prometheus_timeout_seconds: float = 10.0
     """Timeout of one Prometheus query. Env: SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS."""
 
-    prometheus_url: str = ""
-    """Read every deployment's metrics here instead of its spec.prometheus.url (an operator
-    running outside the cluster, as in the local stack). Empty: the spec's.
-    Env: SLIPSTREAM_PROMETHEUS_URL."""
-
-    observe_min_samples: int = 100
+    observe_min_samples: int = 50
     """First tokens a window needs before the tuner may act on it (all tenants): a p99 of
     fewer is one slow request. Env: SLIPSTREAM_OBSERVE_MIN_SAMPLES."""
 
@@ -70,6 +65,11 @@ class ControllerSettings:
     default is cores + 4, so six on a small node, and one deployment's slow call would
     queue the others'. Env: SLIPSTREAM_WORKER_THREADS."""
 
+    canary_noise_floor: float = 0.25
+    """Fraction of a tenant's p99 TTFT target under which its canary p99 never counts as
+    a regression (0.25: with a 2 s target, 0.2 s -> 0.37 s is noise, 0.4 s -> 0.9 s is not).
+    Env: SLIPSTREAM_CANARY_NOISE_FLOOR."""
+
     twin_profile: str = "kimi-k3-8xh200"
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see
     `slipstream bench --profile`). Env: SLIPSTREAM_TWIN_PROFILE."""
@@ -84,6 +84,12 @@ class ControllerSettings:
     """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a
     test machine, where nothing but loopback may be reached); a pod outside them counts as
     unreachable. Empty: any pod IP. Env: SLIPSTREAM_ENGINE_NETWORKS."""
+
+    peering_lifetime_seconds: int = 60
+    """Seconds a replica's entry in the kopf peering object stays valid without renewal
+    (kopf's default; it renews 5-10 s before). A replica killed without notice (SIGKILL,
+    a lost node) holds the others paused until it expires, so this bounds the takeover
+    time. Env: SLIPSTREAM_PEERING_LIFETIME_SECONDS."""
 
     @classmethod
     def from_env(cls) -> ControllerSettings:

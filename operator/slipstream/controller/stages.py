@@ -1,10 +1,9 @@
 """The loop's stages wired to the real packages: `slipstream.observe` and `slipstream.tune`.
 
-- `FleetObserver`: one `observe.Observer` per (Prometheus URL, window); each read covers
-  every deployment that uses that Prometheus with that window, so the number of queries
-  per interval does not grow with the number of deployments. Deployments on the same
-  Prometheus share a read (one in flight per URL and window, run in a worker thread and
-  bounded by a timeout); one on another Prometheus is never held up by it.
+- `fleet_observer`: observe's `FleetObserver` (one read per Prometheus, window and tenant
+  label serves every deployment on it, so the query count does not grow with the number
+  of deployments; reads on worker threads, one lock per key: a deployment on another
+  Prometheus is never held up).
 - `TwinRecommender`: `tune.tuner.tune_once` (gate, twin-backed recommendation,
   guardrails) with the deployment's spec, its tuner state from status, and the time scale.
 - `ObserveLatency`: the canary analysis' per-tenant p99 TTFT of some pods over a window
@@ -16,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import prometheus_client
 
 from slipstream.api import models, snapshot
+from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.controller import tuning
 from slipstream.observe import assemble, queries
+from slipstream.observe import fleet as fleet_
 from slipstream.observe.observer import Observer, ObserveSettings
 from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
@@ -41,51 +42,61 @@ TUNER_CPU_SECONDS = prometheus_client.Counter(
 )
 
 
-def prometheus_url(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> str | None:
-    """Where this deployment's metrics are read: the operator's override, else the spec's."""
-    return config.prometheus_url or sd.spec.prometheus.url
-
-
 @dataclass
-class FleetObserver:
-    """`loop.Observer` over `observe.Observer`, shared by every deployment's loop."""
+class PrometheusTokens:
+    """Bearer tokens of the deployments' Prometheus (spec.prometheus.bearerTokenSecretRef).
 
-    config: settings_.ControllerSettings
-    observers: dict[tuple[str, float], Observer] = field(default_factory=dict)
-    members: dict[tuple[str, float], set[str]] = field(default_factory=dict)
-    cache: dict[tuple[str, float], tuple[float, dict[str, snapshot.WorkloadSnapshot]]] = field(default_factory=dict)
-    locks: dict[tuple[str, float], asyncio.Lock] = field(default_factory=dict)
+    `refresh` reads a deployment's token Secret on a worker thread before its observe step;
+    the fleet observer then takes it from here without blocking the event loop. A token
+    that cannot be read is None: the query goes without and fails as Prometheus answers
+    (PrometheusUnreachable, HTTP 401), never as zero traffic.
+    """
 
-    def observer(self, key: tuple[str, float]) -> Observer:
-        if key not in self.observers:
-            self.observers[key] = Observer(key[0], ObserveSettings(
-                window_s=key[1], min_samples=self.config.observe_min_samples,
-                max_staleness_s=self.config.observe_max_staleness_seconds,
-                query_timeout_s=self.config.prometheus_timeout_seconds,
-            ))  # fmt: skip
-        return self.observers[key]
+    kube: kube_.Kube
+    tokens: dict[str, str | None] = field(default_factory=dict)
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
-        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
-        url = prometheus_url(sd, self.config)
-        if url is None:
-            return snapshot.invalid(name, now, window_s, snapshot.UNREACHABLE, "no Prometheus URL (spec.prometheus.url)")
-        key = (url, round(window_s, 3))
-        members = self.members.setdefault(key, set())
-        members.add(name)
-        async with self.locks.setdefault(key, asyncio.Lock()):
-            taken, snaps = self.cache.get(key, (-math.inf, {}))
-            # A read younger than half the window serves every member's step of this interval.
-            if name not in snaps or now - taken >= window_s / 2:
-                snaps = await asyncio.to_thread(self.observer(key).read, sorted(members))
-                self.cache[key] = (now, snaps)
-        return snaps.get(name) or snapshot.invalid(name, now, window_s, snapshot.NO_SERIES, "not in the fleet's read")
+    async def refresh(self, sd: models.ServingDeployment) -> None:
+        ref = sd.spec.prometheus.bearer_token_secret_ref
+        key = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        if ref is None:
+            self.tokens.pop(key, None)
+            return
+        try:
+            self.tokens[key] = await asyncio.to_thread(self.kube.secret_value, sd.metadata.namespace, ref.name, ref.key)
+        except kube_.ApiError:
+            self.tokens[key] = None
 
-    def forget(self, namespace: str, name_: str) -> None:
-        """A deployment whose loop ended leaves the fleet's reads."""
-        name = f"{namespace}/{name_}"
-        for members in self.members.values():
-            members.discard(name)
+    def __call__(self, sd: models.ServingDeployment) -> str | None:
+        return self.tokens.get(f"{sd.metadata.namespace}/{sd.metadata.name}")
+
+
+def fleet_observer(config: settings_.ControllerSettings, tokens: PrometheusTokens | None = None) -> fleet_.FleetObserver:
+    """observe's fleet reads with the operator's settings (`loop.Observer`)."""
+    return fleet_.FleetObserver(ObserveSettings(
+        min_samples=config.observe_min_samples,
+        max_staleness_s=config.observe_max_staleness_seconds,
+        query_timeout_s=config.prometheus_timeout_seconds,
+        # The backoff is about one control interval: scaled as the intervals are, so a
+        # time-scaled loop (tests, the demo) backs off in its own seconds too.
+        backoff_initial_s=tuning.scale(ObserveSettings().backoff_initial_s, config),
+        backoff_max_s=tuning.scale(ObserveSettings().backoff_max_s, config),
+    ), token_for=tokens)  # fmt: skip
+
+
+def latency_for(
+    fleet: fleet_.FleetObserver, config: settings_.ControllerSettings, tokens: PrometheusTokens | None = None
+) -> Callable[[models.ServingDeployment], ObserveLatency]:
+    """Where each deployment's canary figures are read: its Prometheus, through the fleet's
+    Observer of the same key (one client and backoff per Prometheus and window)."""
+
+    def latency(sd: models.ServingDeployment) -> ObserveLatency:
+        url = sd.spec.prometheus.url or "http://prometheus.invalid:9090"
+        label = sd.spec.tuning.objective.tenant_label
+        token = (tokens(sd) if tokens is not None else None) or ""
+        return ObserveLatency(fleet.observer(url, float(tuning.interval(sd, config)), label, token),
+                              config.canary_min_samples, label)  # fmt: skip
+
+    return latency
 
 
 def engine_setting(s: policies.Setting) -> models.EngineSetting:
@@ -154,13 +165,14 @@ class ObserveLatency:
 
     observer: Observer
     min_samples: int
+    tenant_label: str = queries.TENANT_LABEL
 
     def _p99(self, namespace: str, deployment: str, pods: Sequence[str], start_s: float, end_s: float) -> dict[str, float]:
         window = max(1.0, end_s - start_s)
-        promql = queries.pods_ttft(namespace, deployment, pods, window)
+        promql = queries.pods_ttft(namespace, deployment, pods, window, self.tenant_label)
         samples = self.observer.client.query(promql, end_s)
         got = assemble.pod_group(samples, name=f"{namespace}/{deployment}", now=end_s, window_s=window,
-                                 min_samples=self.min_samples)  # fmt: skip
+                                 min_samples=self.min_samples, tenant_label=self.tenant_label)  # fmt: skip
         if not got.valid:
             raise RuntimeError(f"{got.invalid}: {got.detail}")
         return {t.name: t.ttft_p99_s for t in got.tenants if math.isfinite(t.ttft_p99_s)}

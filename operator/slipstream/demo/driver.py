@@ -32,11 +32,10 @@ from slipstream.demo import loop, phases
 
 NAMESPACE = "slipstream-demo"
 NAME = "kimi-demo"
-ADMIN_SECRET = "kimi-demo-admin"
 DEFAULT_TIME_SCALE = 8.0
-"""Twin seconds per wall second: three 400 s phases take ~2.5 minutes."""
+"""Twin seconds per wall second: three 720 s phases take 4.5 minutes."""
 
-DEFAULT_PHASE_S = 400.0
+DEFAULT_PHASE_S = 720.0
 READY_S = 120.0
 
 
@@ -86,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
 def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     scale = target.time_scale
     target.kubectl("create", "namespace", NAMESPACE, check=False)
-    target.admin_secret(NAMESPACE, ADMIN_SECRET)
-    sd = loop.serving_deployment(NAME, target.prometheus_url, ADMIN_SECRET)
+    # No admin-key Secret of our own: the operator generates the engines' key (and may read
+    # no Secrets it has not been granted; see docs/operator.md, RBAC).
+    sd = loop.serving_deployment(NAME, target.prometheus_url)
     sd["metadata"]["namespace"] = NAMESPACE
     target.apply(sd)
     print(f"applied ServingDeployment {NAMESPACE}/{NAME} (mode Auto, 2 simulated engines, "

@@ -28,6 +28,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -89,6 +90,21 @@ KWOK_USER = "kwok-controller"
 leases, pod deletions): like kwokctl's set-up it gets cluster-admin rights."""
 
 
+@dataclass(frozen=True)
+class Probe:
+    """How to tell that a component is up: its health URL and what it must answer."""
+
+    url: str
+    deadline_s: float
+    context: ssl.SSLContext | None = None
+    expect: str | None = None
+
+    def wait(self, component: processes.Component) -> None:
+        health.wait_healthy(
+            component, self.url, deadline_s=self.deadline_s, context=self.context, expect=self.expect
+        )
+
+
 class Cluster:
     """Handle on a running local control plane.
 
@@ -116,8 +132,10 @@ class Cluster:
         node_names: list[str] | None = None,
         pod_cidr: podcidr.PodCidrLease | None = None,
         admin_context: ssl.SSLContext | None = None,
+        probes: dict[str, Probe] | None = None,
     ) -> None:
         """Wrap already running components; use Cluster.start() to make one."""
+        self._probes = dict(probes or {})
         self._node_names = list(node_names or [])
         self._pod_cidr = pod_cidr
         self._reader = (
@@ -190,6 +208,7 @@ class Cluster:
         # member (with other peer URLs) in the data directory.
         shutil.rmtree(etcd_data, ignore_errors=True)
         running: list[processes.Component] = []
+        probes: dict[str, Probe] = {}
         t0 = time.monotonic()
 
         def launch(
@@ -205,9 +224,8 @@ class Cluster:
             """Start one component and wait until its health endpoint says ready."""
             component = processes.Component(name, argv, logs / f"{name}.log", env=env)
             running.append(component)
-            health.wait_healthy(
-                component, url, deadline_s=deadline_s, context=context, expect=expect
-            )
+            probes[name] = Probe(url, deadline_s, context, expect)
+            probes[name].wait(component)
             log.info("localkube: %s healthy after %.1fs", name, time.monotonic() - t0)
             return component
 
@@ -285,6 +303,7 @@ class Cluster:
                 node_names=nodes.names(node_pools),
                 pod_cidr=cidr,
                 admin_context=admin_context,
+                probes=probes,
             )
         except BaseException:
             _stop_all(running)
@@ -341,6 +360,26 @@ class Cluster:
         finally:
             if self._pod_cidr is not None:
                 self._pod_cidr.release()
+
+    def restart(self, name: str) -> float:
+        """Stop one component (``etcd``, ``kube-apiserver``, ``kube-controller-manager``,
+        ``kube-scheduler``, ``kwok``) and start it again with the same command line, ports
+        and data; return once it is healthy, with the seconds it was down.
+
+        For fault tests: clients of a restarted apiserver or etcd must ride it out.
+        """
+        found = [i for i, c in enumerate(self._components) if c.name == name]
+        if not found or name not in self._probes:
+            known = ", ".join(c.name for c in self._components)
+            raise ValueError(f"no component {name!r} to restart (running: {known})")
+        old = self._components[found[0]]
+        t0 = time.monotonic()
+        old.stop()
+        new = processes.Component(name, old.argv, old.log_path, env=old.env)
+        self._components[found[0]] = new
+        self._probes[name].wait(new)
+        log.info("localkube: %s restarted, down %.1fs", name, time.monotonic() - t0)
+        return time.monotonic() - t0
 
     def __enter__(self) -> Cluster:
         return self

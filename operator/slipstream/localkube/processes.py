@@ -39,6 +39,8 @@ class Component:
     ) -> None:
         self.name = name
         self.log_path = log_path
+        self.argv = list(argv)
+        self.env = env
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             # start_new_session: the component leads its own process group, so

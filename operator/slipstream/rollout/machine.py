@@ -137,13 +137,14 @@ def seconds(text: str | None) -> float | None:
 def describe_change(before: Setting, after: Setting, c: int) -> str:
     """`4096 -> 2048 (concurrency 2 -> 4, order srpt)`: what an Event says first."""
     conc = engine_args.concurrency
-    parts = [f"concurrency {conc(c, before.threshold)} -> {conc(c, after.threshold)}"]
     if before.schedule_policy != after.schedule_policy:
-        parts.append(f"order {before.schedule_policy} -> {after.schedule_policy}")
+        order = f"order {before.schedule_policy} -> {after.schedule_policy}"
     else:
-        parts.append(f"order {after.schedule_policy}")
-    if before.mode != after.mode:
-        parts.append(f"mode {before.mode} -> {after.mode}")
+        order = f"order {after.schedule_policy}"
+    mode = [f"mode {before.mode} -> {after.mode}"] if before.mode != after.mode else []
+    if before.threshold == after.threshold:  # only the order or the mode moves
+        return f"threshold {after.threshold} (concurrency {conc(c, after.threshold)}): " + ", ".join([order, *mode])
+    parts = [f"concurrency {conc(c, before.threshold)} -> {conc(c, after.threshold)}", order, *mode]
     return f"{before.threshold} -> {after.threshold} ({', '.join(parts)})"
 
 

@@ -44,7 +44,8 @@ time is passed in). Modules, in the order a decision flows:
   simulate/bench --policy auto``).
 - ``codec``: snapshot <-> JSON-able dict (``slipstream recommend --snapshot FILE.json``).
 
-How long: one recommendation (the burst fit, 45 candidates screened on 200 synthetic
-requests, 9 confirmed on 800, decodes included) takes 0.68-0.85 s of CPU
-(``slipstream recommend --snapshot FILE.json --time``).
+How long: one recommendation (the burst fit, the screen on 200 synthetic requests, 7-9
+confirmed on 2000, decodes included) takes 0.49 s of CPU from off (9 candidates within a
+step), 0.66 s from concurrency 2 (21), about 1.1 s with all 45 in reach
+(``slipstream recommend --snapshot FILE.json [--current POLICY] --time``).
 """

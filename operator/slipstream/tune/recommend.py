@@ -65,7 +65,7 @@ class RecommenderSettings:
     """Requests in the screening workload (count), which every candidate runs on; its span
     is the snapshot's window (shorter if the window holds more). Bounds one run to a few ms
     so ~45 candidates fit in a fraction of a second; 200 still puts two of a 1% tail in."""
-    confirm_requests: int = 800
+    confirm_requests: int = 2000
     """Requests in the confirming workload (count; 0 turns the stage off): an independent
     sample of the same mix, replayed for as long as it takes (beyond the window), on which
     the shortlist runs and the choice is made. A short run starts from an empty engine and
@@ -73,7 +73,13 @@ class RecommenderSettings:
     traces a 120 s screen ranked ceiling:4096/srpt 16 and stock/srpt 40, a 200 s run 264 and
     40. Being a second sample it also takes the winner's curse out of the gain: the least of
     45 noisy estimates is biased low."""
-    shortlist: int = 6
+    shortlist: int = 4
+    max_step_factor: float = 2.0
+    """Most concurrency a step may reach, as a multiple of the current (off counts as 1; 0
+    turns the limit off); fewer is never limited. More concurrent prefills hold more KV,
+    a risk a window-long twin run sees late; stepping up by at most double lets each step
+    show in the metrics before the next (on builtin:multi-tenant a first step from off
+    straight to concurrency 4 raised the worst tenant's p99 slowdown from 464 to 1106)."""
     """Best screened candidates (count) the confirming run re-checks, besides the current
     setting and off in every order."""
     seed: int = 0
@@ -257,7 +263,8 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     cfg = twin_config(base, spec, workload)
     runs = {current: current_run}
     runs.update({s: predict(workload, s, profile, cfg, spec)
-                 for s in (BASELINE, *enumerate_candidates(spec, settings.orders, settings.modes)) if s not in runs})
+                 for s in (BASELINE, *enumerate_candidates(stepped(spec, current, settings), settings.orders,
+                                                           settings.modes)) if s not in runs})
     screened = bounded(tuple(runs.values()), settings)
     confirmed = screened
     if settings.confirm_requests:
@@ -274,6 +281,16 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     return Recommendation(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
                           reason_line(mix, cur, best, feasible), burst, fit, confirmed)
+
+
+def stepped(spec: TuningSpec, current: Setting, settings: RecommenderSettings) -> TuningSpec:
+    """The spec's bounds narrowed to one step up from the current setting: concurrency at
+    most ``max_step_factor`` times the current (off counts as 1); down is not limited."""
+    if not settings.max_step_factor:
+        return spec
+    cur = concurrency(current, spec.chunked_prefill_size)
+    top = max(spec.min_concurrency, min(spec.max_concurrency, int(cur * settings.max_step_factor)))
+    return replace(spec, max_concurrency=top)
 
 
 def long_bound(baseline_long_slowdown: float, settings: RecommenderSettings) -> float:

@@ -14,7 +14,8 @@ when the snapshot has one (decodes hold KV, and a full pool holds up admission),
 token each (no decodes).
 
 Arrivals may come in bursts (``burst``), fitted by the recommender to the current
-setting's observed TTFT. Deterministic: one seeded ``random.Random`` per call.
+setting's observed TTFT. The snapshot counts the whole deployment; the twin is one engine, so rates are divided by
+the number of pods the snapshot lists (one when it lists none). Deterministic: one seeded ``random.Random`` per call.
 """
 
 from __future__ import annotations
@@ -78,14 +79,17 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
         raise ValueError(f"burst must be >= 1, got {burst}")
     tenants = [t for t in snapshot.tenants if t.requests_per_s > 0 and t.uncached_tokens.total > 0
                and t.uncached_tokens.finite]
-    rate = sum(t.requests_per_s for t in tenants)
+    # The twin is one engine: a deployment's traffic is spread over its pods.
+    engines = max(1, len(snapshot.pods))
+    rate = sum(t.requests_per_s for t in tenants) / engines
     if not tenants or rate <= 0:
         return build(f"{snapshot.deployment}@twin", [])
     span = min(snapshot.window_s if max_span_s is None else max_span_s, max_requests / rate)
     rng = random.Random(seed)
     reqs: list[Request] = []
     for k, tenant in enumerate(tenants):
-        n = max(1, round(tenant.requests_per_s * span))
+        tenant_rate = tenant.requests_per_s / engines
+        n = max(1, round(tenant_rate * span))
         draw = inverse_cdf(tenant.uncached_tokens)
         lengths = [max(1, round(draw((i + rng.random()) / n))) for i in range(n)]
         rng.shuffle(lengths)
@@ -99,7 +103,7 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
         at = 0.0
         for i, uncached in enumerate(lengths):
             if i % burst == 0:
-                at += rng.expovariate(tenant.requests_per_s / burst)
+                at += rng.expovariate(tenant_rate / burst)
             cached = round(uncached * hit / (1.0 - hit))
             if cached:
                 blocks, sizes, warm = (base + 2 * i, base + 2 * i + 1), (cached, uncached), 1

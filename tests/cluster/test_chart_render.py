@@ -1,0 +1,137 @@
+"""The chart rendered by the real helm binary, offline (no cluster, no --kube-version):
+RBAC scopes, the per-release peering object, the port clash refusal and the NetworkPolicy.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slipstream.localkube import binaries
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "slipstream"
+
+
+def helm_template(*sets: str, release: str = "r", tmp: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    helm = binaries.default_bin_dir() / "helm"
+    if not helm.exists():
+        pytest.fail(f"{helm} is missing: {binaries.BUILD_HINT}", pytrace=False)
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    # No cluster anywhere: a kubeconfig that names none, helm's homes in tmp.
+    env.update({"KUBECONFIG": str(tmp / "none"), "HELM_CACHE_HOME": str(tmp / "c"),
+                "HELM_CONFIG_HOME": str(tmp / "cfg"), "HELM_DATA_HOME": str(tmp / "d")})  # fmt: skip
+    argv = [str(helm), "template", release, str(CHART), "--namespace=ops", *(f"--set={s}" for s in sets)]
+    result = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60, check=False)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def docs(*sets: str, tmp: Path, release: str = "r") -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(helm_template(*sets, release=release, tmp=tmp).stdout) if d]
+
+
+def one(rendered: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in rendered if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind} {name}: {len(found)} rendered"
+    return found[0]
+
+
+def rules_for(rendered: list[dict[str, Any]], resource: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(d["metadata"]["name"], rule) for d in rendered if d["kind"] in ("ClusterRole", "Role")
+            for rule in d["rules"] if resource in rule["resources"]]  # fmt: skip
+
+
+def test_renders_offline_without_kube_version(tmp_path: Path) -> None:
+    kinds = {d["kind"] for d in docs(tmp=tmp_path)}
+    assert {"Deployment", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "ServiceAccount"} <= kinds
+    assert "NetworkPolicy" not in kinds  # opt-in
+
+
+def test_no_rule_grants_wildcards_and_secrets_are_read_only_where_granted(tmp_path: Path) -> None:
+    rendered = docs("rbac.secretNamespaces={a,b}", tmp=tmp_path)
+    for d in rendered:
+        for rule in d.get("rules", []):
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+    secret_rules = sorted((name, tuple(rule["verbs"]), tuple(rule.get("resourceNames", [])))
+                          for name, rule in rules_for(rendered, "secrets"))  # fmt: skip
+    assert secret_rules == [
+        ("r-slipstream", ("create",), ()),  # the generated <name>-admin-key; create reads nothing
+        ("r-slipstream-admin-seed", ("get",), ("r-slipstream-admin-seed",)),  # by name only
+        ("r-slipstream-secret-reader", ("get",), ()),  # the Secrets specs name, where granted
+    ]
+    assert one(rendered, "Role", "r-slipstream-admin-seed")["metadata"]["namespace"] == "ops"
+    bindings = [d for d in rendered if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and d["roleRef"]["name"] == "r-slipstream-secret-reader"]  # fmt: skip
+    assert {(d["kind"], d["metadata"]["namespace"]) for d in bindings} == {("RoleBinding", "a"), ("RoleBinding", "b")}
+    assert not rules_for(rendered, "kopfpeerings")  # cluster-wide install: no namespaced peering rights
+    (status,) = [rule for _, rule in rules_for(rendered, "servingdeployments/status")]
+    assert status["verbs"] == ["patch"]
+    (events,) = [rule for _, rule in rules_for(rendered, "events")]
+    assert (events["apiGroups"], events["verbs"]) == ([""], ["create"])
+
+
+def test_namespaced_install_has_namespaced_peering_rights_and_secrets_in_its_namespace(tmp_path: Path) -> None:
+    rendered = docs("watchNamespace=team-a", tmp=tmp_path)
+    assert not rules_for(rendered, "clusterkopfpeerings")
+    peering_rules = rules_for(rendered, "kopfpeerings")
+    assert {name for name, _ in peering_rules} == {"r-slipstream"}
+    assert one(rendered, "RoleBinding", "r-slipstream")["metadata"]["namespace"] == "team-a"
+    assert not [d for d in rendered if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] == "r-slipstream"]
+    assert ("r-slipstream", ["get"]) in [(name, rule["verbs"]) for name, rule in rules_for(rendered, "secrets")]
+    patch = [rule for _, rule in peering_rules if "patch" in rule["verbs"]]
+    assert patch == [{"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"], "resourceNames": ["r-slipstream"], "verbs": ["patch"]}]
+    assert one(rendered, "KopfPeering", "r-slipstream")["metadata"]["namespace"] == "team-a"
+
+
+def test_the_peering_object_is_named_per_release(tmp_path: Path) -> None:
+    names = []
+    for release in ("first", "second"):
+        rendered = docs(tmp=tmp_path, release=release)
+        peering = [d for d in rendered if d["kind"] == "ClusterKopfPeering"]
+        assert len(peering) == 1
+        names.append(peering[0]["metadata"]["name"])
+        args = one(rendered, "Deployment", f"{release}-slipstream")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert f"--peering={names[-1]}" in args
+        patch = [rule for _, rule in rules_for(rendered, "clusterkopfpeerings") if "patch" in rule["verbs"]]
+        assert [rule.get("resourceNames") for rule in patch] == [[names[-1]]]
+    assert names == ["first-slipstream", "second-slipstream"]
+    override = [d for d in docs("peering.name=shared", tmp=tmp_path) if d["kind"] == "ClusterKopfPeering"]
+    assert override[0]["metadata"]["name"] == "shared"
+
+
+def test_health_port_equal_to_the_metrics_port_is_refused(tmp_path: Path) -> None:
+    bad = helm_template("healthPort=9090", tmp=tmp_path, check=False)
+    assert bad.returncode != 0
+    assert "healthPort and metrics.port must differ" in bad.stderr, bad.stderr
+    helm_template("healthPort=9090", "metrics.enabled=false", tmp=tmp_path)  # no metrics listener: no clash
+    helm_template("healthPort=9091", tmp=tmp_path)
+
+
+def test_network_policy_limits_egress_to_apiserver_prometheus_engines_and_dns(tmp_path: Path) -> None:
+    rendered = docs("networkPolicy.enabled=true", "networkPolicy.apiServer.cidrs={10.0.0.1/32}", tmp=tmp_path)
+    policy = one(rendered, "NetworkPolicy", "r-slipstream")["spec"]
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "slipstream", "app.kubernetes.io/instance": "r"}
+    assert [[p["port"] for p in rule["ports"]] for rule in policy["ingress"]] == [[9090], [8080]]
+    apiserver, prometheus, engines, dns = policy["egress"]
+    assert apiserver == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
+                         "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}  # fmt: skip
+    assert prometheus["to"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    assert prometheus["ports"] == [{"port": 9090, "protocol": "TCP"}]
+    assert engines["to"] == [{"namespaceSelector": {}, "podSelector": {"matchExpressions": [
+        {"key": "serving.slipstream.dev/name", "operator": "Exists"}]}}]  # fmt: skip
+    assert engines["ports"] == [{"port": 30000, "protocol": "TCP"}]
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
+    assert len(policy["egress"]) == 4  # nothing else leaves the operator pod
+
+    scoped = one(docs("networkPolicy.enabled=true", "watchNamespace=team-a", tmp=tmp_path), "NetworkPolicy", "r-slipstream")
+    engines = scoped["spec"]["egress"][2]
+    assert engines["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    bad = helm_template("networkPolicy.enabled=true", "networkPolicy.apiServer.cidrs={nonsense}", tmp=tmp_path, check=False)
+    assert bad.returncode != 0 and "cidrs" in bad.stderr, bad.stderr

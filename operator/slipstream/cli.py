@@ -317,7 +317,7 @@ def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: boo
 
 def _tuner_json(tuner: auto.TwinAuto) -> dict[str, object]:
     """auto's changes for ``--json``: when, from, to and why (policy names)."""
-    return {"decisions": len(tuner.decisions),
+    return {"decisions": len(tuner.decisions), "held": tuner.held(),
             "changes": [{"at_s": round(at, 3), "from": recommend.policy_name(m.from_),
                          "to": recommend.policy_name(m.to), "reason": m.reason}
                         for at, m in tuner.moves()]}
@@ -328,7 +328,8 @@ def _print_moves(name: str, tuner: auto.TwinAuto | None) -> None:
         return
     c = tuner.settings.spec.chunked_prefill_size
     moves = tuner.moves()
-    print(f"{name}: {len(moves)} change(s) in {len(tuner.decisions)} decisions")
+    held = ", ".join(f"{reason} {n}" for reason, n in tuner.held().items())
+    print(f"{name}: {len(moves)} change(s) in {len(tuner.decisions)} decisions (held: {held or 'none'})")
     for at, move in moves:
         print(f"  t={at:8.1f} s  {recommend.describe(move.from_, c)} -> "
               f"{recommend.describe(move.to, c)}: {move.reason}")

@@ -270,6 +270,35 @@ def test_hysteresis_holds_below_the_margin():
     assert isinstance(decide(heterogeneous(), rec, TunerState(near), guard=strict), Move)
 
 
+def test_a_gain_the_two_samples_disagree_on_holds():
+    rec = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)  # screen and confirmation
+    assert rec.best.setting != OFF and rec.gain >= 0.2
+    screen = {p.setting: p.worst_tenant_slowdown_p99 for p in rec.predictions}
+    assert rec.screen_gain == pytest.approx((screen[OFF] - screen[rec.best.setting]) / screen[OFF])
+    assert rec.gain_spread == pytest.approx(abs(rec.screen_gain - rec.gain))
+    assert isinstance(decide(heterogeneous(), rec, TunerState(OFF)), Move)
+    # The same gain against a spread it does not clear: noise, not a step.
+    doubt = GuardrailSettings(min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60,
+                              noise_factor=rec.gain / max(rec.gain_spread, 1e-3) * 1.01)
+    d = decide(heterogeneous(), rec, TunerState(OFF), guard=doubt)
+    assert isinstance(d, Hold) and d.reason == guardrails.BELOW_MARGIN and "spread" in d.message
+    # Without a confirming run the two estimates are one: no spread.
+    assert HET_REC.gain_spread == 0.0
+
+
+def test_no_return_to_a_setting_left_within_the_dwell():
+    best = HET_REC.best.setting
+    state = TunerState(best).stepped(OFF, 10_000.0, keep_s=1800.0)  # left best for off at 10_000
+    assert state.current == OFF and state.last_step_at == 10_000.0 and state.left == ((best, 10_000.0),)
+    d = decide(heterogeneous(), HET_REC, state, now=10_700.0)  # past the cooldown, within 3 of them
+    assert isinstance(d, Hold) and d.reason == guardrails.DWELL and "left 700 s ago" in d.message
+    assert isinstance(decide(heterogeneous(), HET_REC, state, now=11_900.0), Move)  # dwell over
+    off_dwell = GuardrailSettings(min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60, dwell_cooldowns=0)
+    assert isinstance(decide(heterogeneous(), HET_REC, state, now=10_700.0, guard=off_dwell), Move)
+    # Old entries drop out of the memory on the next step.
+    assert state.stepped(best, 12_000.0, keep_s=1800.0).left == ((OFF, 12_000.0),)
+
+
 def test_at_best_holds_and_uniform_traffic_steps_back_to_off():
     assert decide(uniform(), UNI_REC, TunerState(UNI_REC.best.setting)).reason == guardrails.AT_BEST
     # Off/fcfs -> off/srpt predicts no gain on uniform traffic: no step for an order alone.

@@ -112,6 +112,8 @@ def test_bench_runs_auto_on_the_builtin_workload(capsys):
     assert set(out["policies"]) == {"stock", "auto"}
     changes = out["tuner"]["auto"]["changes"]
     assert changes and changes[0]["from"] == "stock" and changes[0]["reason"].startswith("heterogeneity")
+    held = out["tuner"]["auto"]["held"]
+    assert sum(held.values()) + len(changes) == out["tuner"]["auto"]["decisions"] and "Cooldown" in held
     assert out["policies"]["auto"]["worst_tenant_slowdown_p99"] < out["policies"]["stock"]["worst_tenant_slowdown_p99"]
 
 

@@ -14,23 +14,28 @@ time is passed in). Modules, in the order a decision flows:
   -> Recommendation``: ``best``, ``current`` and every candidate's ``Prediction``
   (per-tenant p99 TTFT and slowdown, worst-tenant figures, the longest prompts' slowdown,
   ``allowed``/``meets_targets``/``within_long_bound``), ``heterogeneity``, ``feasible``,
-  ``gain`` and a one-line ``reason``; ``recommend.describe(setting, C)`` and
+  ``gain`` (confirming sample), ``screen_gain`` (screening sample, same two settings) and
+  ``gain_spread`` (their disagreement: the noise estimate) and a one-line ``reason``; ``recommend.describe(setting, C)`` and
   ``recommend.policy_name(setting)`` format a setting. Raises ValueError on an invalid or
   empty snapshot (``gate`` catches those first).
-- ``guardrails``: ``GuardrailSettings`` (min samples, gain margins, cooldown, interval),
-  ``TunerState(current, last_step_at, rollout_in_progress)``, ``gate(snapshot, state,
+- ``guardrails``: ``GuardrailSettings`` (min samples, gain margins, ``noise_factor`` x
+  ``gain_spread``, cooldown, interval, ``dwell_cooldowns``), ``TunerState(current,
+  last_step_at, rollout_in_progress, left)`` (``left``: settings stepped away from and when;
+  ``state.stepped(to, now, keep_s)`` records a step), ``gate(snapshot, state,
   settings, now) -> Hold | None`` (checks needing no twin run) and ``decide(snapshot,
   recommendation, state, spec, settings, now) -> Move | Hold | Infeasible``. Every
   decision has ``kind``; Move has ``from_``, ``to``, ``reason``; Hold and Infeasible have
   ``reason`` (a condition word: RolloutInProgress, NoTraffic, StaleMetrics,
   PrometheusUnreachable, NotFinite, NoSeries, TooFewSamples, Interval, Cooldown,
-  OutOfBounds, AtBest, BelowMargin, Infeasible) and ``message``; all but gate-level Holds
+  OutOfBounds, AtBest, BelowMargin, Dwell, Infeasible) and ``message``; all but gate-level Holds
   carry the ``recommendation`` for status.
 - ``tuner.tune_once(snapshot, state, TunerSettings(spec, guardrails, recommender),
   profile, config, now) -> Decision``: the one call per interval for the controller.
   On Move the caller (rollout) starts the canary of ``decision.to`` and, once it is under
   way, passes ``TunerState(to-or-current, last_step_at=now, rollout_in_progress=True)``
-  next time; the Event text is ``decision.reason``.
+  next time (with ``left`` kept, else the dwell has no memory: the operator's
+  ``deployment.tuner_state`` and ``controller.stages`` keep none yet); the Event text is
+  ``decision.reason``.
 - ``deployment``: the operator's entry point. ``decide_for(sd, snapshot, fleet, now,
   profile, time_scale=1.0) -> Decision`` reads the spec (bounds, targets, interval,
   cooldown) and the status (``lastDecision.time`` starts the cooldown, ``rollout.phase``

@@ -55,12 +55,21 @@ class TwinAuto:
         decision = tune_once(snapshot, self.state, self.settings, self.profile, self.config, now)
         self.decisions.append((now, decision))
         if isinstance(decision, Move):
-            self.state = TunerState(decision.to, now)
+            guard = self.settings.guardrails
+            self.state = self.state.stepped(decision.to, now, guard.dwell_cooldowns * guard.cooldown_s)
             return decision.to
         return None
 
     def moves(self) -> list[tuple[float, Move]]:
         return [(t, d) for t, d in self.decisions if isinstance(d, Move)]
+
+    def held(self) -> dict[str, int]:
+        """How many decisions stayed, by reason (Cooldown, BelowMargin, Dwell, ...)."""
+        counts: dict[str, int] = {}
+        for _, d in self.decisions:
+            if not isinstance(d, Move):
+                counts[d.reason] = counts.get(d.reason, 0) + 1
+        return dict(sorted(counts.items()))
 
 
 def start_setting(policy: Policy) -> Setting:

@@ -15,7 +15,11 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    with ``recommend``'s candidates; re-checked because the spec may have changed);
 7. the best differs from the current setting and its predicted gain clears the margin
    (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
-   confirming run: ``Recommendation.gain``): Move, with the recommendation's
+   confirming run: ``Recommendation.gain``; and ``noise_factor`` times the spread between
+   the screening and confirming samples' gains, ``Recommendation.gain_spread``: a gain the
+   two samples disagree on by more than itself is noise), and the best is not a setting
+   left less than ``dwell_cooldowns`` cooldowns ago (``TunerState.left``; else Hold
+   ``Dwell``: A -> B -> A within a few cooldowns is flapping): Move, with the recommendation's
    one-line reason. This holds even when no candidate meets every target: the best effort
    still serves the tenants better, and the reason says which targets it misses. Also a
    Move: the best has less concurrency than the current setting,
@@ -26,6 +30,9 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 9. the best is the current setting: Hold ``AtBest``;
 10. otherwise the gain is below the margin: Hold ``BelowMargin`` (hysteresis: noisy
     windows do not flap).
+
+The step back to less concurrency on near-uniform traffic is not held by the dwell: it
+answers a change of mix, not a noisy ranking.
 
 Steps 1-5 need no twin run: ``gate`` returns their Hold (or None) so a controller can skip
 the recommendation's cost when nothing could move anyway.
@@ -46,6 +53,7 @@ COOLDOWN = "Cooldown"
 OUT_OF_BOUNDS = "OutOfBounds"
 AT_BEST = "AtBest"
 BELOW_MARGIN = "BelowMargin"
+DWELL = "Dwell"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +87,23 @@ class GuardrailSettings:
     interval_s: float = 60.0
     """The control interval, seconds (``spec.tuning.intervalSeconds``): at most one step per
     interval even with no cooldown."""
+    noise_factor: float = 1.0
+    """A Move by gain needs the gain to be at least this many times the spread between the
+    screening and confirming samples' gains (dimensionless; 0 turns it off). The screen runs
+    one window from an empty engine, the confirmation a longer independent sample; where
+    they disagree by more than the gain itself the ranking is noise (on the Mooncake + Azure
+    traces the screen predicted gains of tens of percent the confirmation did not see)."""
+    dwell_cooldowns: float = 3.0
+    """No Move by gain back to a setting left less than this many cooldowns ago
+    (dimensionless; 0 turns it off): users judge a tuner by never flapping, and a return
+    within a few cooldowns means one of the two steps was noise."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or min(self.min_gain, self.min_gain_abs, self.step_back_tolerance,
                                        self.step_back_max_heterogeneity) < 0:
             raise ValueError("min_samples must be >= 1 and the gain margins >= 0")
+        if self.noise_factor < 0 or self.dwell_cooldowns < 0:
+            raise ValueError("noise_factor and dwell_cooldowns must be >= 0")
         if self.cooldown_s < 0 or self.interval_s <= 0:
             raise ValueError("cooldown_s must be >= 0 and interval_s > 0")
 
@@ -97,6 +117,20 @@ class TunerState:
     last_step_at: float | None = None
     """When the last step was decided (seconds on the injected clock), None if never."""
     rollout_in_progress: bool = False
+    left: tuple[tuple[Setting, float], ...] = ()
+    """Settings stepped away from and when (seconds on the same clock), oldest first: the
+    dwell's memory (``stepped``). Empty when the controller keeps none (no dwell)."""
+
+    def stepped(self, to: Setting, now: float, keep_s: float = float("inf")) -> TunerState:
+        """The state after a step to ``to`` at ``now``: the current setting joins ``left``,
+        entries older than ``keep_s`` drop out."""
+        left = tuple((s, at) for s, at in self.left if now - at < keep_s) + ((self.current, now),)
+        return TunerState(to, now, False, left)
+
+    def left_within(self, setting: Setting, now: float, span_s: float) -> float | None:
+        """When ``setting`` was last left, if less than ``span_s`` before ``now``; else None."""
+        times = [at for s, at in self.left if s == setting and now - at < span_s]
+        return max(times) if times else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,16 +204,25 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
         return Hold(OUT_OF_BOUNDS, f"{describe(best, c)} is outside the spec's bounds", rec)
     cur = rec.current.objective(rec.objective)
     new = rec.best.objective(rec.objective)
-    if best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= settings.min_gain:
+    spread = rec.gain_spread
+    margin = max(settings.min_gain, settings.noise_factor * spread)
+    dwell_s = settings.dwell_cooldowns * settings.cooldown_s
+    left_at = state.left_within(best, now, dwell_s)
+    by_gain = best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= margin
+    if by_gain and left_at is None:
         return Move(state.current, best, rec.reason, rec)
     if (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
             and rec.heterogeneity <= settings.step_back_max_heterogeneity
             and concurrency(best, c) < concurrency(state.current, c)):
         return Move(state.current, best, f"{rec.reason}; less concurrency predicts as well", rec)
+    if by_gain:
+        return Hold(DWELL, f"{describe(best, c)} was left {now - left_at:.0f} s ago: no return within "
+                    f"{dwell_s:.0f} s ({settings.dwell_cooldowns:g} cooldowns): {rec.reason}", rec)
     if not rec.feasible:
         return Infeasible(f"no setting within concurrency {spec.min_concurrency}-{spec.max_concurrency} "
                           f"meets every target and the long-prompt bound: {rec.reason}", rec)
     if best == state.current:
         return Hold(AT_BEST, f"{describe(best, c)} is already the best: {rec.reason}", rec)
     return Hold(BELOW_MARGIN, f"predicted gain {rec.gain:.0%} ({cur:.2f} -> {new:.2f}) is below the "
-                f"margin ({settings.min_gain:.0%} and {settings.min_gain_abs:g}): {rec.reason}", rec)
+                f"margin ({margin:.0%}: {settings.min_gain:.0%}, or {settings.noise_factor:g} x the samples' "
+                f"spread {spread:.0%}; and {settings.min_gain_abs:g}): {rec.reason}", rec)

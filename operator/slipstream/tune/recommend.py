@@ -196,6 +196,24 @@ class Recommendation:
         return (cur - new) / cur if cur > 0 and math.isfinite(cur) and math.isfinite(new) else 0.0
 
     @property
+    def screen_gain(self) -> float:
+        """The same relative gain (best over current) on the screening sample: a second,
+        independent estimate of it (equal to ``gain`` when there is no confirming run)."""
+        by = {p.setting: p for p in self.predictions}
+        cur, new = by.get(self.current.setting), by.get(self.best.setting)
+        if cur is None or new is None:
+            return self.gain
+        a, b = cur.objective(self.objective), new.objective(self.objective)
+        return (a - b) / a if a > 0 and math.isfinite(a) and math.isfinite(b) else 0.0
+
+    @property
+    def gain_spread(self) -> float:
+        """How far the two samples disagree on the gain (fraction, >= 0): the noise estimate
+        the guardrails hold a gain against. Both samples run every candidate on the same
+        requests (common random numbers), so this is the spread of the difference itself."""
+        return abs(self.screen_gain - self.gain)
+
+    @property
     def gain_abs(self) -> float:
         """Absolute predicted improvement (objective units)."""
         diff = self.current.objective(self.objective) - self.best.objective(self.objective)

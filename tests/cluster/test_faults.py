@@ -14,6 +14,7 @@ the operator divides spec.tuning's durations by TIME_SCALE, so a 50 s interval i
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -51,7 +52,7 @@ NS = "faults"
 DEADLINE_S = 90
 PEERING_LIFETIME_S = 10
 OPERATOR_ENV = {
-    "SLIPSTREAM_OBSERVE_MIN_SAMPLES": "20",
+    "SLIPSTREAM_OBSERVE_MIN_SAMPLES": "10",
     "SLIPSTREAM_CANARY_MIN_SAMPLES": "5",
     "SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS": "1",
     "SLIPSTREAM_ADMIN_TIMEOUT_SECONDS": "1",
@@ -164,21 +165,24 @@ class Traffic:
         self.thread.start()
 
     def run(self) -> None:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            while not self.stopped.wait(0.1):
+                runner = self.stack.runner
+                if runner is None or not self.to:
+                    continue
+                urls = [sim["url"] for sim in runner.simulators()
+                        if sim["ready"] and sim["pod"].startswith(f"{NS}/")
+                        and sim["pod"].split("/", 1)[1].rsplit("-", 2)[0] in self.to]  # fmt: skip
+                list(pool.map(self.send, urls))  # one request to each pod, all at once
+
+    def send(self, url: str) -> None:
         headers = {"Content-Type": "application/json",
-                   engine_metrics.CUSTOM_LABELS_HEADER: json.dumps({"tenant": "team-a"})}
-        while not self.stopped.wait(0.05):
-            runner = self.stack.runner
-            if runner is None or not self.to:
-                continue
-            for sim in runner.simulators():
-                sd = sim["pod"].split("/", 1)[1].rsplit("-", 2)[0]
-                if sim["pod"].startswith(f"{NS}/") and sd in self.to and sim["ready"]:
-                    body = {"model": "m", "prompt": " ".join(["word"] * 200), "max_tokens": 2}
-                    request = urllib.request.Request(sim["url"] + "/v1/completions", json.dumps(body).encode(),
-                                                     headers)  # fmt: skip
-                    with contextlib.suppress(OSError):
-                        urllib.request.urlopen(request, timeout=2).read()
-                        self.sent += 1
+                   engine_metrics.CUSTOM_LABELS_HEADER: json.dumps({"tenant": "team-a"})}  # fmt: skip
+        body = {"model": "m", "prompt": " ".join(["word"] * 200), "max_tokens": 2}
+        request = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(), headers)
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(request, timeout=2).read()
+            self.sent += 1
 
     def stop(self) -> None:
         self.stopped.set()
@@ -288,6 +292,14 @@ def thresholds(pods: dict[str, Engine]) -> dict[str, int | None]:
     return out
 
 
+def converged(cluster: localkube.Cluster, name: str, pods: dict[str, Engine], threshold: int) -> None:
+    """Every engine, status and EnginesInSync at `threshold`, no rollout in flight."""
+    assert thresholds(pods) == dict.fromkeys(pods, threshold)
+    st = status(cluster, name)
+    assert st["threshold"] == threshold and st["rollout"]["phase"] == "Idle", st["rollout"]
+    in_sync(cluster, NS, name)
+
+
 # -- Prometheus faults -------------------------------------------------------------------------
 
 PROMETHEUS_FAULTS = {
@@ -333,7 +345,7 @@ def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(fault
         print(f"{fault}: {len(reads)} reads in {elapsed:.0f} s ({elapsed / WALL_INTERVAL_S:.0f} intervals), "
               f"gaps {[round(g, 1) for g in gaps]}")  # fmt: skip
         assert len(reads) < elapsed / WALL_INTERVAL_S, reads
-        assert gaps and max(gaps) >= 2 * WALL_INTERVAL_S, gaps
+        assert gaps and max(gaps) >= 1.5 * WALL_INTERVAL_S, gaps  # a step skipped: backing off
     healthy = fake.reads("prom-healthy", since=hold_from)
     gaps = [b - a for a, b in zip(healthy, healthy[1:], strict=False)]
     print(f"healthy loop's read gaps while the others fail: max {max(gaps):.2f} s (interval {WALL_INTERVAL_S} s)")
@@ -446,13 +458,8 @@ def test_failing_admin_endpoints_roll_back_and_leave_no_pod_apart(faults: Faults
 
     bad.fault("ok")
 
-    def converged() -> None:
-        assert thresholds(pods) == dict.fromkeys(pods, 2048)
-        st = status(cluster, name)
-        assert st["threshold"] == 2048 and st["rollout"]["phase"] == "Idle", st["rollout"]
-        in_sync(cluster, NS, name)
-
-    eventually(converged, deadline_s=DEADLINE_S, what="converged once the engine answers")
+    eventually(lambda: converged(cluster, name, pods, 2048), deadline_s=DEADLINE_S,
+               what="converged once the engine answers")  # fmt: skip
     assert not any(faults.stack.runner.restarts().values())  # type: ignore[union-attr]
     cluster.kubectl("delete", "sd", name, f"--namespace={NS}", "--wait=false")
 
@@ -493,13 +500,8 @@ def test_restart_mid_rollout_resumes_from_status_and_converges(faults: Faults, c
         op.start()
     print(f"{component} restarted during {rollout['phase']} (down {down:.1f} s)")
 
-    def converged() -> None:
-        assert thresholds(pods) == dict.fromkeys(pods, 2048)
-        st = status(cluster, name)
-        assert st["threshold"] == 2048 and st["rollout"]["phase"] == "Idle", st["rollout"]
-        in_sync(cluster, NS, name)
-
-    eventually(converged, deadline_s=DEADLINE_S + PEERING_LIFETIME_S, what=f"converged after the {component} restart")
+    eventually(lambda: converged(cluster, name, pods, 2048), deadline_s=DEADLINE_S + PEERING_LIFETIME_S,
+               what=f"converged after the {component} restart")  # fmt: skip
     assert op.proc is not None and op.proc.poll() is None, op.log_tail()
     assert pod_identities(cluster, NS, name) == identities
     assert not any(faults.stack.runner.restarts().values())  # type: ignore[union-attr]
@@ -549,7 +551,8 @@ def test_an_engine_restarted_with_a_stale_setting_is_corrected(faults: Faults) -
     pods = engines(cluster, runner, NS, name)
     eventually(lambda: in_sync(cluster, NS, name), deadline_s=DEADLINE_S, what="in sync")
     patch_sd(cluster, name, {"threshold": 2048})
-    eventually(lambda: _equal(thresholds(pods), dict.fromkeys(pods, 2048)), deadline_s=DEADLINE_S, what="2048")
+    # The rollout over first: a pod lost mid-rollout is the rollout's case, not this one.
+    eventually(lambda: converged(cluster, name, pods, 2048), deadline_s=DEADLINE_S, what="2048 promoted")
     victim = sorted(pods)[0]
     sim = next(s for s in runner.simulators() if s["pod"] == f"{NS}/{victim}")
     os.kill(sim["pid"], signal.SIGKILL)
@@ -603,10 +606,6 @@ def test_of_two_replicas_one_acts_and_the_other_takes_over_after_a_sigkill(fault
     faults.operators.remove(active)
     faults.operators.insert(0, standby)
     cluster.kubectl("delete", "sd", "peer-one", "peer-two", f"--namespace={NS}", "--wait=false")
-
-
-def _equal(a: Any, b: Any) -> None:
-    assert a == b, f"{a} != {b}"
 
 # -- another writer of the Deployment's replicas ------------------------------------------------
 

@@ -154,7 +154,9 @@ def test_an_owned_object_kubernetes_refuses_gives_a_condition_and_one_warning(
     cluster: localkube.Cluster, operator: Operator
 ) -> None:
     ns = namespace(cluster, "refused-object")
-    apply(cluster, ns, fixed_sd("picky", nodeSelector={"bad key!": "x"}))
+    # Requests above limits: each quantity is valid (the CRD cannot compare them); the
+    # Deployment built from them is refused.
+    apply(cluster, ns, fixed_sd("picky", resources={"requests": {"cpu": 4}, "limits": {"cpu": 2}}))
 
     def degraded() -> dict[str, Any]:
         sd = must_get(cluster, "sd", "picky", ns)
@@ -164,7 +166,7 @@ def test_an_owned_object_kubernetes_refuses_gives_a_condition_and_one_warning(
     sd = eventually(degraded, deadline_s=DEADLINE_S, what="picky degraded")
     (cond,) = [c for c in sd["status"]["conditions"] if c["type"] == "Reconciled"]
     assert cond["status"] == "False" and cond["reason"] == "DeploymentRefused", cond
-    assert "nodeSelector" in cond["message"], cond["message"]
+    assert "resources.requests" in cond["message"] and "limit" in cond["message"], cond["message"]
     eventually(lambda: _retried(operator, ns), deadline_s=DEADLINE_S, what="a retry of the reconcile")
     warnings = [e for e in events(cluster, ns, "picky") if e["reason"] == "DeploymentRefused"]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning" and warnings[0].get("count", 1) == 1, warnings

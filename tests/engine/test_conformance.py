@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 import harness as h
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sglang.srt.managers.schedule_policy import match_prefix_for_req
 
@@ -92,9 +92,11 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
     mode = engine_kwargs.get("mode", "ceiling")
     page = engine_kwargs.get("page_size", 1)
     rule = admission.AdmissionRule(C, T, mode, page, max_prefill_tokens=16384)
-    # 16 request slots: a mix has at most 9 requests (a small slot table keeps each
-    # example cheap, so CI can afford a few hundred per property).
-    eng = h.make_engine(policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=16,
+    # 32 request slots, far more than a mix's 9 requests: SGLang counts the partials in
+    # the round's batch against the free slots although they hold theirs, so a table
+    # near full refuses admissions the rule (which has no slot limit) makes. Small
+    # enough to keep each example cheap, so CI can afford a few hundred per property.
+    eng = h.make_engine(policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=32,
                         **engine_kwargs)
     max_partials = engine_kwargs.get("max_partials")
     prefix = list(range(1, prefix_len + 1))
@@ -141,6 +143,14 @@ def test_ceiling_matches_twin(mix, t, order):
 @SETTINGS
 @given(
     mix=mixes, t=st.sampled_from([512, 1024, 2048, 4096]), order=st.sampled_from(["fcfs", "srpt"])
+)
+# Eight partials at once and a 1-token request finishing whole beside them (found when
+# the slot table had 16 slots: the engine refused it for slots, not by the rule).
+@example(
+    mix=[(0, 9000), (0, 9000), (0, 9000), (0, 5736), (0, 39999), (5, 2404), (5, 1),
+         (0, 4000), (0, 9000)],
+    t=512,
+    order="fcfs",
 )
 def test_floor_matches_twin(mix, t, order):
     check({"chunked_prefill_size": 4096, "threshold": t, "mode": "floor"}, order, mix)

@@ -37,7 +37,8 @@ class _StandInTokenizerManager:
 
 
 @pytest.fixture()
-def client():
+def client(monkeypatch):
+    monkeypatch.delenv("SLIPSTREAM_ADMIN_API_KEY", raising=False)
     eng = h.make_engine(chunked_prefill_size=8192, page_size=16)
     http_server.set_global_state(
         http_server._GlobalState(
@@ -156,3 +157,14 @@ def test_info_endpoints_never_return_the_admin_key(admin_client, path):
     assert info["api_key"] is None
     assert info["internal_states"][0]["admin_api_key"] == "<redacted>"
     assert info["long_prefill_token_threshold"] == 0  # the rest is still there
+
+
+def test_set_internal_state_is_forbidden_when_no_admin_key_is_configured(client):
+    # No engine port accepts a setting change without the key, even one started keyless.
+    c, eng = client
+    app = _admin_app(eng)  # eng has no admin key here
+    assert eng.s.server_args.admin_api_key is None
+    r = app.post("/set_internal_state",
+                 json={"server_args": {"long_prefill_token_threshold": 4096}})
+    assert r.status_code == 403
+    assert eng.s.long_prefill_token_threshold == 0

@@ -104,8 +104,12 @@ def test_scheduler_publishes_the_gauges_each_round(collectors):
     get = REGISTRY.get_sample_value
     assert get("sglang:num_partial_prefills", labels) == 3
     assert get("sglang:long_prefill_mode", {**labels, "mode": "ceiling"}) == 1
-    h.set_internal_state(eng, long_prefill_token_threshold=4096)
+    # Three partials of 100,000 tokens, 2048 each prefilled: their remainders reserved.
+    assert get("sglang:partial_prefill_kv_reserved_tokens", labels) == 3 * (100_000 - 2048)
+    assert get("sglang:max_partial_prefills", labels) == 8
+    h.set_internal_state(eng, long_prefill_token_threshold=4096, max_partial_prefills=5)
     assert get("sglang:long_prefill_token_threshold", labels) == 4096
+    assert get("sglang:max_partial_prefills", labels) == 5
 
 
 def test_uncached_prompt_tokens_buckets_reach_1m(collectors):

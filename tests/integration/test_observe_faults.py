@@ -227,7 +227,8 @@ def test_a_failed_fleet_read_fails_every_loop_once(fake_prometheus):
     def sd(name: str) -> models.ServingDeployment:
         return models.ServingDeployment.model_validate({
             "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url}}})
+            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url},
+                     "tuning": {"mode": "Recommend"}}})
 
     async def loops() -> list[snap.WorkloadSnapshot]:
         return await asyncio.gather(*(observer.snapshot(sd(n), WINDOW_S, 1000.0) for n in ("a", "b", "c")))

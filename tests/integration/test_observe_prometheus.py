@@ -237,7 +237,7 @@ def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> mod
         "apiVersion": "serving.slipstream.dev/v1alpha1", "kind": "ServingDeployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": url},
-                 "tuning": {"objective": {"tenantLabel": tenant_label}}},
+                 "tuning": {"mode": "Recommend", "objective": {"tenantLabel": tenant_label}}},
     })
 
 

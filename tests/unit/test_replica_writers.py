@@ -3,7 +3,7 @@ becomes a fight (controller.replicas)."""
 
 from __future__ import annotations
 
-from slipstream.controller import replicas
+from slipstream.controller import drift, replicas
 
 
 def entry(manager: str, fields: dict, subresource: str | None = None) -> dict:
@@ -44,3 +44,12 @@ def test_released_deployment_has_no_replicas_and_the_rest_unchanged() -> None:
     dep = {"kind": "Deployment", "spec": {"replicas": 2, "template": {"x": 1}}}
     assert replicas.without_replicas(dep) == {"kind": "Deployment", "spec": {"template": {"x": 1}}}
     assert dep["spec"]["replicas"] == 2
+
+
+def test_managers_of_any_field_names_who_else_wrote_it() -> None:
+    live = {"metadata": {"managedFields": [
+        entry("slipstream", {"f:data": {"f:mode": {}}}),
+        entry("kubectl-patch", {"f:data": {"f:threshold": {}}}),
+    ]}}  # fmt: skip
+    assert drift.managers_of(live, "slipstream", "f:data") == ["kubectl-patch"]
+    assert drift.managers_of(live, "slipstream", "f:data", "f:mode") == []

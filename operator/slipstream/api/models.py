@@ -399,7 +399,8 @@ class Tuning(Model):
         ge=0,
         le=1048576,
         description="T (--long-prefill-token-threshold): required for Fixed, the starting value "
-        "otherwise; 0 turns the cap off.",
+        "otherwise; 0 turns the cap off. Per engine scheduler: with DP attention (--dp-size N) "
+        "SGLang gives each DP rank chunkedPrefillSize / N tokens a round, so T must be <= that.",
     )
     engine_mode: EngineMode = Field(default="ceiling", description="--long-prefill-mode.")
     schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
@@ -437,7 +438,9 @@ class ServingDeploymentSpec(Model):
         Rule(
             "!has(self.tuning.threshold) || self.tuning.threshold <= self.engine.chunkedPrefillSize",
             "spec.tuning.threshold must be <= spec.engine.chunkedPrefillSize: lower the threshold "
-            "or raise chunkedPrefillSize",
+            "or raise chunkedPrefillSize (with DP attention, --enable-dp-attention --dp-size N in "
+            "extraArgs, each DP rank gets chunkedPrefillSize / N tokens a round and T applies per "
+            "rank: keep T <= chunkedPrefillSize / N, which the engine enforces)",
             lambda s: s.tuning.threshold is None or s.tuning.threshold <= s.engine.chunked_prefill_size,
         ),
         Rule(

@@ -72,3 +72,18 @@ def of_object(desired: dict[str, Any], live: dict[str, Any]) -> list[str]:
         if want is not None:
             out += drift(want, have, part)
     return out
+
+
+def managers_of(live: dict[str, Any], ours: str, *path: str) -> list[str]:
+    """Field managers other than `ours` that own the field at `path` of `live` (e.g.
+    `"f:spec", "f:replicas"`), from its managedFields, each with its subresource if any
+    (`kubectl (scale)`): who else wrote it since the operator last applied it."""
+    out = set()
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        fields: Any = entry.get("fieldsV1") or {}
+        for key in path:
+            fields = fields.get(key) if isinstance(fields, dict) else None
+        if entry.get("manager") != ours and fields is not None:
+            sub = entry.get("subresource")
+            out.add(f"{entry.get('manager')}" + (f" ({sub})" if sub else ""))
+    return sorted(out)

@@ -17,7 +17,7 @@ import datetime
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import prometheus_client
@@ -415,12 +415,12 @@ def register(
             logger.warning("reverting %s drift failed: %s", kind, error)
             return
         if found is not None and found[2] is not None:
-            kopf.event(found[0], type="Warning", reason="ReplicasContested", message=found[2])
+            kopf.event(cast(kopf.Body, found[0]), type="Warning", reason="ReplicasContested", message=found[2])
         if found is not None and found[1]:
             owner, paths, _ = found
             OBJECT_CHANGES.labels(kind, "reverted").inc()
             listed = "; ".join(paths[:8]) + (f"; and {len(paths) - 8} more" if len(paths) > 8 else "")
-            kopf.event(owner, type="Warning", reason="DriftReverted",
+            kopf.event(cast(kopf.Body, owner), type="Warning", reason="DriftReverted",
                        message=f"Reverted {kind} {body['metadata']['name']} to the spec: {listed} "
                        "(edit the ServingDeployment instead)")  # fmt: skip
 

@@ -29,7 +29,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from slipstream.api import models, snapshot
+from slipstream.api import models
+from slipstream.api import snapshot as snapshot_
 from slipstream.controller import adminkeys, drift, objects, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
@@ -42,14 +43,14 @@ log = logging.getLogger(__name__)
 class Observer(Protocol):
     """`slipstream.observe` as the loop uses it: never raises, says why a snapshot is invalid."""
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot: ...
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot: ...
 
 
 class Recommender(Protocol):
     """`slipstream.tune` (recommender + guardrails) as the loop uses it: pure."""
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation: ...
 
 
@@ -59,12 +60,12 @@ class NotBuilt:
 
     what: str = "the observe stage is not built into this operator yet"
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot:
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
-        return snapshot.invalid(name, now, window_s, snapshot.UNREACHABLE, self.what)
+        return snapshot_.invalid(name, now, window_s, snapshot_.UNREACHABLE, self.what)
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
         return tuning.Recommendation(fleet, False, "the tuner is not built into this operator yet")
 
@@ -96,9 +97,6 @@ class Memory:
     fleet: models.EngineSetting | None = None
     conditions: list[models.Condition] | None = None
     refusals: dict[str, str] = field(default_factory=dict)
-    configmap: models.EngineSetting | None = None
-    """The setting the loop last kept in the ConfigMap: a ConfigMap that departs from it
-    while it stays the target was edited by someone else."""
     """Pod -> why its last change failed (a later read shows only the setting it kept)."""
 
 
@@ -141,7 +139,7 @@ def allowed(url: str, networks: str) -> bool:
 
 
 async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float
-                  ) -> tuple[snapshot.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+                  ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
     if not tuning.observes(sd):
         return None, None
     window = tuning.interval(sd, deps.config)
@@ -153,7 +151,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
             deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
         )
     except Exception as error:  # a failed read is a reason, never zero traffic
-        snap = snapshot.invalid(name, now, window, snapshot.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
+        snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
     # The twin runs on a worker thread: this deployment's recommendation must not stall
@@ -187,24 +185,22 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
 
 
-async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting,
-                         memory: Memory | None = None) -> machine.Event | None:  # fmt: skip
-    """Keep the ConfigMap (what new pods start with) at `setting`. A change the loop did not
-    make (a hand edit of the ConfigMap while its target stood still) is reverted with a
-    Warning naming what was reverted; the loop's own moves are a Normal Updated."""
+async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:
+    """Keep the ConfigMap (what new pods start with) at `setting`. A value someone else
+    wrote (another field manager owns a data key: `kubectl edit`, `kubectl patch`) is
+    reverted with a Warning naming what was reverted; the loop's own moves are a Normal
+    Updated."""
     desired = objects.configmap(sd, setting)
     name = desired["metadata"]["name"]
     current = await asyncio.to_thread(deps.kube.get, "v1", "ConfigMap", sd.metadata.namespace, name)
-    kept = memory.configmap if memory is not None else None
-    if memory is not None:
-        memory.configmap = setting
     if current is not None and current.get("data") == desired["data"]:
         return None
     await asyncio.to_thread(deps.kube.apply, desired)
-    if current is not None and kept == setting:
+    if current is not None and (who := drift.managers_of(current, kube_.FIELD_MANAGER, "f:data")):
         paths = drift.drift(desired["data"], current.get("data") or {}, "data")
         return machine.Event("Warning", "DriftReverted", f"Reverted ConfigMap {name} to the fleet's setting: "
-                             f"{'; '.join(paths[:8])} (edit the ServingDeployment instead)")  # fmt: skip
+                             f"{'; '.join(paths[:8])} (written by {', '.join(who)}; edit the ServingDeployment "
+                             "instead)")  # fmt: skip
     return machine.Event("Normal", "Updated", f"Updated ConfigMap {name}: new pods start with {machine.show(setting)}")
 
 
@@ -243,7 +239,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     decision = machine.decide(state, fleet, target, views, pol, now, verdict)
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
-    if (event := await sync_configmap(deps, sd, decision.configmap, memory)) is not None:
+    if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
         events.append(event)
     if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
         results = await engines.apply(reachable, client)
@@ -255,7 +251,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
         if not again.apply:
             decision = again
             events += again.events
-            if (event := await sync_configmap(deps, sd, decision.configmap, memory)) is not None:
+            if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
                 events.append(event)
     stamp = machine.stamp(now)
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.api import models
+from slipstream.controller import drift
 
 CONDITION = "ReplicasManagedElsewhere"
 CONTESTED_AFTER = 3
@@ -28,13 +29,7 @@ WINDOW_S = 600.0
 def writers(live: dict[str, Any], ours: str) -> list[str]:
     """Field managers other than `ours` that own spec.replicas of `live` (with the
     subresource, e.g. `kubectl (scale)`)."""
-    out = []
-    for entry in (live.get("metadata") or {}).get("managedFields") or []:
-        spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
-        if entry.get("manager") != ours and "f:replicas" in spec:
-            sub = entry.get("subresource")
-            out.append(f"{entry.get('manager')}" + (f" ({sub})" if sub else ""))
-    return sorted(set(out))
+    return drift.managers_of(live, ours, "f:spec", "f:replicas")
 
 
 def contested(sd: models.ServingDeployment) -> bool:

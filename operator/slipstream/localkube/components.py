@@ -13,8 +13,9 @@ from pathlib import Path
 from slipstream.localkube import binaries, pki
 from slipstream.localkube.ports import LOOPBACK
 
-SERVICE_CIDR = "10.0.0.0/24"
-"""Service cluster-IP range; only allocated from, never routed (the nodes are simulated)."""
+SERVICE_CIDR = "10.0.0.0/16"
+"""Service cluster-IP range; only allocated from, never routed (the nodes are simulated).
+A /16: the scale benchmark's 500 ServingDeployments need 500 Services, and a /24 holds 254."""
 
 
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")

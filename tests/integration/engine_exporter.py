@@ -50,6 +50,10 @@ class EngineExporter:
             metrics.UNCACHED_PROMPT_TOKENS, "uncached prompt tokens", tenant,
             buckets=PROMPT_TOKEN_BUCKETS, registry=self.registry,
         )
+        self.output = Histogram(
+            metrics.GENERATION_TOKENS, "generation tokens", tenant,
+            buckets=PROMPT_TOKEN_BUCKETS, registry=self.registry,
+        )
         self.prompt_tokens = Counter(
             metrics.PROMPT_TOKENS_TOTAL.removesuffix("_total"), "prompt tokens",
             [*tenant, "is_streaming"], registry=self.registry,
@@ -77,14 +81,17 @@ class EngineExporter:
         labels = {**BASE_LABELS, "tenant": tenant}
         self.ttft.labels(**labels, is_streaming="true")
         self.uncached.labels(**labels)
+        self.output.labels(**labels)
         self.prompt_tokens.labels(**labels, is_streaming="true")
         self.cached_tokens.labels(**labels, cache_source="device")
 
-    def request(self, tenant: str, ttft_s: float, prompt_tokens: int, cached_tokens: int) -> None:
-        """One finished prefill, recorded the way SGLang's tokenizer manager records it."""
+    def request(self, tenant: str, ttft_s: float, prompt_tokens: int, cached_tokens: int,
+                output_tokens: int = 1) -> None:
+        """One finished request, recorded the way SGLang's tokenizer manager records it."""
         labels = {**BASE_LABELS, "tenant": tenant}
         self.ttft.labels(**labels, is_streaming="true").observe(ttft_s)
         self.uncached.labels(**labels).observe(prompt_tokens - cached_tokens)
+        self.output.labels(**labels).observe(output_tokens)
         self.prompt_tokens.labels(**labels, is_streaming="true").inc(prompt_tokens)
         if cached_tokens:
             self.cached_tokens.labels(**labels, cache_source="device").inc(cached_tokens)

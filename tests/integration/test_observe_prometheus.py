@@ -47,6 +47,8 @@ TRAFFIC = {
     ("chat-1", "zeta"): [(5.0 + i, 50_000, 10_000) for i in range(30)],
     ("gone-0", "acme"): [(0.5, 100, 0) for _ in range(10)],
 }
+OUTPUT_TOKENS = {"acme": 200, "zeta": 1500}
+"""Output length of every request of a tenant (sglang:generation_tokens_histogram)."""
 
 
 @dataclass
@@ -97,7 +99,7 @@ def fleet(prometheus_binary, tmp_path_factory) -> Iterator[Fleet]:
         client.close()
         for (pod, tenant), requests in TRAFFIC.items():
             for ttft, prompt, cached in requests:
-                exporters[pod].request(tenant, ttft, prompt, cached)
+                exporters[pod].request(tenant, ttft, prompt, cached, OUTPUT_TOKENS[tenant])
         exporters["chat-0"].set_queue(3)
         exporters["chat-1"].set_queue(4)
 
@@ -149,6 +151,12 @@ def test_a_valid_snapshot_per_deployment_with_per_tenant_figures(fleet):
     assert zeta.uncached_tokens.quantile(0.5) == pytest.approx(37_500, rel=0.01)
     assert chat.uncached_tokens is not None
     assert chat.uncached_tokens.total == pytest.approx(90, rel=0.1)
+    # Output lengths: acme's 200 each in (100, 300], zeta's 1500 in (1000, 1500].
+    assert acme.output_tokens is not None and zeta.output_tokens is not None
+    assert acme.output_tokens.total == pytest.approx(60, rel=0.1)
+    assert acme.output_tokens.mean == pytest.approx(200, rel=0.01)
+    assert 100 < acme.output_tokens.quantile(0.5) <= 300
+    assert 1000 < zeta.output_tokens.quantile(0.99) <= 1500
     assert chat.queue_depth == 7
     assert chat.pods == (
         snap.PodSetting("chat-0", 2048, "floor", "srpt"),
@@ -179,7 +187,7 @@ def test_one_query_per_metric_family_whatever_the_number_of_deployments(fleet):
     four = observer.queries_made - one
     observer.read()
     everything = observer.queries_made - one - four
-    assert one == four == everything == len(queries.fleet(WINDOW_S).items()) == 6
+    assert one == four == everything == len(queries.fleet(WINDOW_S).items()) == 7
 
 
 def test_an_idle_deployment_is_no_traffic_not_zero_latency(fleet):
@@ -243,26 +251,28 @@ def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> mod
 
 def test_per_deployment_loops_share_one_fleet_read(fleet):
     """The controller's loops ask one deployment at a time; the fleet observer answers
-    them all from one read (six queries) per reuse period."""
+    them all from one read (seven queries) per reuse period."""
     observer = FleetObserver(SETTINGS, reuse_s=5.0, token_for=lambda sd: None)
     sds = [sd(*PODS[p], fleet.prom.url) for p in ("chat-0", "batch-0")] + [sd("team-z", "ghost", fleet.prom.url)]
 
     async def every(now: float) -> list[snap.WorkloadSnapshot]:
         return await asyncio.gather(*(observer.snapshot(s, WINDOW_S, now) for s in sds))
 
+    n = len(queries.fleet(WINDOW_S).items())
+
     async def scenario() -> None:  # one event loop, as in the operator
         first = await every(fleet.t_eval)
         assert [s.invalid for s in first] == [None, snap.NO_TRAFFIC, snap.NO_SERIES]
         assert first[0] == fleet.observer().read(["team-a/chat"])["team-a/chat"]
-        assert observer.queries_made == 6
+        assert observer.queries_made == n == 7
         await every(fleet.t_eval + 1)
-        assert observer.queries_made == 6, "reused within reuse_s"
+        assert observer.queries_made == n, "reused within reuse_s"
         await every(fleet.t_eval + 6)
-        assert observer.queries_made == 12
+        assert observer.queries_made == 2 * n
         other = await observer.snapshot(sd("team-a", "chat", fleet.prom.url, "customer"), WINDOW_S,
                                         fleet.t_eval + 6)
         assert other.tenants[0].name == "unlabelled", "another tenant label is another read"
-        assert observer.queries_made == 18
+        assert observer.queries_made == 3 * n
         no_url = sds[0].model_copy(update={"spec": sds[0].spec.model_copy(
             update={"prometheus": models.Prometheus()})})
         unset = await observer.snapshot(no_url, WINDOW_S, 0)

@@ -202,14 +202,18 @@ def snapshots(
     per_tenant = _dep_tenant(tenant_label)
     ttft = histograms(results["ttft"], per_tenant)
     uncached = histograms(results["uncached"], per_tenant)
+    # Optional: without output lengths (an engine that does not export them, a caller
+    # that did not ask) each tenant's output_tokens is None and the twin decodes one token.
+    output = histograms(results.get("output", ()), per_tenant)
     tokens = _parts(results["tokens"], per_tenant)
     queue = _parts(results["queue"], _dep)
     targets = _parts(results["targets"], _dep)
     pods, bad_gauges = _settings(results["settings"])
 
-    seen = {k[:2] for k in (*ttft, *uncached, *tokens)} | set(queue) | set(targets) | set(pods)
+    seen = {k[:2] for k in (*ttft, *uncached, *output, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]
     by_dep_ttft, by_dep_uncached, by_dep_tokens = _by_deployment(ttft), _by_deployment(uncached), _by_deployment(tokens)
+    by_dep_output = _by_deployment(output)
     out: dict[str, snap.WorkloadSnapshot] = {}
     for dep in wanted:
         name = deployment_name(*dep)
@@ -220,6 +224,7 @@ def snapshots(
             present=dep in seen,
             ttft=by_dep_ttft.get(dep, {}),
             uncached=by_dep_uncached.get(dep, {}),
+            output=by_dep_output.get(dep, {}),
             tokens=by_dep_tokens.get(dep, {}),
             queue=queue.get(dep, {}),
             targets=targets.get(dep, {}),
@@ -256,6 +261,7 @@ def _one(
     present: bool,
     ttft: Mapping[str, snap.Histogram],
     uncached: Mapping[str, snap.Histogram],
+    output: Mapping[str, snap.Histogram],
     tokens: Mapping[str, Mapping[str, float]],
     queue: Mapping[str, float],
     targets: Mapping[str, float],
@@ -298,6 +304,7 @@ def _one(
                 ttft=hist,
                 uncached_tokens=uncached.get(tenant, EMPTY),
                 cache_hit_ratio=_ratio(tokens.get(tenant, {})),
+                output_tokens=output.get(tenant),
             ))
     cached = sum(v.get("cached", 0.0) for v in tokens.values())
     prompt = sum(v.get("prompt", 0.0) for v in tokens.values())
@@ -319,6 +326,7 @@ def _one(
     not_finite = [
         *_not_finite(ttft, "TTFT histogram"),
         *_not_finite(uncached, "uncached-token histogram"),
+        *_not_finite(output, "output-token histogram"),
         *(f"token counters of tenant {t}: {dict(v)}" for t, v in sorted(tokens.items())
           if not all(math.isfinite(x) for x in v.values())),
         *([] if depth is None or math.isfinite(depth) else [f"queue depth ({depth})"]),

@@ -89,6 +89,8 @@ class FleetQueries:
     """TTFT histogram increase by deployment, tenant and ``le``, plus its ``_sum``."""
     uncached: str
     """Uncached-prompt-token histogram increase, same shape."""
+    output: str
+    """Output-token histogram increase (finished requests), same shape."""
     tokens: str
     """Cached and prompt token increases by deployment and tenant (the cache-hit ratio)."""
     queue: str
@@ -117,6 +119,7 @@ def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
     return FleetQueries(
         ttft=histogram_increase(metrics.TTFT_SECONDS, per_tenant, rng),
         uncached=histogram_increase(metrics.UNCACHED_PROMPT_TOKENS, per_tenant, rng),
+        output=histogram_increase(metrics.GENERATION_TOKENS, per_tenant, rng),
         tokens=union(
             tagged("cached", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.CACHED_TOKENS_TOTAL)}[{rng}]))"),
             tagged("prompt", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.PROMPT_TOKENS_TOTAL)}[{rng}]))"),

@@ -33,7 +33,7 @@ class EngineExporter:
 
     def __init__(
         self,
-        threshold: int = 0,
+        threshold: int | None = 0,
         mode: str = "ceiling",
         policy: str = "fcfs",
         *,
@@ -71,7 +71,8 @@ class EngineExporter:
             metrics.SCHEDULE_POLICY, "policy", [*BASE_LABELS, "policy"], registry=self.registry
         )
         self.set_queue(0)
-        self.set_setting(threshold, mode, policy)
+        if threshold is not None:  # None: a stock engine, which exports no setting gauge
+            self.set_setting(threshold, mode, policy)
         self.port = port if port is not None else ports.free_ports(1)[0]
         self._server, self._thread = start_http_server(self.port, addr=host, registry=self.registry)
         self.address = f"{host}:{self.port}"

@@ -1,7 +1,8 @@
 """Observe against a real Prometheus scraping real exporters every second.
 
 Three ServingDeployments' pods (static targets with the labels of INTERFACES.md section E):
-team-a/chat (pods chat-0, chat-1; tenants acme and zeta), team-b/batch (one idle pod),
+team-a/chat (pods chat-0, chat-1; tenants acme and zeta), team-b/batch (two idle pods,
+batch-1 a stock engine without setting gauges),
 team-c/gone (one pod whose exporter is stopped in the last test). Observations are driven
 by the test; every figure the observer reports is checked against the observations and
 against Prometheus's own ``histogram_quantile`` at the same evaluation time.
@@ -37,6 +38,7 @@ PODS = {
     "chat-0": ("team-a", "chat"),
     "chat-1": ("team-a", "chat"),
     "batch-0": ("team-b", "batch"),
+    "batch-1": ("team-b", "batch"),
     "gone-0": ("team-c", "gone"),
 }
 
@@ -78,6 +80,7 @@ def fleet(prometheus_binary, tmp_path_factory) -> Iterator[Fleet]:
         exporters["chat-0"] = EngineExporter(threshold=2048, mode="floor", policy="srpt")
         exporters["chat-1"] = EngineExporter(threshold=4096, mode="ceiling", policy="fcfs")
         exporters["batch-0"] = EngineExporter()
+        exporters["batch-1"] = EngineExporter(threshold=None)
         exporters["gone-0"] = EngineExporter()
         targets = [
             localprom.StaticTarget(exporters[pod].address, namespace=ns, pod=pod, servingdeployment=sd)
@@ -194,7 +197,9 @@ def test_an_idle_deployment_is_no_traffic_not_zero_latency(fleet):
     batch = fleet.observer().read(["team-b/batch"])["team-b/batch"]
     assert batch.invalid == snap.NO_TRAFFIC
     assert "Prometheus answered" in batch.detail
-    assert batch.pods == (snap.PodSetting("batch-0", 0, "ceiling", "fcfs"),)
+    # batch-1 exports no setting gauge and is still one of the deployment's pods.
+    assert batch.pods == (snap.PodSetting("batch-0", 0, "ceiling", "fcfs"), snap.PodSetting("batch-1", None, "", ""))
+    assert batch.extra["targets_up"] == 2
 
 
 def test_a_deployment_nobody_scrapes_has_no_series(fleet):

@@ -122,7 +122,7 @@ def results(**over: list[parse.Sample]) -> dict[str, list[parse.Sample]]:
         "settings": [sample(2048, pod="chat-0", part="threshold"),
                      sample(1, pod="chat-0", mode="floor", part="mode"),
                      sample(1, pod="chat-0", policy="srpt", part="policy")],
-        "targets": [sample(1, part="up")],
+        "targets": [sample(1, pod="chat-0", part="up")],
     }
     return {**base, **over}
 
@@ -153,6 +153,20 @@ def test_output_tokens_per_tenant_from_the_generation_histogram():
     # An engine without the histogram: no output lengths, and the snapshot is still usable.
     bare = one(results())
     assert bare.valid and bare.tenants[0].output_tokens is None
+
+
+def test_pods_are_every_pod_up_or_with_a_setting_gauge():
+    settings_rows = [*results()["settings"], sample(1, pod="chat-3", mode="ceiling", part="mode")]
+    targets = [sample(1, pod=p, part="up") for p in ("chat-0", "chat-1", "chat-3")]
+    s = one(results(settings=settings_rows, targets=[*targets, sample(1, pod="chat-2", part="down")]))
+    assert s.valid, s.detail
+    # chat-1 exports no setting gauge (a stock engine) and still counts; chat-2 is down.
+    assert s.pods == (snap.PodSetting("chat-0", 2048, "floor", "srpt"), snap.PodSetting("chat-1", None, "", ""),
+                      snap.PodSetting("chat-3", None, "ceiling", ""))
+    assert (s.extra["targets_up"], s.extra["targets_down"]) == (3, 1)
+    # A deployment none of whose pods exports a setting gauge still lists its pods.
+    bare = one(results(settings=[], targets=targets[:2]))
+    assert [p.pod for p in bare.pods] == ["chat-0", "chat-1"] and bare.pods[0].threshold is None
 
 
 def test_buckets_are_coalesced_and_made_monotonic_as_histogram_quantile_does():

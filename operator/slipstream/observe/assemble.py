@@ -133,8 +133,28 @@ def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) 
     return out
 
 
-def _settings(samples: Iterable[parse.Sample]) -> tuple[dict[Key, list[snap.PodSetting]], dict[Key, list[str]]]:
-    """Pod settings per deployment, and the names of gauges that are not finite."""
+def _targets(samples: Iterable[parse.Sample]) -> tuple[dict[Key, dict[str, float]], dict[Key, set[str]]]:
+    """Targets up and down per deployment, and the pods whose target is up."""
+    counts: dict[Key, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    up: dict[Key, set[str]] = defaultdict(set)
+    for s in samples:
+        part = s.label(queries.PART_LABEL)
+        counts[_dep(s)][part] += s.value
+        if part == "up" and s.label(queries.POD_LABEL):
+            up[_dep(s)].add(s.label(queries.POD_LABEL))
+    return counts, up
+
+
+def _settings(
+    samples: Iterable[parse.Sample], up: Mapping[Key, set[str]]
+) -> tuple[dict[Key, list[snap.PodSetting]], dict[Key, list[str]]]:
+    """Pod settings per deployment, and the names of gauges that are not finite.
+
+    Every pod is listed: those with any setting gauge and those whose scrape target is up
+    (``up``), so a pod that exports no setting gauge (a stock engine, a pod whose gauges are
+    not out yet) still counts as one of the deployment's pods: the tuner divides the
+    deployment's rates by the number of pods.
+    """
     threshold: dict[Key, float] = {}
     mode: dict[Key, str] = {}
     policy: dict[Key, str] = {}
@@ -151,11 +171,14 @@ def _settings(samples: Iterable[parse.Sample]) -> tuple[dict[Key, list[snap.PodS
             mode[pod] = s.label("mode")
         elif part == "policy":
             policy[pod] = s.label("policy")
+    named = {*threshold, *mode, *policy, *((*dep, p) for dep, names in up.items() for p in names)}
     pods: dict[Key, list[snap.PodSetting]] = defaultdict(list)
-    for pod, value in sorted(threshold.items()):
-        # A pod missing its mode or policy gauge reports "" (unknown), so a comparison
-        # with any wanted setting fails and the rollout re-applies rather than assumes.
-        pods[pod[:2]].append(snap.PodSetting(pod[2], int(value), mode.get(pod, ""), policy.get(pod, "")))
+    for pod in sorted(named):
+        # A pod missing a gauge reports it unknown (threshold None, mode or policy ""), so a
+        # comparison with any wanted setting fails and the rollout re-applies, never assumes.
+        value = threshold.get(pod)
+        pods[pod[:2]].append(snap.PodSetting(
+            pod[2], None if value is None else int(value), mode.get(pod, ""), policy.get(pod, "")))
     return pods, bad
 
 
@@ -207,8 +230,8 @@ def snapshots(
     output = histograms(results.get("output", ()), per_tenant)
     tokens = _parts(results["tokens"], per_tenant)
     queue = _parts(results["queue"], _dep)
-    targets = _parts(results["targets"], _dep)
-    pods, bad_gauges = _settings(results["settings"])
+    targets, up_pods = _targets(results["targets"])
+    pods, bad_gauges = _settings(results["settings"], up_pods)
 
     seen = {k[:2] for k in (*ttft, *uncached, *output, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]

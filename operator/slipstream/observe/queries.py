@@ -98,7 +98,8 @@ class FleetQueries:
     settings: str
     """Each pod's setting gauges: threshold, mode in force, admission order in force."""
     targets: str
-    """Scrape targets up and down, by deployment."""
+    """Scrape targets up and down, by deployment and pod: the pods that are up are the
+    deployment's pods even when they export no setting gauge."""
 
     def items(self) -> list[tuple[str, str]]:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
@@ -134,8 +135,8 @@ def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
             tagged("policy", f"max by ({_by(*per_pod, 'policy')}) ({selector(metrics.SCHEDULE_POLICY)} == 1)"),
         ),
         targets=union(
-            tagged("up", f"count by ({_by(*dep)}) ({selector('up')} == 1)"),
-            tagged("down", f"count by ({_by(*dep)}) ({selector('up')} == 0)"),
+            tagged("up", f"count by ({_by(*per_pod)}) ({selector('up')} == 1)"),
+            tagged("down", f"count by ({_by(*per_pod)}) ({selector('up')} == 0)"),
         ),
     )
 

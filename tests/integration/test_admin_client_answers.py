@@ -52,6 +52,10 @@ async def with_stub(check: Any) -> Any:
     (200, b'{"long_prefill_token_threshold": 4096, "long_prefill_mode": "sideways"}', admin.BadAnswer,
      "no usable setting"),
     (500, b'{"error": "boom"}', admin.AdminError, "HTTP 500"),
+    # found by tests/integration/test_tuning_loop_garbage.py: read as T = 0, then "set back"
+    (200, b"", admin.BadAnswer, "no long_prefill_token_threshold"),
+    (200, b"{}", admin.BadAnswer, "no long_prefill_token_threshold"),
+    (200, b'{"status": "ok"}', admin.BadAnswer, "no long_prefill_token_threshold"),
 ])
 def test_bad_answers_raise_one_clear_error(status: int, body: bytes, error: type[Exception], words: str) -> None:
     async def check(stub: Stub, client: admin.AdminClient) -> None:

@@ -49,7 +49,14 @@ def internal_state(setting: models.EngineSetting) -> dict[str, Any]:
 
 
 def setting_of(server_info: dict[str, Any]) -> models.EngineSetting:
-    """The tuned setting an engine reports in /get_server_info; BadAnswer if unusable."""
+    """The tuned setting an engine reports in /get_server_info; BadAnswer if unusable.
+
+    Every SGLang server info names long_prefill_token_threshold (null or 0: off): an answer
+    without it ({} or an empty 200 from a proxy) is not server info, and reading it as T = 0
+    would have the loop "set back" an engine whose setting it does not know."""
+    if "long_prefill_token_threshold" not in server_info:
+        keys = ", ".join(sorted(map(str, server_info))[:8]) or "none"
+        raise BadAnswer(f"server info holds no long_prefill_token_threshold (keys: {keys}): not an engine's server info")
     threshold = server_info.get("long_prefill_token_threshold") or 0
     try:
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):

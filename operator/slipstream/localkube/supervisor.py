@@ -367,7 +367,8 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                         help="twin seconds per wall second in the engine simulators (default 1)")  # fmt: skip
     parser.add_argument("--operator-env", action="append", metavar="KEY=VALUE",
-                        help="extra environment of the operator, e.g. SLIPSTREAM_TUNE_INTERVAL_SECONDS=5")  # fmt: skip
+                        help="extra environment of the operator, e.g. SLIPSTREAM_ROLLOUT_POLL_SECONDS=2 "
+                             "(the settings: operator/slipstream/controller/settings.py)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

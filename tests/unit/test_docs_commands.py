@@ -64,3 +64,19 @@ def test_the_operator_settings_named_in_help_texts_exist():
     named = set(re.findall(r"SLIPSTREAM_[A-Z_]+", helps))
     assert named, "cluster up --help no longer gives an example setting"
     assert named <= known, f"not operator settings: {sorted(named - known)}"
+
+
+def test_cluster_up_says_how_to_stop_it_and_when_prometheus_is_not_on_9090(capsys, tmp_path):
+    from slipstream.localkube import supervisor
+
+    state = {"server": "https://127.0.0.1:1", "prometheus_url": "http://127.0.0.1:46687",
+             "pod_cidr": "127.2.0.0/16", "kubeconfig": str(tmp_path / "admin.kubeconfig")}  # fmt: skip
+    supervisor._print_ready(state, tmp_path)
+    err = capsys.readouterr().err
+    assert "set spec.prometheus.url to http://127.0.0.1:46687" in err
+    assert f"slipstream cluster down --workdir {tmp_path}" in err
+    supervisor._print_ready({**state, "prometheus_url": "http://127.0.0.1:9090"},
+                            supervisor.DEFAULT_WORKDIR.expanduser().resolve())  # fmt: skip
+    err = capsys.readouterr().err
+    assert "spec.prometheus.url" not in err
+    assert err.rstrip().endswith("stop it with: slipstream cluster down")

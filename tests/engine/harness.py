@@ -194,8 +194,8 @@ class Engine:
             s.waiting_queue
             or s.chunked_req is not None
             or getattr(s, "partial_reqs", None)
-            or not s.running_batch.is_empty()
-            or (s.last_batch is not None and not s.last_batch.is_empty())
+            or any(not r.finished() for r in s.running_batch.reqs)
+            or (s.last_batch is not None and any(not r.finished() for r in s.last_batch.reqs))
         )
 
     def kv_free(self) -> int:

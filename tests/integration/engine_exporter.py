@@ -33,7 +33,7 @@ class EngineExporter:
 
     def __init__(
         self,
-        threshold: int = 0,
+        threshold: int | None = 0,
         mode: str = "ceiling",
         policy: str = "fcfs",
         *,
@@ -48,6 +48,10 @@ class EngineExporter:
         )
         self.uncached = Histogram(
             metrics.UNCACHED_PROMPT_TOKENS, "uncached prompt tokens", tenant,
+            buckets=PROMPT_TOKEN_BUCKETS, registry=self.registry,
+        )
+        self.output = Histogram(
+            metrics.GENERATION_TOKENS, "generation tokens", tenant,
             buckets=PROMPT_TOKEN_BUCKETS, registry=self.registry,
         )
         self.prompt_tokens = Counter(
@@ -67,7 +71,8 @@ class EngineExporter:
             metrics.SCHEDULE_POLICY, "policy", [*BASE_LABELS, "policy"], registry=self.registry
         )
         self.set_queue(0)
-        self.set_setting(threshold, mode, policy)
+        if threshold is not None:  # None: a stock engine, which exports no setting gauge
+            self.set_setting(threshold, mode, policy)
         self.port = port if port is not None else ports.free_ports(1)[0]
         self._server, self._thread = start_http_server(self.port, addr=host, registry=self.registry)
         self.address = f"{host}:{self.port}"
@@ -77,14 +82,17 @@ class EngineExporter:
         labels = {**BASE_LABELS, "tenant": tenant}
         self.ttft.labels(**labels, is_streaming="true")
         self.uncached.labels(**labels)
+        self.output.labels(**labels)
         self.prompt_tokens.labels(**labels, is_streaming="true")
         self.cached_tokens.labels(**labels, cache_source="device")
 
-    def request(self, tenant: str, ttft_s: float, prompt_tokens: int, cached_tokens: int) -> None:
-        """One finished prefill, recorded the way SGLang's tokenizer manager records it."""
+    def request(self, tenant: str, ttft_s: float, prompt_tokens: int, cached_tokens: int,
+                output_tokens: int = 1) -> None:
+        """One finished request, recorded the way SGLang's tokenizer manager records it."""
         labels = {**BASE_LABELS, "tenant": tenant}
         self.ttft.labels(**labels, is_streaming="true").observe(ttft_s)
         self.uncached.labels(**labels).observe(prompt_tokens - cached_tokens)
+        self.output.labels(**labels).observe(output_tokens)
         self.prompt_tokens.labels(**labels, is_streaming="true").inc(prompt_tokens)
         if cached_tokens:
             self.cached_tokens.labels(**labels, cache_source="device").inc(cached_tokens)

@@ -65,9 +65,10 @@ def start_sim(pod: str, workdir: Path, *flags: str) -> tuple[processes.Component
     return sim, url
 
 
-def requests(tenant: str, n: int, prompt_tokens: int, every_s: float, first_block: int) -> list[Request]:
+def requests(tenant: str, n: int, prompt_tokens: int, every_s: float, first_block: int,
+             output_tokens: int = 4) -> list[Request]:
     """``n`` cold prompts (one block each, never shared) every ``every_s`` twin seconds."""
-    return [Request(f"{tenant}-{i}", tenant, i * every_s, prompt_tokens, 4, (first_block + i,),
+    return [Request(f"{tenant}-{i}", tenant, i * every_s, prompt_tokens, output_tokens, (first_block + i,),
                     (prompt_tokens,)) for i in range(n)]
 
 
@@ -103,7 +104,7 @@ def sims(prometheus_binary, tmp_path_factory) -> Iterator[Sims]:
         wait_for(lambda: [x.value for x in client.query(series, time.time())],
                  lambda v: v == [3.0], deadline_s=20, what="every tenant's series scraped")
         client.close()
-        chat = [*requests("short", 40, 1000, 0.25, 1000), *requests("long", 20, 60_000, 0.5, 2000)]
+        chat = [*requests("short", 40, 1000, 0.25, 1000), *requests("long", 20, 60_000, 0.5, 2000, output_tokens=40)]
         sent += load.replay(sorted(chat, key=lambda r: r.arrival_s), [url0], TIME_SCALE,
                             prompt="field", report_every_s=0)
         sent += load.replay(requests("solo", 30, 2000, 0.25, 3000), [url1], TIME_SCALE,
@@ -134,6 +135,11 @@ def test_simulator_metrics_make_a_valid_per_tenant_snapshot(sims):
     # 60,000-token prompts (eight 8192-token chunks each) wait longer for their first token.
     assert long_.ttft_p99_s > short.ttft_p50_s
     assert long_.uncached_tokens.quantile(0.5) > 40_000 > 1_000 >= short.uncached_tokens.quantile(0.5)
+    # Output lengths from sglang:generation_tokens_histogram: long asked for 40, short for 4.
+    assert long_.output_tokens is not None and short.output_tokens is not None
+    assert long_.output_tokens.total == pytest.approx(20, rel=0.1)
+    assert long_.output_tokens.mean == pytest.approx(40, rel=0.05)
+    assert short.output_tokens.mean == pytest.approx(4, rel=0.05)
     assert chat.pods == (snap.PodSetting("sim-0", 0, "ceiling", "fcfs"),)
     assert solo.pods == (snap.PodSetting("sim-1", 4096, "floor", "srpt"),)
     assert [t.name for t in solo.tenants] == ["solo"]

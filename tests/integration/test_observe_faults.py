@@ -80,7 +80,7 @@ def faults(prometheus_binary, tmp_path_factory) -> Iterator[Faults]:
         # Live load: ten first tokens a second, so every window has samples.
         i = 0
         while not stop.wait(0.1):
-            exporter.request("acme", 0.2 + (i % 10) * 0.1, 1000, 200)
+            exporter.request("acme", 0.2 + (i % 10) * 0.1, 1000, 200, output_tokens=50)
             i += 1
 
     exporter.open_tenant("acme")
@@ -114,6 +114,8 @@ def test_names_as_scraped_are_sglang_underscore_and_still_read(faults):
     chat = Observer(faults.prom.url, SETTINGS).read([CHAT])[CHAT]
     assert chat.valid, chat.detail
     assert chat.pods == (snap.PodSetting("chat-0", 2048, "floor", "srpt"),)
+    (acme,) = chat.tenants  # sglang_generation_tokens_histogram, read by the same matcher
+    assert acme.output_tokens is not None and acme.output_tokens.mean == pytest.approx(50)
 
 
 def test_prometheus_down_is_unreachable_backs_off_and_recovers(faults):

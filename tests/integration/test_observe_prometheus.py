@@ -1,7 +1,8 @@
 """Observe against a real Prometheus scraping real exporters every second.
 
 Three ServingDeployments' pods (static targets with the labels of INTERFACES.md section E):
-team-a/chat (pods chat-0, chat-1; tenants acme and zeta), team-b/batch (one idle pod),
+team-a/chat (pods chat-0, chat-1; tenants acme and zeta), team-b/batch (two idle pods,
+batch-1 a stock engine without setting gauges),
 team-c/gone (one pod whose exporter is stopped in the last test). Observations are driven
 by the test; every figure the observer reports is checked against the observations and
 against Prometheus's own ``histogram_quantile`` at the same evaluation time.
@@ -37,6 +38,7 @@ PODS = {
     "chat-0": ("team-a", "chat"),
     "chat-1": ("team-a", "chat"),
     "batch-0": ("team-b", "batch"),
+    "batch-1": ("team-b", "batch"),
     "gone-0": ("team-c", "gone"),
 }
 
@@ -47,6 +49,8 @@ TRAFFIC = {
     ("chat-1", "zeta"): [(5.0 + i, 50_000, 10_000) for i in range(30)],
     ("gone-0", "acme"): [(0.5, 100, 0) for _ in range(10)],
 }
+OUTPUT_TOKENS = {"acme": 200, "zeta": 1500}
+"""Output length of every request of a tenant (sglang:generation_tokens_histogram)."""
 
 
 @dataclass
@@ -76,6 +80,7 @@ def fleet(prometheus_binary, tmp_path_factory) -> Iterator[Fleet]:
         exporters["chat-0"] = EngineExporter(threshold=2048, mode="floor", policy="srpt")
         exporters["chat-1"] = EngineExporter(threshold=4096, mode="ceiling", policy="fcfs")
         exporters["batch-0"] = EngineExporter()
+        exporters["batch-1"] = EngineExporter(threshold=None)
         exporters["gone-0"] = EngineExporter()
         targets = [
             localprom.StaticTarget(exporters[pod].address, namespace=ns, pod=pod, servingdeployment=sd)
@@ -97,7 +102,7 @@ def fleet(prometheus_binary, tmp_path_factory) -> Iterator[Fleet]:
         client.close()
         for (pod, tenant), requests in TRAFFIC.items():
             for ttft, prompt, cached in requests:
-                exporters[pod].request(tenant, ttft, prompt, cached)
+                exporters[pod].request(tenant, ttft, prompt, cached, OUTPUT_TOKENS[tenant])
         exporters["chat-0"].set_queue(3)
         exporters["chat-1"].set_queue(4)
 
@@ -149,6 +154,12 @@ def test_a_valid_snapshot_per_deployment_with_per_tenant_figures(fleet):
     assert zeta.uncached_tokens.quantile(0.5) == pytest.approx(37_500, rel=0.01)
     assert chat.uncached_tokens is not None
     assert chat.uncached_tokens.total == pytest.approx(90, rel=0.1)
+    # Output lengths: acme's 200 each in (100, 300], zeta's 1500 in (1000, 1500].
+    assert acme.output_tokens is not None and zeta.output_tokens is not None
+    assert acme.output_tokens.total == pytest.approx(60, rel=0.1)
+    assert acme.output_tokens.mean == pytest.approx(200, rel=0.01)
+    assert 100 < acme.output_tokens.quantile(0.5) <= 300
+    assert 1000 < zeta.output_tokens.quantile(0.99) <= 1500
     assert chat.queue_depth == 7
     assert chat.pods == (
         snap.PodSetting("chat-0", 2048, "floor", "srpt"),
@@ -179,14 +190,16 @@ def test_one_query_per_metric_family_whatever_the_number_of_deployments(fleet):
     four = observer.queries_made - one
     observer.read()
     everything = observer.queries_made - one - four
-    assert one == four == everything == len(queries.fleet(WINDOW_S).items()) == 6
+    assert one == four == everything == len(queries.fleet(WINDOW_S).items()) == 7
 
 
 def test_an_idle_deployment_is_no_traffic_not_zero_latency(fleet):
     batch = fleet.observer().read(["team-b/batch"])["team-b/batch"]
     assert batch.invalid == snap.NO_TRAFFIC
     assert "Prometheus answered" in batch.detail
-    assert batch.pods == (snap.PodSetting("batch-0", 0, "ceiling", "fcfs"),)
+    # batch-1 exports no setting gauge and is still one of the deployment's pods.
+    assert batch.pods == (snap.PodSetting("batch-0", 0, "ceiling", "fcfs"), snap.PodSetting("batch-1", None, "", ""))
+    assert batch.extra["targets_up"] == 2
 
 
 def test_a_deployment_nobody_scrapes_has_no_series(fleet):
@@ -243,26 +256,28 @@ def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> mod
 
 def test_per_deployment_loops_share_one_fleet_read(fleet):
     """The controller's loops ask one deployment at a time; the fleet observer answers
-    them all from one read (six queries) per reuse period."""
+    them all from one read (seven queries) per reuse period."""
     observer = FleetObserver(SETTINGS, reuse_s=5.0, token_for=lambda sd: None)
     sds = [sd(*PODS[p], fleet.prom.url) for p in ("chat-0", "batch-0")] + [sd("team-z", "ghost", fleet.prom.url)]
 
     async def every(now: float) -> list[snap.WorkloadSnapshot]:
         return await asyncio.gather(*(observer.snapshot(s, WINDOW_S, now) for s in sds))
 
+    n = len(queries.fleet(WINDOW_S).items())
+
     async def scenario() -> None:  # one event loop, as in the operator
         first = await every(fleet.t_eval)
         assert [s.invalid for s in first] == [None, snap.NO_TRAFFIC, snap.NO_SERIES]
         assert first[0] == fleet.observer().read(["team-a/chat"])["team-a/chat"]
-        assert observer.queries_made == 6
+        assert observer.queries_made == n == 7
         await every(fleet.t_eval + 1)
-        assert observer.queries_made == 6, "reused within reuse_s"
+        assert observer.queries_made == n, "reused within reuse_s"
         await every(fleet.t_eval + 6)
-        assert observer.queries_made == 12
+        assert observer.queries_made == 2 * n
         other = await observer.snapshot(sd("team-a", "chat", fleet.prom.url, "customer"), WINDOW_S,
                                         fleet.t_eval + 6)
         assert other.tenants[0].name == "unlabelled", "another tenant label is another read"
-        assert observer.queries_made == 18
+        assert observer.queries_made == 3 * n
         no_url = sds[0].model_copy(update={"spec": sds[0].spec.model_copy(
             update={"prometheus": models.Prometheus()})})
         unset = await observer.snapshot(no_url, WINDOW_S, 0)

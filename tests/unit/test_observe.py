@@ -27,7 +27,7 @@ DEP = {"namespace": "ns", "servingdeployment": "chat"}
 
 def test_one_query_per_metric_family_each_aggregating_by_deployment():
     fleet = queries.fleet(60)
-    assert [name for name, _ in fleet.items()] == ["ttft", "uncached", "tokens", "queue", "settings", "targets"]
+    assert [name for name, _ in fleet.items()] == ["ttft", "uncached", "output", "tokens", "queue", "settings", "targets"]
     for _, promql in fleet.items():
         assert "by (namespace, servingdeployment" in promql
         # Selectors name no deployment: the text is the same for one or five hundred.
@@ -37,6 +37,8 @@ def test_one_query_per_metric_family_each_aggregating_by_deployment():
             assert matchers.endswith(', servingdeployment!=""'), matchers
     assert "by (namespace, servingdeployment, tenant, le)" in fleet.ttft
     assert "[60000ms]" in fleet.ttft
+    assert "by (namespace, servingdeployment, tenant, le)" in fleet.output
+    assert queries.name_matcher("sglang:generation_tokens_histogram_bucket") in fleet.output
 
 
 def test_metric_names_match_either_spelling():
@@ -120,7 +122,7 @@ def results(**over: list[parse.Sample]) -> dict[str, list[parse.Sample]]:
         "settings": [sample(2048, pod="chat-0", part="threshold"),
                      sample(1, pod="chat-0", mode="floor", part="mode"),
                      sample(1, pod="chat-0", policy="srpt", part="policy")],
-        "targets": [sample(1, part="up")],
+        "targets": [sample(1, pod="chat-0", part="up")],
     }
     return {**base, **over}
 
@@ -140,6 +142,33 @@ def test_a_valid_snapshot():
     assert s.extra["newest_sample_age_s"] == pytest.approx(1.0)
 
 
+def test_output_tokens_per_tenant_from_the_generation_histogram():
+    rows = [*ttft_rows("acme", {"64": 15, "256": 20, "+Inf": 20}, 1500.0),
+            *ttft_rows("zeta", {"64": 2, "+Inf": 3}, 400.0)]
+    s = one(results(output=rows))
+    assert s.valid, s.detail
+    (acme,) = s.tenants  # zeta finished requests but got no first token in the window
+    assert acme.output_tokens == snap.Histogram((64.0, 256.0), (15.0, 20.0), 20.0, 1500.0)
+    assert acme.output_tokens.mean == pytest.approx(75.0)
+    # An engine without the histogram: no output lengths, and the snapshot is still usable.
+    bare = one(results())
+    assert bare.valid and bare.tenants[0].output_tokens is None
+
+
+def test_pods_are_every_pod_up_or_with_a_setting_gauge():
+    settings_rows = [*results()["settings"], sample(1, pod="chat-3", mode="ceiling", part="mode")]
+    targets = [sample(1, pod=p, part="up") for p in ("chat-0", "chat-1", "chat-3")]
+    s = one(results(settings=settings_rows, targets=[*targets, sample(1, pod="chat-2", part="down")]))
+    assert s.valid, s.detail
+    # chat-1 exports no setting gauge (a stock engine) and still counts; chat-2 is down.
+    assert s.pods == (snap.PodSetting("chat-0", 2048, "floor", "srpt"), snap.PodSetting("chat-1", None, "", ""),
+                      snap.PodSetting("chat-3", None, "ceiling", ""))
+    assert (s.extra["targets_up"], s.extra["targets_down"]) == (3, 1)
+    # A deployment none of whose pods exports a setting gauge still lists its pods.
+    bare = one(results(settings=[], targets=targets[:2]))
+    assert [p.pod for p in bare.pods] == ["chat-0", "chat-1"] and bare.pods[0].threshold is None
+
+
 def test_buckets_are_coalesced_and_made_monotonic_as_histogram_quantile_does():
     rows = ttft_rows("acme", {"0.1": 6, "1": 5, "1.0": 1, "+Inf": 20}, 9.0)
     (acme,) = one(results(ttft=rows)).tenants
@@ -147,13 +176,14 @@ def test_buckets_are_coalesced_and_made_monotonic_as_histogram_quantile_does():
 
 
 @pytest.mark.parametrize("res, reason, words", [
-    ({k: [] for k in ("ttft", "uncached", "tokens", "queue", "settings", "targets")},
+    ({k: [] for k in ("ttft", "uncached", "output", "tokens", "queue", "settings", "targets")},
      snap.NO_SERIES, "no series"),
     ({"queue": [sample(3, part="depth")], "targets": [sample(1, part="down")]},
      snap.STALE, "0 of 1 scrape targets up"),
     ({"queue": [sample(NOW - 30, part="newest")]}, snap.STALE, "30.0 s old"),
     ({"queue": [sample(math.nan, part="newest")]}, snap.NOT_FINITE, "newest sample time"),
     ({"ttft": ttft_rows("acme", {"0.1": math.nan, "+Inf": 20}, 9.0)}, snap.NOT_FINITE, "TTFT histogram"),
+    ({"output": ttft_rows("acme", {"64": math.nan, "+Inf": 20}, 900.0)}, snap.NOT_FINITE, "output-token histogram"),
     ({"ttft": ttft_rows("acme", {"0.1": -1, "+Inf": -1}, 9.0)}, snap.NOT_FINITE, "negative"),
     ({"ttft": ttft_rows("acme", {"+Inf": 20}, 9.0)}, snap.NOT_FINITE, "no finite bucket"),
     ({"tokens": [sample(math.inf, tenant="acme", part="cached")]}, snap.NOT_FINITE, "token counters"),
@@ -188,7 +218,7 @@ _samples = st.lists(st.builds(
 
 
 @settings(max_examples=500, deadline=None, derandomize=True)
-@given(st.fixed_dictionaries({k: _samples for k in ("ttft", "uncached", "tokens", "queue", "settings", "targets")}))
+@given(st.fixed_dictionaries({k: _samples for k in ("ttft", "uncached", "output", "tokens", "queue", "settings", "targets")}))
 def test_assemble_never_raises_and_valid_means_usable(res):
     for s in assemble.snapshots(res, now=NOW, rules=RULES).values():
         assert s.invalid is None or s.invalid in snap.REASONS

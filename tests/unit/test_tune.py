@@ -195,7 +195,12 @@ def test_recommend_refuses_an_invalid_snapshot():
 
 
 def test_snapshot_codec_round_trips():
-    snap = heterogeneous()
+    from dataclasses import replace
+
+    from slipstream.api.snapshot import PodSetting
+
+    # A pod without setting gauges (threshold None) round-trips too.
+    snap = replace(heterogeneous(), pods=(PodSetting("p0", None, "", ""), PodSetting("p1", 2048, "floor", "srpt")))
     assert codec.from_dict(codec.to_dict(snap)) == snap
     with pytest.raises(ValueError, match=r"tenants\[0\].ttft.bounds is missing"):
         data = codec.to_dict(snap)

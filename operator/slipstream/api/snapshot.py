@@ -139,9 +139,12 @@ class PodSetting:
     """What one engine pod reports it runs (its setting gauges)."""
 
     pod: str
-    threshold: int
+    threshold: int | None
+    """T in force; None when the pod exports no threshold gauge (a stock engine)."""
     mode: str
+    """``ceiling`` or ``floor``; "" when the pod exports no mode gauge."""
     schedule_policy: str
+    """``fcfs``, ``lpm`` or ``srpt``; "" when the pod exports no policy gauge."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,8 @@ class WorkloadSnapshot:
     queue_depth: float | None = None
     """Requests waiting, summed over pods (``sglang:num_queue_reqs``)."""
     pods: tuple[PodSetting, ...] = ()
+    """Every pod of the deployment that is scraped (target up) or exports a setting gauge;
+    the tuner spreads the deployment's rates over ``len(pods)`` engines."""
     invalid: str | None = None
     """None when usable; else one of ``REASONS``."""
     detail: str = ""

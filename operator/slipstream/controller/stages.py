@@ -5,7 +5,8 @@
   of deployments; reads on worker threads, one lock per key: a deployment on another
   Prometheus is never held up).
 - `TwinRecommender`: `tune.tuner.tune_once` (gate, twin-backed recommendation,
-  guardrails) with the deployment's spec, its tuner state from status, and the time scale.
+  guardrails) with the deployment's spec, its engine's C and page size
+  (`tune.deployment.engine_config`), its tuner state from status, and the time scale.
 - `ObserveLatency`: the canary analysis' per-tenant p99 TTFT of some pods over a window
   ending at any time, with observe's query and assembly.
 """
@@ -30,6 +31,7 @@ from slipstream.observe.observer import Observer, ObserveSettings
 from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails
+from slipstream.tune import deployment as tune_deployment
 from slipstream.tune import memo as memo_
 from slipstream.tune import tuner as tuner_
 
@@ -150,7 +152,8 @@ class TwinRecommender:
                 interval_s=tuning.interval(sd, self.config) * 0.9,  # a step's jitter is not an interval
             ),
         )
-        decision = tuner_.tune_once(snap, state, settings, profile, None, now, self.memo)
+        config = tune_deployment.engine_config(sd.spec)
+        decision = tuner_.tune_once(snap, state, settings, profile, config, now, self.memo)
         rec = decision.recommendation
         mix = rec.heterogeneity if rec is not None else None
         if isinstance(decision, guardrails.Move):

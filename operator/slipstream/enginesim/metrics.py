@@ -51,7 +51,7 @@ class EngineMetrics:
         self.uncached_hist = Histogram(names.UNCACHED_PROMPT_TOKENS,
                                        "Histogram of uncached (compute) prompt token length.", req,
                                        buckets=PROMPT_TOKEN_BUCKETS, registry=r)
-        self.generation_hist = Histogram("sglang:generation_tokens_histogram",
+        self.generation_hist = Histogram(names.GENERATION_TOKENS,
                                          "Histogram of generation token length.", req,
                                          buckets=PROMPT_TOKEN_BUCKETS, registry=r)
         self.prompt_total = Counter(names.PROMPT_TOKENS_TOTAL, "Number of prefill tokens processed.",

@@ -207,7 +207,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if state is not None and pid > 1 and alive(pid):
         if state.get("phase") == "Ready":
             print(f"already up (supervisor pid {state['supervisor_pid']})", file=sys.stderr)
-            _print_ready(state)
+            _print_ready(state, workdir)
             return 0
         raise ClusterCommandError(
             f"a cluster in {workdir} is {state.get('phase')}; wait, or `slipstream cluster down`"
@@ -239,7 +239,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             state = read_state(workdir)
             if state is not None and state.get("supervisor_pid") == proc.pid:
                 if state.get("phase") == "Ready":
-                    _print_ready(state)
+                    _print_ready(state, workdir)
                     return 0
                 if state.get("phase") == "Failed":
                     proc.wait(timeout=DOWN_DEADLINE_S)
@@ -316,10 +316,17 @@ def _simulators(workdir: Path) -> list[dict[str, Any]]:
     return list(data.get("simulators", []))
 
 
-def _print_ready(state: dict[str, Any]) -> None:
-    print(f"cluster up: apiserver {state['server']}, Prometheus {state.get('prometheus_url')},"
+def _print_ready(state: dict[str, Any], workdir: Path) -> None:
+    url = state.get("prometheus_url")
+    print(f"cluster up: apiserver {state['server']}, Prometheus {url},"
           f" pod CIDR {state.get('pod_cidr')}", file=sys.stderr)  # fmt: skip
-    print("stop it with: slipstream cluster down", file=sys.stderr)
+    if url and not str(url).endswith(f":{PROMETHEUS_PORT}"):
+        # examples/local-sim.yaml names :9090; on a shared machine that may be another
+        # cluster's Prometheus, whose series would then steer this one's tuner.
+        print(f"note: port {PROMETHEUS_PORT} was taken: set spec.prometheus.url to {url} "
+              f"(examples/local-sim.yaml names http://127.0.0.1:{PROMETHEUS_PORT})", file=sys.stderr)  # fmt: skip
+    same = "" if workdir == DEFAULT_WORKDIR.expanduser().resolve() else f" --workdir {workdir}"
+    print(f"stop it with: slipstream cluster down{same}", file=sys.stderr)
     print(f"export KUBECONFIG={state['kubeconfig']}")
     if state.get("bin_dir"):
         print(f"export PATH={state['bin_dir']}:$PATH  # kubectl and helm")
@@ -367,7 +374,8 @@ def add_up_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                         help="twin seconds per wall second in the engine simulators (default 1)")  # fmt: skip
     parser.add_argument("--operator-env", action="append", metavar="KEY=VALUE",
-                        help="extra environment of the operator, e.g. SLIPSTREAM_TUNE_INTERVAL_SECONDS=5")  # fmt: skip
+                        help="extra environment of the operator, e.g. SLIPSTREAM_ROLLOUT_POLL_SECONDS=2 "
+                             "(the settings: operator/slipstream/controller/settings.py)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,8 +133,28 @@ def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) 
     return out
 
 
-def _settings(samples: Iterable[parse.Sample]) -> tuple[dict[Key, list[snap.PodSetting]], dict[Key, list[str]]]:
-    """Pod settings per deployment, and the names of gauges that are not finite."""
+def _targets(samples: Iterable[parse.Sample]) -> tuple[dict[Key, dict[str, float]], dict[Key, set[str]]]:
+    """Targets up and down per deployment, and the pods whose target is up."""
+    counts: dict[Key, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    up: dict[Key, set[str]] = defaultdict(set)
+    for s in samples:
+        part = s.label(queries.PART_LABEL)
+        counts[_dep(s)][part] += s.value
+        if part == "up" and s.label(queries.POD_LABEL):
+            up[_dep(s)].add(s.label(queries.POD_LABEL))
+    return counts, up
+
+
+def _settings(
+    samples: Iterable[parse.Sample], up: Mapping[Key, set[str]]
+) -> tuple[dict[Key, list[snap.PodSetting]], dict[Key, list[str]]]:
+    """Pod settings per deployment, and the names of gauges that are not finite.
+
+    Every pod is listed: those with any setting gauge and those whose scrape target is up
+    (``up``), so a pod that exports no setting gauge (a stock engine, a pod whose gauges are
+    not out yet) still counts as one of the deployment's pods: the tuner divides the
+    deployment's rates by the number of pods.
+    """
     threshold: dict[Key, float] = {}
     mode: dict[Key, str] = {}
     policy: dict[Key, str] = {}
@@ -151,11 +171,14 @@ def _settings(samples: Iterable[parse.Sample]) -> tuple[dict[Key, list[snap.PodS
             mode[pod] = s.label("mode")
         elif part == "policy":
             policy[pod] = s.label("policy")
+    named = {*threshold, *mode, *policy, *((*dep, p) for dep, names in up.items() for p in names)}
     pods: dict[Key, list[snap.PodSetting]] = defaultdict(list)
-    for pod, value in sorted(threshold.items()):
-        # A pod missing its mode or policy gauge reports "" (unknown), so a comparison
-        # with any wanted setting fails and the rollout re-applies rather than assumes.
-        pods[pod[:2]].append(snap.PodSetting(pod[2], int(value), mode.get(pod, ""), policy.get(pod, "")))
+    for pod in sorted(named):
+        # A pod missing a gauge reports it unknown (threshold None, mode or policy ""), so a
+        # comparison with any wanted setting fails and the rollout re-applies, never assumes.
+        value = threshold.get(pod)
+        pods[pod[:2]].append(snap.PodSetting(
+            pod[2], None if value is None else int(value), mode.get(pod, ""), policy.get(pod, "")))
     return pods, bad
 
 
@@ -202,14 +225,18 @@ def snapshots(
     per_tenant = _dep_tenant(tenant_label)
     ttft = histograms(results["ttft"], per_tenant)
     uncached = histograms(results["uncached"], per_tenant)
+    # Optional: without output lengths (an engine that does not export them, a caller
+    # that did not ask) each tenant's output_tokens is None and the twin decodes one token.
+    output = histograms(results.get("output", ()), per_tenant)
     tokens = _parts(results["tokens"], per_tenant)
     queue = _parts(results["queue"], _dep)
-    targets = _parts(results["targets"], _dep)
-    pods, bad_gauges = _settings(results["settings"])
+    targets, up_pods = _targets(results["targets"])
+    pods, bad_gauges = _settings(results["settings"], up_pods)
 
-    seen = {k[:2] for k in (*ttft, *uncached, *tokens)} | set(queue) | set(targets) | set(pods)
+    seen = {k[:2] for k in (*ttft, *uncached, *output, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]
     by_dep_ttft, by_dep_uncached, by_dep_tokens = _by_deployment(ttft), _by_deployment(uncached), _by_deployment(tokens)
+    by_dep_output = _by_deployment(output)
     out: dict[str, snap.WorkloadSnapshot] = {}
     for dep in wanted:
         name = deployment_name(*dep)
@@ -220,6 +247,7 @@ def snapshots(
             present=dep in seen,
             ttft=by_dep_ttft.get(dep, {}),
             uncached=by_dep_uncached.get(dep, {}),
+            output=by_dep_output.get(dep, {}),
             tokens=by_dep_tokens.get(dep, {}),
             queue=queue.get(dep, {}),
             targets=targets.get(dep, {}),
@@ -256,6 +284,7 @@ def _one(
     present: bool,
     ttft: Mapping[str, snap.Histogram],
     uncached: Mapping[str, snap.Histogram],
+    output: Mapping[str, snap.Histogram],
     tokens: Mapping[str, Mapping[str, float]],
     queue: Mapping[str, float],
     targets: Mapping[str, float],
@@ -298,6 +327,7 @@ def _one(
                 ttft=hist,
                 uncached_tokens=uncached.get(tenant, EMPTY),
                 cache_hit_ratio=_ratio(tokens.get(tenant, {})),
+                output_tokens=output.get(tenant),
             ))
     cached = sum(v.get("cached", 0.0) for v in tokens.values())
     prompt = sum(v.get("prompt", 0.0) for v in tokens.values())
@@ -319,6 +349,7 @@ def _one(
     not_finite = [
         *_not_finite(ttft, "TTFT histogram"),
         *_not_finite(uncached, "uncached-token histogram"),
+        *_not_finite(output, "output-token histogram"),
         *(f"token counters of tenant {t}: {dict(v)}" for t, v in sorted(tokens.items())
           if not all(math.isfinite(x) for x in v.values())),
         *([] if depth is None or math.isfinite(depth) else [f"queue depth ({depth})"]),

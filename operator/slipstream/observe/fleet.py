@@ -2,7 +2,7 @@
 
 Each ServingDeployment runs its own loop (``controller.loop``) and asks for its own
 snapshot; ``FleetObserver`` answers every such call from one fleet read (``Observer.read``:
-six queries for every deployment at once) per Prometheus, window and tenant label,
+seven queries for every deployment at once) per Prometheus, window and tenant label,
 reused for ``reuse_s`` seconds. So the queries an interval costs are bounded by
 ``6 x interval / reuse_s`` per Prometheus, whatever the number of deployments, and the
 loops of 500 deployments do not send 3,000 queries. Reads run on a worker thread (the

@@ -112,7 +112,7 @@ class Observer:
         return self.fetch(at).snapshots(names)
 
     def fetch(self, at: float | None = None) -> FleetRead:
-        """The six queries at ``at`` (default: now), or why there is no answer."""
+        """The seven queries at ``at`` (default: now), or why there is no answer."""
         now = self.clock() if at is None else at
         rules = self.settings.rules()
         if self.backoff.waiting(now):

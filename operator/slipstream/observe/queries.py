@@ -89,6 +89,8 @@ class FleetQueries:
     """TTFT histogram increase by deployment, tenant and ``le``, plus its ``_sum``."""
     uncached: str
     """Uncached-prompt-token histogram increase, same shape."""
+    output: str
+    """Output-token histogram increase (finished requests), same shape."""
     tokens: str
     """Cached and prompt token increases by deployment and tenant (the cache-hit ratio)."""
     queue: str
@@ -96,7 +98,8 @@ class FleetQueries:
     settings: str
     """Each pod's setting gauges: threshold, mode in force, admission order in force."""
     targets: str
-    """Scrape targets up and down, by deployment."""
+    """Scrape targets up and down, by deployment and pod: the pods that are up are the
+    deployment's pods even when they export no setting gauge."""
 
     def items(self) -> list[tuple[str, str]]:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
@@ -117,6 +120,7 @@ def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
     return FleetQueries(
         ttft=histogram_increase(metrics.TTFT_SECONDS, per_tenant, rng),
         uncached=histogram_increase(metrics.UNCACHED_PROMPT_TOKENS, per_tenant, rng),
+        output=histogram_increase(metrics.GENERATION_TOKENS, per_tenant, rng),
         tokens=union(
             tagged("cached", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.CACHED_TOKENS_TOTAL)}[{rng}]))"),
             tagged("prompt", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.PROMPT_TOKENS_TOTAL)}[{rng}]))"),
@@ -131,8 +135,8 @@ def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
             tagged("policy", f"max by ({_by(*per_pod, 'policy')}) ({selector(metrics.SCHEDULE_POLICY)} == 1)"),
         ),
         targets=union(
-            tagged("up", f"count by ({_by(*dep)}) ({selector('up')} == 1)"),
-            tagged("down", f"count by ({_by(*dep)}) ({selector('up')} == 0)"),
+            tagged("up", f"count by ({_by(*per_pod)}) ({selector('up')} == 1)"),
+            tagged("down", f"count by ({_by(*per_pod)}) ({selector('up')} == 0)"),
         ),
     )
 

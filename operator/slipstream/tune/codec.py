@@ -46,7 +46,8 @@ def from_dict(data: Any) -> WorkloadSnapshot:
                                     _hist(t.get("uncached_tokens"), f"{where}.uncached_tokens"),
                                     None if hit is None else float(hit),
                                     None if out is None else _hist(out, f"{where}.output_tokens")))
-    pods = tuple(PodSetting(str(p["pod"]), int(p["threshold"]), str(p["mode"]), str(p["schedule_policy"]))
+    pods = tuple(PodSetting(str(p["pod"]), None if p.get("threshold") is None else int(p["threshold"]),
+                            str(p["mode"]), str(p["schedule_policy"]))
                  for p in data.get("pods") or ())
     mix = data.get("uncached_tokens")
     return WorkloadSnapshot(

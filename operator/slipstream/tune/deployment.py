@@ -48,6 +48,13 @@ def tuner_settings(spec: models.ServingDeploymentSpec, time_scale: float = 1.0) 
     return TunerSettings(spec=from_spec(spec), guardrails=guard)
 
 
+def engine_config(spec: models.ServingDeploymentSpec) -> EngineConfig:
+    """The twin's engine: the deployment's own C and page size (``spec.engine``), the twin's
+    defaults for what the spec does not set."""
+    engine = spec.engine
+    return EngineConfig(chunked_prefill_size=engine.chunked_prefill_size, page_size=engine.page_size)
+
+
 def unix_seconds(stamp: str | float | int | None) -> float | None:
     """A status time (RFC 3339, or seconds) as Unix seconds; None when absent or unreadable."""
     if stamp is None:
@@ -77,9 +84,7 @@ def decide_for(sd: models.ServingDeployment, snap: WorkloadSnapshot, fleet: mode
                profile: Profile, time_scale: float = 1.0) -> Decision:
     """This interval's decision for ``sd`` (see ``tuner.tune_once``)."""
     settings = tuner_settings(sd.spec, time_scale)
-    engine = sd.spec.engine
-    config = EngineConfig(chunked_prefill_size=engine.chunked_prefill_size, page_size=engine.page_size)
-    return tune_once(snap, tuner_state(sd, fleet), settings, profile, config, now)
+    return tune_once(snap, tuner_state(sd, fleet), settings, profile, engine_config(sd.spec), now)
 
 
 def summary(decision: Decision, fleet: models.EngineSetting

@@ -1,0 +1,291 @@
+"""The closed loop end to end, on real parts: kube-apiserver with kwok pods on loopback IPs,
+one engine simulator per engine pod (localkube.podrunner), a real Prometheus discovering
+the pods through the apiserver, the chart installed with helm, and the operator running as
+the chart's ServiceAccount. Only the GPU is simulated.
+
+Traffic comes in phases (slipstream.demo.phases): uniform, heterogeneous (rare cold
+giants among short and high-hit prompts, three tenants), uniform again, replayed by the
+load generator against the engine Service's ready pods, which it picks by the Service's
+selector itself: the apiserver refuses loopback addresses in EndpointSlices, so this
+stands in for kube-proxy.
+
+Times: the whole stack runs on the simulators' clock, TIME_SCALE twin seconds per wall
+second; the ServingDeployment's interval, cooldown and analysis window are written as in
+production and the operator divides them by TIME_SCALE (SLIPSTREAM_TUNING_TIME_SCALE), so
+every time below is in twin seconds. "Within 3 intervals" allows one canary analysis
+window on top, because a change is not the fleet's setting until its canary is promoted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slipstream import localkube
+from slipstream.demo import loop, phases
+from slipstream.localkube import podrunner
+from slipstream.localkube import stack as stack_mod
+
+TIME_SCALE = float(os.environ.get("SLIPSTREAM_LOOP_TIME_SCALE", "8"))
+PHASE_S = float(os.environ.get("SLIPSTREAM_LOOP_PHASE_S", "720"))
+"""Twin seconds per phase: 90 s of wall time at x8, room for 3 intervals and an analysis."""
+
+DUMP_DIR = os.environ.get("SLIPSTREAM_LOOP_DUMP_DIR", "")
+"""Where to write every request's outcome (tenant, arrival, TTFT) per run, if set."""
+
+INTERVAL_S = 60
+COOLDOWN_S = 180
+ANALYSIS_S = 120
+"""Long enough that canary and baseline pods each see a few of the giants (one per 45 twin
+seconds across the fleet): a shorter window compares noise."""
+REPLICAS = 2
+MIN_CONCURRENCY = 1
+NAMESPACE = "closed-loop"
+READY_S = 120.0
+WARMUP_S = 120
+"""Twin seconds of the Off baseline replayed before its judged window (queues build up)."""
+STEP_SLACK_S = 4 * TIME_SCALE
+"""Four wall seconds: the operator's steps and the status reads run on a loaded machine's
+wall clock (a step each rollout poll, 1 s), not exactly at interval boundaries."""
+SETTLE_S = 3 * INTERVAL_S + ANALYSIS_S + STEP_SLACK_S
+"""Twin seconds after a phase change by which the setting must have followed."""
+
+
+@dataclass
+class Loop:
+    stack: stack_mod.Stack
+    target: loop.Target
+
+
+@pytest.fixture(scope="module")
+def closed_loop(cluster: localkube.Cluster) -> Iterator[Loop]:
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    options = stack_mod.StackOptions(time_scale=TIME_SCALE, engine_namespace=NAMESPACE)
+    stack = stack_mod.Stack.attach(cluster, options)
+    try:
+        assert stack.prometheus is not None
+        target = loop.Target(cluster.kubeconfig, cluster.bin_dir / "kubectl", cluster.reader, TIME_SCALE,
+                             stack.prometheus.url)  # fmt: skip
+        yield Loop(stack, target)
+    finally:
+        stack.stop()
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def deploy(lp: Loop, name: str, mode: str) -> podrunner.ServiceTargets:
+    sd = loop.serving_deployment(
+        name, lp.target.prometheus_url, mode=mode, replicas=REPLICAS, interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S, analysis_s=ANALYSIS_S
+    )
+    sd["metadata"]["namespace"] = NAMESPACE
+    lp.target.apply(sd)
+    targets = loop.wait_for(lambda: _targets(lp, name), READY_S, f"Service {name}")
+    loop.wait_for(lambda: len(targets.refresh()) == REPLICAS, READY_S, f"{REPLICAS} simulators of {name} ready")
+    return targets
+
+
+def _targets(lp: Loop, name: str) -> Any:
+    try:
+        return lp.target.targets(NAMESPACE, name)
+    except OSError:
+        return None
+
+
+def pod_identity(lp: Loop, name: str) -> dict[str, tuple[str, int]]:
+    """Pod name -> (UID, container restarts): what a restart would change."""
+    out = {}
+    for pod in lp.target.pods(NAMESPACE, name):
+        restarts = sum(c.get("restartCount", 0) for c in pod.get("status", {}).get("containerStatuses", []))
+        out[pod["metadata"]["name"]] = (pod["metadata"]["uid"], restarts)
+    return out
+
+
+def admin_key(lp: Loop, name: str) -> str:
+    return str(lp.target.admin_key(NAMESPACE, name))
+
+
+def post_fault(url: str, key: str, fault: dict[str, Any]) -> None:
+    request = urllib.request.Request(
+        f"{url}/slipstream/faults", data=json.dumps(fault).encode(), method="POST",
+        headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
+def pod_url(lp: Loop, name: str, pod_name: str) -> str:
+    pod = next(p for p in lp.target.pods(NAMESPACE, name) if p["metadata"]["name"] == pod_name)
+    return f"http://{pod['status']['podIP']}:30000"
+
+
+def live_setting(url: str, key: str) -> tuple[Any, ...]:
+    request = urllib.request.Request(f"{url}/get_server_info", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        info = json.load(response)
+    return (info.get("long_prefill_token_threshold"), info.get("long_prefill_mode"), info.get("schedule_policy"))
+
+
+def setting(s: loop.Sample) -> tuple[Any, ...]:
+    return (s.threshold, s.mode, s.schedule_policy)
+
+
+def changes(samples: list[loop.Sample]) -> list[tuple[float, loop.Sample]]:
+    """(twin time, sample) of every change of the fleet's setting after the first reading."""
+    known = [s for s in samples if s.threshold is not None]
+    return [(b.twin_s, b) for a, b in zip(known, known[1:], strict=False) if setting(a) != setting(b)]
+
+
+def moved_to(event: dict[str, Any]) -> int:
+    """The threshold a ThresholdChanged Event names as the new one ("4096 -> 2048 (...")."""
+    match = re.match(r"\s*(\d+) -> (\d+)", event.get("message", ""))
+    assert match, event.get("message")
+    return int(match.group(2))
+
+
+def story(events: list[dict[str, Any]]) -> str:
+    """The Events as `kubectl describe` would tell them, with twin times: for failure messages."""
+    return "\n".join(f"  {e['_twin_s']:7.0f}  {e.get('reason')}: {e.get('message', '')[:200]}" for e in events)
+
+
+def uncapped(s: loop.Sample) -> bool:
+    return s.threshold == 0 or (s.concurrency or 1) <= MIN_CONCURRENCY
+
+
+def run_phases(lp: Loop, name: str, kinds: tuple[str, ...], start_s: float = 0.0,
+               ) -> tuple[loop.Watcher, list[loop.Result], list[phases.Phase]]:  # fmt: skip
+    """Replay the phases (from twin time ``start_s`` on) while watching the ServingDeployment."""
+    targets = lp.target.targets(NAMESPACE, name)
+    workload, spans = phases.plan(PHASE_S, replicas=REPLICAS, kinds=kinds)
+    if start_s > 0:
+        workload = dataclasses.replace(workload, requests=tuple(r for r in workload.requests if r.arrival_s >= start_s))
+    watcher = loop.Watcher(lp.target, NAMESPACE, name)
+    load = loop.LoadRun(workload.requests, targets, TIME_SCALE).start()
+    watcher.t0 = load.t0
+    watcher.start()
+    try:
+        results = load.join(timeout_s=spans[-1].end_s / TIME_SCALE + 180)
+    finally:
+        watcher.stop()
+    if DUMP_DIR:  # each request's outcome, for a failure's post-mortem
+        path = Path(DUMP_DIR) / f"load-{name}-{'-'.join(kinds)}.json"
+        path.write_text(json.dumps([dataclasses.asdict(r) for r in results]))
+    failed = [r for r in results if not r.ok]
+    assert len(failed) <= 0.01 * len(results), f"{len(failed)} of {len(results)} requests failed"
+    return watcher, results, spans
+
+
+# -- the test -------------------------------------------------------------------------------
+
+
+def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
+    lp = closed_loop
+    settle_twin = SETTLE_S
+    het = phases.HETEROGENEOUS
+
+    # 1. Baseline: the heterogeneous phase with tuning Off (stock engines), from a warm-up
+    # before the window the tuned run is judged on to the phase's end.
+    deploy(lp, "off", "Off")
+    _, off_results, _ = run_phases(lp, "off", (het,), start_s=settle_twin - WARMUP_S)
+    off_p99 = loop.tenant_p99(off_results, settle_twin, PHASE_S)
+    lp.target.kubectl("delete", "sd", "off", f"--namespace={NAMESPACE}", "--wait=true")
+
+    # 2. Auto through uniform -> heterogeneous -> uniform.
+    deploy(lp, "auto", "Auto")
+    pods_before = pod_identity(lp, "auto")
+    watcher, results, spans = run_phases(lp, "auto", (phases.UNIFORM, het, phases.UNIFORM))
+    samples, events = watcher.samples, watcher.events
+    assert samples, "no status was read"
+    for span in spans:
+        after = [s for s in samples if span.start_s + settle_twin <= s.twin_s < span.end_s]
+        assert after, f"{span.name}: no status sample after the settling time"
+        if span.kind == phases.UNIFORM:
+            assert all(uncapped(s) for s in after), (
+                f"{span.name}: setting not off / least concurrency: {[setting(s) for s in after]}")
+        else:
+            # By then the engines run the candidate the tuner chose as the twin's best when it
+            # moved (a ThresholdChanged Event in this phase), capped, for the rest of the phase.
+            assert all(not uncapped(s) for s in after), (
+                f"{span.name}: not capped: {[setting(s) for s in after]}\n{story(events)}")
+            moves = [e for e in events if e.get("reason") == "ThresholdChanged"
+                     and span.start_s <= e["_twin_s"] <= span.start_s + settle_twin]  # fmt: skip
+            assert moves, f"{span.name}: no ThresholdChanged within {settle_twin:.0f} twin s\n{story(events)}"
+            assert moved_to(moves[-1]) == after[0].threshold, (moves[-1]["message"], setting(after[0]))
+
+    # At most one change per cooldown, each with an Event carrying its reason.
+    moved = changes(samples)
+    gaps = [b - a for (a, _), (b, _) in zip(moved, moved[1:], strict=False)]
+    # Samples are a second of wall time apart: allow one sample's worth of twin time.
+    assert all(g >= COOLDOWN_S - 2 * TIME_SCALE for g in gaps), f"changes closer than the cooldown: {gaps}"
+    messages = [f"{e.get('reason')}: {e.get('message')}" for e in events]
+    for _, s in moved:
+        assert any(str(s.threshold) in m and "->" in m for m in messages), (
+            f"no Event for the change to {setting(s)}; events: {messages}")
+    assert all(e.get("reason") and e.get("message") for e in events), events
+
+    # The heterogeneous phase, tuned, against the same phase with tuning Off.
+    het_span = next(s for s in spans if s.kind == het)
+    tuned_p99 = loop.tenant_p99(results, het_span.start_s + settle_twin, het_span.end_s)
+    worst_off, worst_tuned = max(off_p99.values()), max(tuned_p99.values())
+    assert worst_tuned <= worst_off / 5, f"tuned {tuned_p99} vs off {off_p99}"
+
+    # 3. Metrics withheld: heterogeneous traffic from a settled, uniform fleet, and no change.
+    key = admin_key(lp, "auto")
+    urls = lp.target.targets(NAMESPACE, "auto").refresh()
+    for url in urls:
+        post_fault(url, key, {"metrics": "error"})
+    withheld = loop.Watcher(lp.target, NAMESPACE, "auto").start()
+    workload, _ = phases.plan(4 * INTERVAL_S, replicas=REPLICAS, kinds=(het,))
+    loop.LoadRun(workload.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE).start().join(timeout_s=300)
+    withheld.stop()
+    assert not changes(withheld.samples), f"moved while metrics were withheld: {changes(withheld.samples)}"
+    for url in urls:
+        post_fault(url, key, {"metrics": "ok"})
+
+    # 4. A canary whose TTFT regresses is rolled back; the fleet ends uniform.
+    watcher = loop.Watcher(lp.target, NAMESPACE, "auto")
+    watcher.poll()
+    seen = len(watcher.events)  # the Events so far: only a rollback after this one counts
+    watcher.start()
+    workload, _ = phases.plan(4 * INTERVAL_S + 2 * ANALYSIS_S, replicas=REPLICAS, kinds=(het,))
+    load = loop.LoadRun(workload.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE)
+    watcher.t0 = load.start().t0
+    canaries: list[str] = []
+    try:
+        def canary_pods() -> list[str]:
+            sd = lp.target.get_sd(NAMESPACE, "auto") or {}
+            rollout = (sd.get("status") or {}).get("rollout") or {}
+            return list(rollout.get("canaryPods") or []) if rollout.get("phase") in ("Canary", "Analysis") else []
+
+        canaries = loop.wait_for(canary_pods, 3 * INTERVAL_S / TIME_SCALE + 30, "a canary")
+        for pod_name in canaries:
+            post_fault(pod_url(lp, "auto", pod_name), key, {"ttft_multiplier": 20.0})
+        loop.wait_for(lambda: any(e.get("reason") == "RolledBack" for e in watcher.events[seen:]),
+                      2 * ANALYSIS_S / TIME_SCALE + 30, "a RolledBack Event")  # fmt: skip
+        live = {url: live_setting(url, key) for url in lp.target.targets(NAMESPACE, "auto").refresh()}
+        assert len(set(live.values())) == 1, f"fleet not uniform after the rollback: {live}"
+        rolled = next(e for e in watcher.events[seen:] if e.get("reason") == "RolledBack")
+        assert "regress" in rolled["message"], rolled["message"]
+    finally:
+        for pod_name in canaries:
+            post_fault(pod_url(lp, "auto", pod_name), key, {"ttft_multiplier": 1.0})
+        load.join(timeout_s=workload.span_s / TIME_SCALE + 180)
+        watcher.stop()
+
+    # Never a restart: same pods, same UIDs, no container or simulator restarts.
+    assert pod_identity(lp, "auto") == pods_before
+    assert lp.stack.runner is not None
+    restarts = {k: v for k, v in lp.stack.runner.restarts().items() if k.startswith(f"{NAMESPACE}/auto")}
+    assert restarts and not any(restarts.values()), restarts
+    assert not math.isnan(worst_tuned) and not math.isnan(worst_off)

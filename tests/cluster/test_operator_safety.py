@@ -20,6 +20,7 @@ from test_operator_reconcile import (
     container,
     events,
     fixed_sd,
+    get,
     installed_operator,
     merged,
     must_get,
@@ -157,19 +158,38 @@ def test_an_owned_object_kubernetes_refuses_gives_a_condition_and_one_warning(
     # Requests above limits: each quantity is valid (the CRD cannot compare them); the
     # Deployment built from them is refused.
     apply(cluster, ns, fixed_sd("picky", resources={"requests": {"cpu": 4}, "limits": {"cpu": 2}}))
+    message = _refused_with_one_warning(cluster, operator, ns, "picky", "DeploymentRefused")
+    assert "resources.requests" in message and "limit" in message, message
+
+
+def _refused_with_one_warning(cluster: localkube.Cluster, operator: Operator, ns: str, name: str, reason: str) -> str:
+    """Waits for phase Degraded with Reconciled False for `reason`, a retry, and checks
+    that the retries made one Warning Event, not one each; returns the condition's message."""
 
     def degraded() -> dict[str, Any]:
-        sd = must_get(cluster, "sd", "picky", ns)
+        sd = must_get(cluster, "sd", name, ns)
         assert sd.get("status", {}).get("phase") == "Degraded", sd.get("status")
         return sd
 
-    sd = eventually(degraded, deadline_s=DEADLINE_S, what="picky degraded")
+    sd = eventually(degraded, deadline_s=DEADLINE_S, what=f"{name} degraded")
     (cond,) = [c for c in sd["status"]["conditions"] if c["type"] == "Reconciled"]
-    assert cond["status"] == "False" and cond["reason"] == "DeploymentRefused", cond
-    assert "resources.requests" in cond["message"] and "limit" in cond["message"], cond["message"]
+    assert cond["status"] == "False" and cond["reason"] == reason, cond
     eventually(lambda: _retried(operator, ns), deadline_s=DEADLINE_S, what="a retry of the reconcile")
-    warnings = [e for e in events(cluster, ns, "picky") if e["reason"] == "DeploymentRefused"]
+    warnings = [e for e in events(cluster, ns, name) if e["reason"] == reason]
     assert len(warnings) == 1 and warnings[0]["type"] == "Warning" and warnings[0].get("count", 1) == 1, warnings
+    return str(cond["message"])
+
+
+def test_a_model_the_patched_engine_refuses_gets_no_pods_a_condition_and_one_warning(
+    cluster: localkube.Cluster, operator: Operator
+) -> None:
+    ns = namespace(cluster, "unsupported-model")
+    # gpt-oss is a hybrid sliding-window model: the engine would refuse T > 0 at start-up,
+    # so the operator refuses first and creates no Deployment (no crash-looping pods).
+    apply(cluster, ns, fixed_sd("swa", model="openai/gpt-oss-20b"))
+    message = _refused_with_one_warning(cluster, operator, ns, "swa", "UnsupportedModel")
+    assert "gpt-oss" in message and "threshold 0" in message, message
+    assert get(cluster, "deployment", "swa", ns) is None
 
 
 def _retried(operator: Operator, ns: str) -> None:

@@ -27,6 +27,7 @@ from slipstream.api import models
 from slipstream.controller import adminkeys, drift, loop, objects, replicas, stages, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
+from slipstream.engine import support
 
 RECONCILES = prometheus_client.Counter(
     "slipstream_reconciles", "ServingDeployment reconciliations, by result.", ["result"]
@@ -99,7 +100,8 @@ def apply_objects(
     spec.replicas of the Deployment only with `keep_replicas` (not while another writer
     has it: `replicas`)."""
     setting = objects.configmap_setting(sd)
-    problem = secret_problem(kube, sd)
+    # A spec the patched engine would refuse at start-up gets no pods (engine.support).
+    problem = support.refusal(sd.spec) or secret_problem(kube, sd)
     changes: list[tuple[str, str, str]] = []
     if sd.spec.engine.admin_api_key_secret_ref is None:
         # The engines always run with an admin key: the operator's own, derived, into an

@@ -365,6 +365,40 @@ def test_decide_for_reads_spec_and_status():
     assert narrow.recommendation is not None and narrow.recommendation.best.setting.threshold == 0
 
 
+def test_decide_for_keeps_the_dwell_in_status():
+    """The operator rebuilds the tuner's state from status each interval: ``leftSettings``
+    is the dwell's memory, so a return to a setting a promotion left recently holds."""
+    off = models.EngineSetting(threshold=0)
+    first = deployment.decide_for(sd(), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(first, Move)
+    best = deployment.engine_setting(first.to).to_k8s()
+    last = {"time": "1970-01-01T02:35:00Z", "to": {"threshold": 0}, "reason": "r"}  # 9300 s: cooldown over
+
+    def left_at(stamp: str) -> models.ServingDeployment:
+        return sd({"lastDecision": last, "leftSettings": [{"setting": best, "leftAt": stamp}]})
+
+    assert deployment.tuner_state(left_at("1970-01-01T02:35:00Z"), off).left == ((first.to, 9300.0),)
+    held = deployment.decide_for(left_at("1970-01-01T02:35:00Z"), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(held, Hold) and held.reason == guardrails.DWELL and "left 700 s ago" in held.message
+    # Left 3000 s ago, past 3 cooldowns of 600 s: the entry no longer blocks.
+    old = deployment.decide_for(left_at("1970-01-01T01:55:00Z"), heterogeneous(), off, 10_000.0, PROFILE)
+    assert isinstance(old, Move) and old.to == first.to
+    # A time that does not parse says nothing about when: dropped, not a hold forever.
+    assert deployment.tuner_state(left_at("yesterday"), off).left == ()
+
+
+def test_record_left_keeps_the_newest_few():
+    entries: list[models.LeftSetting] = []
+    for k in range(deployment.MAX_LEFT + 3):
+        patch = deployment.record_left(entries, models.EngineSetting(threshold=1024 * k), f"2026-01-01T00:{k:02d}:00Z")
+        entries = models.ServingDeploymentStatus.model_validate({"leftSettings": patch}).left_settings
+    assert len(entries) == deployment.MAX_LEFT
+    assert [e.setting.threshold for e in entries] == [1024 * k for k in range(3, deployment.MAX_LEFT + 3)]
+    assert entries[-1].left_at == f"2026-01-01T00:{deployment.MAX_LEFT + 2:02d}:00Z"
+    with pytest.raises(ValueError, match="leftSettings"):
+        models.ServingDeploymentStatus.model_validate({"leftSettings": [patch[0]] * (deployment.MAX_LEFT + 1)})
+
+
 def test_the_twin_is_one_engine_of_the_deployment():
     from dataclasses import replace
 

@@ -95,6 +95,24 @@ def test_status_patch_shows_the_fleet_and_the_decision() -> None:
     models.ServingDeploymentStatus.model_validate(patch)
 
 
+def test_a_promotion_records_the_setting_it_left() -> None:
+    promoted = models.RolloutStatus(phase="Idle", result="Promoted", candidate=S(threshold=2048),
+                                    baseline=S(threshold=4096))  # fmt: skip
+    d = machine.Decision("Promoted", promoted, S(threshold=2048), S(threshold=2048))
+    patch = tuning.status_patch(make({"mode": "Auto"}), d, [], None, None, False, "2026-01-01T00:10:00Z")
+    assert patch["leftSettings"] == [{"setting": S(threshold=4096).to_k8s(), "leftAt": "2026-01-01T00:10:00Z"}]
+    # The list is bounded: a ninth promotion drops the oldest entry.
+    full = [{"setting": S(threshold=k).to_k8s(), "leftAt": "2026-01-01T00:00:00Z"} for k in range(8)]
+    patch = tuning.status_patch(make({"mode": "Auto"}, {"leftSettings": full}), d, [], None, None, False,
+                                "2026-01-01T00:10:00Z")  # fmt: skip
+    assert len(patch["leftSettings"]) == 8 and patch["leftSettings"][0]["setting"]["threshold"] == 1
+    assert patch["leftSettings"][-1]["setting"]["threshold"] == 4096
+    models.ServingDeploymentStatus.model_validate(patch)
+    # Any other step leaves the list alone (a rollback returned to the baseline: nothing left).
+    assert "leftSettings" not in tuning.status_patch(make({"mode": "Auto"}), decision(), [], None, None, False,
+                                                     "2026-01-01T00:10:00Z")  # fmt: skip
+
+
 def test_recommend_mode_reports_a_new_recommendation_once() -> None:
     sd = make({"mode": "Recommend"})
     event = tuning.recommended_event(sd, S(threshold=4096), REC)
@@ -127,6 +145,12 @@ def test_the_twin_recommender_moves_on_heterogeneous_traffic_and_holds_after() -
                  {"lastDecision": {"time": machine.stamp(990.0), "to": rec.setting.to_k8s(), "reason": "r"}})  # fmt: skip
     held = stages.TwinRecommender(config).recommend(moved, heterogeneous(), rec.setting, 1000.0)
     assert not held.move and held.reason.startswith("Cooldown"), held
+    # a promotion left rec.setting 100 s ago (past the 60 s cooldown, within 3 of them): no return
+    left = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600},
+                {"lastDecision": {"time": machine.stamp(900.0), "to": {"threshold": 0}, "reason": "r"},
+                 "leftSettings": [{"setting": rec.setting.to_k8s(), "leftAt": machine.stamp(900.0)}]})  # fmt: skip
+    dwell = stages.TwinRecommender(config).recommend(left, heterogeneous(), S(threshold=0), 1000.0)
+    assert not dwell.move and dwell.reason.startswith("Dwell"), dwell
     bad = snapshot.invalid("prod/kimi", 1000.0, 60, snapshot.STALE, "old")
     stale = stages.TwinRecommender(config).recommend(sd, bad, S(threshold=0), 1000.0)
     assert not stale.move and stale.reason.startswith("StaleMetrics")

@@ -491,6 +491,13 @@ class Decision(Model):
     reason: str = Field(max_length=1024, description="Why, in a sentence.")
 
 
+class LeftSetting(Model):
+    """A setting a promotion left, and when: the tuner's dwell does not return to it for a few cooldowns."""
+
+    setting: EngineSetting = Field(description="The setting the fleet ran before a promotion.")
+    left_at: str = Field(json_schema_extra={"format": "date-time"}, description="When the promotion left it.")
+
+
 RolloutPhase = Literal["Idle", "Canary", "Analysis", "Promoting", "RollingBack"]
 """Idle: nothing in flight; Canary: the candidate is being set on the canary pods;
 Analysis: canaries run it and are compared with the baseline pods; Promoting: every pod is
@@ -547,6 +554,9 @@ class ServingDeploymentStatus(Model):
     heterogeneity: float | None = Field(default=None, description="Measured heterogeneity of the mix.")
     recommendation: EngineSetting | None = Field(default=None, description="What the tuner would run.")
     last_decision: Decision | None = None
+    left_settings: list[LeftSetting] = Field(
+        default_factory=list, max_length=8, description="Settings recently left by a promotion, oldest first."
+    )
     rollout: RolloutStatus | None = None
     tenants: list[TenantLatency] = Field(default_factory=list, max_length=256)
     ready_replicas: int | None = Field(default=None, ge=0)

@@ -143,6 +143,7 @@ class TwinRecommender:
             current=twin_setting(fleet),
             last_step_at=machine.seconds(last.time) if last is not None else None,
             rollout_in_progress=rollout is not None and rollout.phase != "Idle",
+            left=tune_deployment.left_of(sd.status),
         )
         settings = tuner_.TunerSettings(
             spec=candidates.from_spec(sd.spec),

@@ -18,6 +18,7 @@ from slipstream.controller import objects, status
 from slipstream.controller import settings as settings_
 from slipstream.engine import args as engine_args
 from slipstream.rollout import machine
+from slipstream.tune import deployment as tune_deployment
 
 METRICS_AVAILABLE = "MetricsAvailable"
 ROLLOUT_PROGRESSING = "RolloutProgressing"
@@ -203,6 +204,9 @@ def status_patch(
             "time": now, "from": (decision.state.baseline or fleet).to_k8s(),
             "to": decision.state.candidate.to_k8s(), "reason": (decision.state.reason or "")[:1024],
         }).to_k8s()  # fmt: skip
+    baseline = decision.state.baseline
+    if decision.action == "Promoted" and baseline is not None and baseline != fleet:  # the fleet left baseline
+        out["leftSettings"] = tune_deployment.record_left(sd.status.left_settings, baseline, now)
     return out
 
 

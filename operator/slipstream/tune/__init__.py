@@ -33,15 +33,15 @@ time is passed in). Modules, in the order a decision flows:
   profile, config, now) -> Decision``: the one call per interval for the controller.
   On Move the caller (rollout) starts the canary of ``decision.to`` and, once it is under
   way, passes ``TunerState(to-or-current, last_step_at=now, rollout_in_progress=True)``
-  next time (with ``left`` kept, else the dwell has no memory: the operator's
-  ``deployment.tuner_state`` and ``controller.stages`` keep none yet); the Event text is
-  ``decision.reason``.
+  next time (with ``left`` kept, else the dwell has no memory: the operator keeps it in
+  ``status.leftSettings``, written on promotion by ``deployment.record_left`` and read back
+  by ``deployment.left_of``); the Event text is ``decision.reason``.
 - ``deployment``: the operator's entry point. ``decide_for(sd, snapshot, fleet, now,
   profile, time_scale=1.0) -> Decision`` reads the spec (bounds, targets, interval,
   cooldown) and the status (``lastDecision.time`` starts the cooldown, ``rollout.phase``
-  not Idle holds), so the tuner keeps no memory of its own; ``summary(decision, fleet) ->
-  (EngineSetting, move, reason, heterogeneity)`` is what ``controller.tuning.
-  Recommendation`` carries. ``DEFAULT_PROFILE`` is the twin profile to use when none is
+  not Idle holds, ``leftSettings`` feeds the dwell), so the tuner keeps no memory of its
+  own; ``summary(decision, fleet) -> (EngineSetting, move, reason, heterogeneity)`` is
+  what ``controller.tuning.Recommendation`` carries. ``DEFAULT_PROFILE`` is the twin profile to use when none is
   configured.
 - ``observed.snapshot_of(deployment, first_tokens, now_s, window_s)``: the snapshot the
   twin's ``auto`` builds from first tokens (SGLang's buckets, ``api.buckets``).

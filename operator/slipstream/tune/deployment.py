@@ -10,8 +10,10 @@ controller needs no knowledge of the tuner's types:
 ``now`` is Unix seconds (the loop's injected clock). The tuner's memory lives in the CR
 status: the last step's time is ``status.lastDecision.time`` and a rollout is in progress
 while ``status.rollout.phase`` is not Idle, so a restarted operator decides exactly as the
-one before it would have. ``time_scale`` multiplies the spec's interval and cooldown (the
-controller's ``tuning_time_scale``, for time-scaled tests and the demo).
+one before it would have; the dwell's memory (``TunerState.left``) is
+``status.leftSettings``, which ``record_left`` extends when a rollout promotes.
+``time_scale`` multiplies the spec's interval and cooldown (the controller's
+``tuning_time_scale``, for time-scaled tests and the demo).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from slipstream.sim.profiles import Profile
 from slipstream.tune.candidates import from_spec
 from slipstream.tune.guardrails import Decision, GuardrailSettings, Move, TunerState
 from slipstream.tune.tuner import TunerSettings, tune_once
+
+MAX_LEFT = 8
+"""Most entries ``status.leftSettings`` keeps (the CRD's maxItems): a dwell of a few
+cooldowns never needs more than the last few steps."""
 
 DEFAULT_PROFILE = "kimi-k3-8xh200"
 """The twin profile when the operator is not told which model/GPU pair the engines are."""
@@ -71,13 +77,28 @@ def unix_seconds(stamp: str | float | int | None) -> float | None:
         return None
 
 
+def left_of(status: models.ServingDeploymentStatus | None) -> tuple[tuple[Setting, float], ...]:
+    """``status.leftSettings`` as ``TunerState.left`` (oldest first); an entry whose time
+    does not parse is dropped (it cannot say how long ago it was left)."""
+    entries = status.left_settings if status is not None else []
+    pairs = ((setting_of(e.setting), unix_seconds(e.left_at)) for e in entries)
+    return tuple((s, at) for s, at in pairs if at is not None)
+
+
+def record_left(entries: list[models.LeftSetting], left: models.EngineSetting, at: str) -> list[dict[str, object]]:
+    """``status.leftSettings`` after a promotion left ``left`` at ``at`` (RFC 3339): the new
+    entry last, only the newest ``MAX_LEFT`` kept (the CRD refuses more)."""
+    new = models.LeftSetting(setting=left, left_at=at)
+    return [e.to_k8s() for e in [*entries, new][-MAX_LEFT:]]
+
+
 def tuner_state(sd: models.ServingDeployment, fleet: models.EngineSetting) -> TunerState:
     """What the tuner remembers, read from the CR status."""
     status = sd.status
     last = status.last_decision if status is not None else None
     rollout = status.rollout if status is not None else None
     return TunerState(setting_of(fleet), unix_seconds(last.time) if last is not None else None,
-                      rollout is not None and rollout.phase != "Idle")
+                      rollout is not None and rollout.phase != "Idle", left_of(status))
 
 
 def decide_for(sd: models.ServingDeployment, snap: WorkloadSnapshot, fleet: models.EngineSetting, now: float,

@@ -29,6 +29,8 @@ from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import support
 
+log = logging.getLogger(__name__)
+
 RECONCILES = prometheus_client.Counter(
     "slipstream_reconciles", "ServingDeployment reconciliations, by result.", ["result"]
 )
@@ -207,6 +209,8 @@ def write_status(
         except kube_.ApiError as error:
             if error.status != 409 or attempt == tries - 1:
                 raise
+            log.info("%s/%s: status changed since it was read (HTTP 409); merging into the fresh one",
+                     meta["namespace"], meta["name"])  # fmt: skip
         fresh = kube.get(models.API_VERSION, models.KIND, meta["namespace"], meta["name"])
         if fresh is None:
             return  # deleted meanwhile

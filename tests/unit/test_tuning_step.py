@@ -149,8 +149,13 @@ def test_the_twin_recommender_moves_on_heterogeneous_traffic_and_holds_after() -
     left = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600},
                 {"lastDecision": {"time": machine.stamp(900.0), "to": {"threshold": 0}, "reason": "r"},
                  "leftSettings": [{"setting": rec.setting.to_k8s(), "leftAt": machine.stamp(900.0)}]})  # fmt: skip
-    dwell = stages.TwinRecommender(config).recommend(left, heterogeneous(), S(threshold=0), 1000.0)
+    dwelling = settings_.ControllerSettings(tuning_time_scale=0.1, observe_min_samples=50,
+                                            tuner_dwell_cooldowns=3.0)
+    dwell = stages.TwinRecommender(dwelling).recommend(left, heterogeneous(), S(threshold=0), 1000.0)
     assert not dwell.move and dwell.reason.startswith("Dwell"), dwell
+    # the operator's default has no dwell: a changed mix is followed at once
+    free = stages.TwinRecommender(config).recommend(left, heterogeneous(), S(threshold=0), 1000.0)
+    assert free.move, free
     bad = snapshot.invalid("prod/kimi", 1000.0, 60, snapshot.STALE, "old")
     stale = stages.TwinRecommender(config).recommend(sd, bad, S(threshold=0), 1000.0)
     assert not stale.move and stale.reason.startswith("StaleMetrics")

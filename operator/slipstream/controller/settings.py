@@ -80,6 +80,14 @@ class ControllerSettings:
     without reuse 500 deployments at a 60 s interval need ~3 cores (docs/reliability.md,
     "Scale"). 0: run the twin every interval. Env: SLIPSTREAM_TUNER_REUSE_SECONDS."""
 
+    tuner_dwell_cooldowns: float = 0.0
+    """The tuner's dwell in the operator: after leaving a setting, do not return to it for this
+    many cooldowns (`tune.guardrails`, `status.leftSettings`). 0 (off) by default: a real
+    change of the traffic mix must be followed within a few intervals (the closed-loop test
+    checks 3 intervals after each phase change), and the noise-aware hysteresis and the
+    cooldown already stop flapping on unchanged traffic; the twin's `auto` uses 3, where it
+    cut changes on the shared traces from 15 to 9. Env: SLIPSTREAM_TUNER_DWELL_COOLDOWNS."""
+
     engine_networks: str = ""
     """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a
     test machine, where nothing but loopback may be reached); a pod outside them counts as

@@ -151,6 +151,7 @@ class TwinRecommender:
                 min_samples=self.config.observe_min_samples,
                 cooldown_s=tuning.scale(sd.spec.tuning.cooldown_seconds, self.config),
                 interval_s=tuning.interval(sd, self.config) * 0.9,  # a step's jitter is not an interval
+                dwell_cooldowns=self.config.tuner_dwell_cooldowns,
             ),
         )
         config = tune_deployment.engine_config(sd.spec)

@@ -137,7 +137,9 @@ def test_simulator_metrics_make_a_valid_per_tenant_snapshot(sims):
     assert long_.uncached_tokens.quantile(0.5) > 40_000 > 1_000 >= short.uncached_tokens.quantile(0.5)
     # Output lengths from sglang:generation_tokens_histogram: long asked for 40, short for 4.
     assert long_.output_tokens is not None and short.output_tokens is not None
-    assert long_.output_tokens.total == pytest.approx(20, rel=0.1)
+    # increase() extrapolates a window's count toward its edges (by up to half a scrape
+    # interval each side), so the count is 20 plus that slack; the mean is exact.
+    assert long_.output_tokens.total == pytest.approx(20, rel=0.25)
     assert long_.output_tokens.mean == pytest.approx(40, rel=0.05)
     assert short.output_tokens.mean == pytest.approx(4, rel=0.05)
     assert chat.pods == (snap.PodSetting("sim-0", 0, "ceiling", "fcfs"),)

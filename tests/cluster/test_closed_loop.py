@@ -57,8 +57,11 @@ WARMUP_S = 120
 STEP_SLACK_S = 4 * TIME_SCALE
 """Four wall seconds: the operator's steps and the status reads run on a loaded machine's
 wall clock (a step each rollout poll, 1 s), not exactly at interval boundaries."""
-SETTLE_S = 3 * INTERVAL_S + ANALYSIS_S + STEP_SLACK_S
-"""Twin seconds after a phase change by which the setting must have followed."""
+SETTLE_S = 3 * INTERVAL_S + ANALYSIS_S + COOLDOWN_S + STEP_SLACK_S
+"""Twin seconds after a phase change by which the setting must have followed: three
+intervals to see the new mix, one canary analysis, and one cooldown, because on the
+memory-bound twin the tuner may take two steps (order first, then T; each promoted after
+its canary and a cooldown apart). Looser than the issue's "3 intervals": see its note."""
 
 
 @dataclass
@@ -215,12 +218,14 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
                 f"{span.name}: setting not off / least concurrency: {[setting(s) for s in after]}")
         else:
             # By then the engines run the candidate the tuner chose as the twin's best when it
-            # moved (a ThresholdChanged Event in this phase), capped, for the rest of the phase.
-            assert all(not uncapped(s) for s in after), (
-                f"{span.name}: not capped: {[setting(s) for s in after]}\n{story(events)}")
+            # moved (a ThresholdChanged Event in this phase), for the rest of the phase: a
+            # capped threshold, or srpt order at T = 0 when the memory-bound twin prefers it.
             moves = [e for e in events if e.get("reason") == "ThresholdChanged"
                      and span.start_s <= e["_twin_s"] <= span.start_s + settle_twin]  # fmt: skip
             assert moves, f"{span.name}: no ThresholdChanged within {settle_twin:.0f} twin s\n{story(events)}"
+            assert all(setting(s) == setting(after[0]) for s in after), (
+                f"{span.name}: not settled: {[setting(s) for s in after]}\n{story(events)}")
+            assert setting(after[0]) != (0, "ceiling", "fcfs"), f"{span.name}: still stock\n{story(events)}"
             assert moved_to(moves[-1]) == after[0].threshold, (moves[-1]["message"], setting(after[0]))
 
     # At most one change per cooldown, each with an Event carrying its reason.

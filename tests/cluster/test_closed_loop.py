@@ -258,33 +258,37 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
     for url in urls:
         post_fault(url, key, {"metrics": "ok"})
 
-    # 4. A canary whose TTFT regresses is rolled back; the fleet ends uniform.
-    watcher = loop.Watcher(lp.target, NAMESPACE, "auto")
+    # 4. A canary whose TTFT regresses is rolled back; the fleet ends uniform. A fresh
+    # deployment from stock engines, so the tuner's first move (and its canary) comes as soon
+    # as the mix is measured, whatever setting the earlier phases left running.
+    deploy(lp, "fresh", "Auto")
+    key = admin_key(lp, "fresh")
+    watcher = loop.Watcher(lp.target, NAMESPACE, "fresh")
     watcher.poll()
     seen = len(watcher.events)  # the Events so far: only a rollback after this one counts
     watcher.start()
     workload, _ = phases.plan(4 * INTERVAL_S + 2 * ANALYSIS_S, replicas=REPLICAS, kinds=(het,))
-    load = loop.LoadRun(workload.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE)
+    load = loop.LoadRun(workload.requests, lp.target.targets(NAMESPACE, "fresh"), TIME_SCALE)
     watcher.t0 = load.start().t0
     canaries: list[str] = []
     try:
         def canary_pods() -> list[str]:
-            sd = lp.target.get_sd(NAMESPACE, "auto") or {}
+            sd = lp.target.get_sd(NAMESPACE, "fresh") or {}
             rollout = (sd.get("status") or {}).get("rollout") or {}
             return list(rollout.get("canaryPods") or []) if rollout.get("phase") in ("Canary", "Analysis") else []
 
-        canaries = loop.wait_for(canary_pods, 3 * INTERVAL_S / TIME_SCALE + 30, "a canary")
+        canaries = loop.wait_for(canary_pods, (3 * INTERVAL_S + WARMUP_S) / TIME_SCALE + 30, "a canary")
         for pod_name in canaries:
-            post_fault(pod_url(lp, "auto", pod_name), key, {"ttft_multiplier": 20.0})
+            post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": 20.0})
         loop.wait_for(lambda: any(e.get("reason") == "RolledBack" for e in watcher.events[seen:]),
                       2 * ANALYSIS_S / TIME_SCALE + 30, "a RolledBack Event")  # fmt: skip
-        live = {url: live_setting(url, key) for url in lp.target.targets(NAMESPACE, "auto").refresh()}
+        live = {url: live_setting(url, key) for url in lp.target.targets(NAMESPACE, "fresh").refresh()}
         assert len(set(live.values())) == 1, f"fleet not uniform after the rollback: {live}"
         rolled = next(e for e in watcher.events[seen:] if e.get("reason") == "RolledBack")
         assert "regress" in rolled["message"], rolled["message"]
     finally:
         for pod_name in canaries:
-            post_fault(pod_url(lp, "auto", pod_name), key, {"ttft_multiplier": 1.0})
+            post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": 1.0})
         load.join(timeout_s=workload.span_s / TIME_SCALE + 180)
         watcher.stop()
 

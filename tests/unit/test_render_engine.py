@@ -160,6 +160,23 @@ def test_new_pods_get_the_candidate_while_promoting_and_the_baseline_while_rolli
     assert objects.configmap_setting(canary).threshold == 2048
 
 
+@pytest.mark.parametrize(
+    "status_",
+    [
+        {"threshold": 9999},  # not a whole number of pages (64)
+        {"threshold": 16384},  # above C
+        {"threshold": 4096, "rollout": {"phase": "Promoting", "candidate": {"threshold": 100}}},
+        {"threshold": 4096, "rollout": {"phase": "RollingBack", "baseline": {"threshold": 65536}}},
+    ],
+)
+def test_a_status_setting_no_engine_would_start_with_never_reaches_the_configmap(status_: dict[str, Any]) -> None:
+    """Another writer's status (a rival controller, a hand edit) must not crash-loop new pods."""
+    sd = make({"tuning": {"mode": "Fixed", "threshold": 2048}}, status_)
+    setting = objects.configmap_setting(sd)
+    assert setting.threshold in (2048, 4096), setting
+    assert objects.configmap(sd, setting)["data"][engine_args.THRESHOLD_KEY] in ("2048", "4096")
+
+
 @pytest.mark.parametrize(("c", "t", "n"), [(8192, 4096, 2), (16384, 4096, 4), (8192, 0, 1), (8192, 8192, 1)])
 def test_concurrency(c: int, t: int, n: int) -> None:
     assert engine_args.concurrency(c, t) == n

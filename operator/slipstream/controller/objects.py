@@ -61,17 +61,29 @@ def spec_setting(sd: models.ServingDeployment) -> models.EngineSetting:
     )
 
 
+def runnable(sd: models.ServingDeployment, setting: models.EngineSetting) -> bool:
+    """Whether an engine of this spec starts with ``setting``: T is 0, or a whole number of
+    pages no larger than C. The status is writable by anyone allowed to patch it (another
+    controller, a hand edit), and a pod started with a T the engine refuses crash-loops, so
+    a setting taken from the status must pass this before it reaches the ConfigMap."""
+    engine = sd.spec.engine
+    t = setting.threshold
+    return t == 0 or (t % engine.page_size == 0 and t <= engine.chunked_prefill_size)
+
+
 def current_setting(sd: models.ServingDeployment) -> models.EngineSetting:
     """The setting the fleet runs: status (read back from the engines by the tuning loop),
-    or, before its first step, what the spec starts the engines with."""
+    or, before its first step or when the status holds a T no engine of this spec would
+    start with, what the spec starts the engines with."""
     st = sd.status
     if st.threshold is None:
         return spec_setting(sd)
-    return models.EngineSetting(
+    setting = models.EngineSetting(
         threshold=st.threshold,
         mode=st.mode or sd.spec.tuning.engine_mode,
         schedule_policy=st.schedule_policy or sd.spec.tuning.schedule_policy,
     )
+    return setting if runnable(sd, setting) else spec_setting(sd)
 
 
 def configmap_setting(sd: models.ServingDeployment) -> models.EngineSetting:
@@ -79,9 +91,11 @@ def configmap_setting(sd: models.ServingDeployment) -> models.EngineSetting:
     baseline while rolling back, else the fleet's setting (the rollout moves it first)."""
     rollout = sd.status.rollout
     if rollout is not None and rollout.phase == "Promoting" and rollout.candidate is not None:
-        return rollout.candidate
+        if runnable(sd, rollout.candidate):
+            return rollout.candidate
     if rollout is not None and rollout.phase == "RollingBack" and rollout.baseline is not None:
-        return rollout.baseline
+        if runnable(sd, rollout.baseline):
+            return rollout.baseline
     return current_setting(sd)
 
 

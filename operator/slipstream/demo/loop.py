@@ -205,7 +205,7 @@ def setting_text(s: Sample) -> str:
     if s.threshold is None:
         return "setting ?"
     if s.threshold == 0:
-        return "off (stock)"
+        return "off (stock)" if s.schedule_policy in (None, "fcfs") else f"off, order {s.schedule_policy}"
     return f"T={s.threshold} (x{s.concurrency}) {s.mode}/{s.schedule_policy}"
 
 

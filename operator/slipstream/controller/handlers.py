@@ -271,8 +271,10 @@ def register(
     tokens = stages.PrometheusTokens(kube)
     fleet = stages.fleet_observer(config, tokens)
     keys = adminkeys.AdminKeys(kube, config)
+    tuner = concurrent.futures.ThreadPoolExecutor(config.tuner_concurrency(), thread_name_prefix="slipstream-tuner")
     deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
-                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens))  # fmt: skip
+                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens),
+                     tuner=tuner)  # fmt: skip
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -303,6 +305,10 @@ def register(
         settings.posting.level = logging.WARNING
         settings.posting.reporting_component = "slipstream"
         settings.peering.lifetime = config.peering_lifetime_seconds
+
+    @kopf.on.cleanup(id="tuner-threads", registry=registry)
+    async def stop_tuner(**_: Any) -> None:
+        tuner.shutdown(wait=False, cancel_futures=True)  # queued runs are for loops that stopped
 
     @kopf.on.resume(*resource, id="reconcile", registry=registry)
     @kopf.on.create(*resource, id="reconcile", registry=registry)

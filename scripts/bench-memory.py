@@ -23,6 +23,7 @@ import json
 import math
 import multiprocessing
 import re
+import sys
 import time
 
 
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace, port: int, series: int, window_s: float, at: f
         print(f"{len(out)} tuner runs on {how} ({time.monotonic() - t0:.0f} s): {memory()}", flush=True)
 
     asyncio.run(every_loop())
+    heavy = sorted({m.split(".")[0] for m in sys.modules} & {"numpy", "pandas", "matplotlib", "scipy", "torch"})
+    print(f"heavy libraries loaded: {', '.join(heavy) or 'none'}")
 
 
 if __name__ == "__main__":

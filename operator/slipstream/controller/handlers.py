@@ -24,7 +24,17 @@ import prometheus_client
 import pydantic
 
 from slipstream.api import models
-from slipstream.controller import adminkeys, drift, loop, objects, replicas, stages, status, tuning
+from slipstream.controller import (
+    adminkeys,
+    deployments,
+    drift,
+    loop,
+    objects,
+    replicas,
+    stages,
+    status,
+    tuning,
+)
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import support
@@ -275,6 +285,8 @@ def register(
     deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
                      recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens),
                      tuner=tuner)  # fmt: skip
+    views = deployments.Views(config.status_watch_seconds)
+    """The engine Deployments as the drift watch last saw them (for the status refresh)."""
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -361,9 +373,11 @@ def register(
             return  # reconcile reports it (InvalidSpec)
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
-        deployment = await asyncio.to_thread(
-            kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
-        )
+        deployment = views.get(sd.metadata.namespace, sd.metadata.name, time.monotonic())
+        if deployment is None:  # not seen by the watch, deleted, or its view too old
+            deployment = await asyncio.to_thread(
+                kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
+            )
         conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
         if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
             # The operator owns spec.replicas alone again (taken back): a condition a stale
@@ -442,6 +456,7 @@ def register(
 
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="deployment-drift", registry=registry)
     async def deployment_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+        views.seen(body, type, time.monotonic())
         if type in (None, "MODIFIED"):
             await reverted("Deployment", body, logger)
 

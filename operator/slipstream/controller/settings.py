@@ -18,6 +18,13 @@ class ControllerSettings:
     """Seconds between refreshes of phase and readiness from the engine Deployment. Engines
     take minutes to load weights, so 30 s loses nothing. Env: SLIPSTREAM_STATUS_INTERVAL_SECONDS."""
 
+    status_watch_seconds: float = 300.0
+    """Longest the status refresh uses the drift watch's last view of an engine Deployment
+    (`controller.deployments`) before it GETs the Deployment again: a GET per deployment
+    per refresh was the operator's largest apiserver item at 500 deployments. A changed
+    Deployment sends an event at once; this bounds how long a missed event (a removed label)
+    can leave readiness stale. 0: GET every refresh. Env: SLIPSTREAM_STATUS_WATCH_SECONDS."""
+
     metrics_port: int = 9090
     """Port of the operator's own Prometheus metrics (0: off). Env: SLIPSTREAM_METRICS_PORT."""
 

@@ -104,7 +104,8 @@ def main() -> None:
     group.add_argument("--tuner-threads", type=int, default=0, help="SLIPSTREAM_TUNER_THREADS (0: auto)")
     group.add_argument("--worker-threads", action="store_true",
                        help="run the tuner on the 32 I/O worker threads, as before the tuner pool")
-    parser.add_argument("--no-tuner", action="store_true", help="stop after the fleet read")
+    parser.add_argument("--reads", type=int, default=1, help="fleet reads, one after another (one per interval)")
+    parser.add_argument("--no-tuner", action="store_true", help="stop after the fleet read(s)")
     args = parser.parse_args()
     window_s, at = 20.0, time.time()
 
@@ -148,6 +149,10 @@ def run(args: argparse.Namespace, port: int, series: int, window_s: float, at: f
         bad = [s for s in snaps if not s.valid]
         assert not bad, f"{len(bad)} invalid snapshots, e.g. {bad[0].invalid}: {bad[0].detail}"
         print(f"fleet read ({series} series, {fleet.queries_made} queries): {memory()}", flush=True)
+        for k in range(1, args.reads):  # later intervals' reads, each on whichever worker thread is free
+            await fleet.snapshot(sds[0], window_s, at + k * (fleet.reuse_s + 1))
+        if args.reads > 1:
+            print(f"{args.reads} fleet reads: {memory()}", flush=True)
         if args.no_tuner:
             return
         deps = loop.Deps(kube=None, config=config, keys=None, observer=fleet,  # type: ignore[arg-type]

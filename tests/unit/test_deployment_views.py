@@ -73,3 +73,18 @@ def test_the_newest_event_is_used_until_it_is_too_old_and_a_deleted_one_is_read_
     off = deployments.Views(max_age_s=0.0)
     off.seen(live(2), "MODIFIED", 0.0)
     assert off.get("prod", "kimi", 0.0) is None, "0: GET every refresh"
+
+
+def test_a_get_answer_is_the_view_until_it_is_too_old_unless_an_event_came_meanwhile() -> None:
+    views = deployments.Views(max_age_s=300.0)
+    views.answered("prod", "kimi", live(1), asked_at=10.0)
+    got = views.get("prod", "kimi", 309.0)
+    assert got is not None and got["status"]["availableReplicas"] == 1, "a steady Deployment is not read every refresh"
+    assert views.get("prod", "kimi", 310.0) is None
+    views.seen(live(2), "MODIFIED", 400.0)
+    views.answered("prod", "kimi", live(1), asked_at=399.0)  # asked before that event: older
+    assert views.get("prod", "kimi", 401.0)["status"]["availableReplicas"] == 2  # type: ignore[index]
+    views.answered("prod", "kimi", None, asked_at=399.0)
+    assert views.get("prod", "kimi", 401.0) is not None, "a 404 asked before the event does not undo it"
+    views.answered("prod", "kimi", None, asked_at=800.0)
+    assert views.get("prod", "kimi", 801.0) is None, "not found: no view"

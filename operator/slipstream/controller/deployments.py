@@ -8,11 +8,13 @@ the managed Deployments) already receives every change of them. Each event's bod
 to what the refresh reads (generation, spec.replicas, status, and the managedFields entries
 that own spec.replicas), is kept here by namespace and name.
 
-A view is trusted for `max_age_s` after the event that brought it: a steady Deployment
-sends no events, and a watch can miss one (a Deployment whose managed-by label someone
-removed leaves the watch without a DELETED event), so an old view is read again with a GET,
-as is one never seen (the watch not listed yet) or deleted. The views are the watch's, never
-a GET's: an answer read before an event and stored after it would put an older state back.
+A view is trusted for `max_age_s` after the event (or GET) that brought it: a watch can
+miss an event (a Deployment whose managed-by label someone removed leaves the watch without
+a DELETED event), so an old view is read again with a GET, as is one never seen (the watch
+not listed yet) or deleted, and the GET's answer is the view for the next `max_age_s` (a
+steady Deployment sends no events: without this it would be read every refresh). An answer
+is kept only if no event came while it was asked for: an answer read before an event and
+stored after it would put an older state back.
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ class Views:
                 self.views.pop(key, None)
             else:
                 self.views[key] = (now, trimmed(body))
+
+    def answered(self, namespace: str, name: str, body: dict[str, Any] | None, asked_at: float) -> None:
+        """Keep a GET's answer (None: not found) asked at `asked_at`, unless an event came
+        since (the watch's view is then at least as new)."""
+        key = (namespace, name)
+        with self.lock:
+            found = self.views.get(key)
+            if found is not None and found[0] >= asked_at:
+                return
+            if body is None:
+                self.views.pop(key, None)
+            else:
+                self.views[key] = (asked_at, trimmed(body))
 
     def get(self, namespace: str, name: str, now: float) -> dict[str, Any] | None:
         """The watch's view of this Deployment if younger than max_age_s, else None (GET it)."""

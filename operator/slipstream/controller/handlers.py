@@ -373,11 +373,13 @@ def register(
             return  # reconcile reports it (InvalidSpec)
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
-        deployment = views.get(sd.metadata.namespace, sd.metadata.name, time.monotonic())
+        asked = time.monotonic()
+        deployment = views.get(sd.metadata.namespace, sd.metadata.name, asked)
         if deployment is None:  # not seen by the watch, deleted, or its view too old
             deployment = await asyncio.to_thread(
                 kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
             )
+            views.answered(sd.metadata.namespace, sd.metadata.name, deployment, asked)
         conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
         if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
             # The operator owns spec.replicas alone again (taken back): a condition a stale

@@ -84,9 +84,9 @@ class ControllerSettings:
     they never hold the worker_threads the Kubernetes and Prometheus calls need. The twin
     is pure Python under the GIL: a second run at once adds no throughput, but each run
     holds its simulated workload while it runs, and many interleaved runs scatter their
-    allocations over the allocator's arenas, which then stay mapped: on the 32 worker
-    threads the runs of 500 deployments were most of the operator's peak RSS
-    (docs/reliability.md, "Scale"). 0: the CPUs this process may use (its affinity and
+    allocations over the allocator's arenas, which then stay mapped: 200 runs on the 32
+    worker threads left 60 MB more RSS than on two (`scripts/bench-memory.py`,
+    docs/reliability.md "Scale"). 0: the CPUs this process may use (its affinity and
     cgroup CPU quota; the chart's limit of 1 CPU gives 1), at most 4.
     Env: SLIPSTREAM_TUNER_THREADS."""
 

@@ -12,8 +12,19 @@ stands in for kube-proxy.
 Times: the whole stack runs on the simulators' clock, TIME_SCALE twin seconds per wall
 second; the ServingDeployment's interval, cooldown and analysis window are written as in
 production and the operator divides them by TIME_SCALE (SLIPSTREAM_TUNING_TIME_SCALE), so
-every time below is in twin seconds. "Within 3 intervals" allows one canary analysis
-window on top, because a change is not the fleet's setting until its canary is promoted.
+every time below is in twin seconds. The operator also divides the request rates
+Prometheus reports (per wall second, TIME_SCALE times the engines' own) by TIME_SCALE
+before the twin runs (SLIPSTREAM_ENGINE_TIME_SCALE): the twin sees the traffic the
+engines serve, and moves for a reason it sees at those rates.
+
+"Within 3 intervals of each phase change", as the issue puts it, is checked twice: the
+decision naming the final setting (its CanaryStarted Event, or RolloutStarted without a
+canary) comes within 3 intervals (DECIDE_S), and the engines run it (their setting gauges,
+read back into status) from 3 intervals + one canary analysis window on (SETTLE_S),
+because a change is not the fleet's until its canary has been judged and promoted.
+
+The run prints its story (Events in twin seconds, per-tenant p99 TTFT Off vs Auto) to the
+terminal, so a CI log shows the figures whether the test passes or fails.
 """
 
 from __future__ import annotations
@@ -46,10 +57,18 @@ DUMP_DIR = os.environ.get("SLIPSTREAM_LOOP_DUMP_DIR", "")
 INTERVAL_S = 60
 COOLDOWN_S = 180
 ANALYSIS_S = 120
-"""Long enough that canary and baseline pods each see a few of the giants (one per 45 twin
+"""Long enough that canary and baseline pods each see a few of the giants (one per 40 twin
 seconds across the fleet): a shorter window compares noise."""
 REPLICAS = 2
 MIN_CONCURRENCY = 1
+MAX_CONCURRENCY = 2
+"""The spec's bound (loop.serving_deployment's default, as in the demo). From off the
+recommender reaches at most twice the current concurrency in one step (its
+max_step_factor: more partial prefills hold more KV, which a window-long twin run sees
+late), so with a wider bound the twin's best of the whole range (concurrency 3-4 on this
+mix, predicted 20-25% better than 2) is two steps and a cooldown away: measured offline
+(the phases on two twin engines with the operator's tuner each interval), a second step
+came 1-8 intervals after the first. Bounded at 2, the best candidate is one step away."""
 NAMESPACE = "closed-loop"
 READY_S = 120.0
 WARMUP_S = 120
@@ -57,11 +76,18 @@ WARMUP_S = 120
 STEP_SLACK_S = 4 * TIME_SCALE
 """Four wall seconds: the operator's steps and the status reads run on a loaded machine's
 wall clock (a step each rollout poll, 1 s), not exactly at interval boundaries."""
-SETTLE_S = 3 * INTERVAL_S + ANALYSIS_S + COOLDOWN_S + STEP_SLACK_S
-"""Twin seconds after a phase change by which the setting must have followed: three
-intervals to see the new mix, one canary analysis, and one cooldown, because on the
-memory-bound twin the tuner may take two steps (order first, then T; each promoted after
-its canary and a cooldown apart). Looser than the issue's "3 intervals": see its note."""
+DECIDE_S = 3 * INTERVAL_S + STEP_SLACK_S
+"""Twin seconds after a phase change by which the tuner has decided the phase's setting
+(the issue's "within 3 intervals"): one interval may end before the new mix shows, the
+next sees it (the phases' giants arrive from the phase's first second on). Known residue,
+measured offline (scripts/closed-loop-offline.py at 39 offsets of the operator's interval
+timer against the phases): at one, a window ending 14 s into the heterogeneous phase holds
+its first giant among mostly uniform traffic, the twin picks floor:4096/srpt, and the
+next full window corrects it to ceiling:4096/srpt a cooldown later, which fails the
+"no later decision" check below; the other 38 decide once."""
+SETTLE_S = DECIDE_S + ANALYSIS_S
+"""Twin seconds after a phase change from which the engines run that setting: the
+decision, then one canary analysis window before the promotion."""
 
 
 @dataclass
@@ -90,7 +116,8 @@ def closed_loop(cluster: localkube.Cluster) -> Iterator[Loop]:
 
 def deploy(lp: Loop, name: str, mode: str) -> podrunner.ServiceTargets:
     sd = loop.serving_deployment(
-        name, lp.target.prometheus_url, mode=mode, replicas=REPLICAS, interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S, analysis_s=ANALYSIS_S
+        name, lp.target.prometheus_url, mode=mode, replicas=REPLICAS, interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S,
+        analysis_s=ANALYSIS_S, max_concurrency=MAX_CONCURRENCY,
     )
     sd["metadata"]["namespace"] = NAMESPACE
     lp.target.apply(sd)
@@ -150,16 +177,41 @@ def changes(samples: list[loop.Sample]) -> list[tuple[float, loop.Sample]]:
     return [(b.twin_s, b) for a, b in zip(known, known[1:], strict=False) if setting(a) != setting(b)]
 
 
-def moved_to(event: dict[str, Any]) -> int:
-    """The threshold a ThresholdChanged Event names as the new one ("4096 -> 2048 (...")."""
-    match = re.match(r"\s*(\d+) -> (\d+)", event.get("message", ""))
-    assert match, event.get("message")
-    return int(match.group(2))
+DECISIONS = ("CanaryStarted", "RolloutStarted")
+"""The Events that name a new setting when the tuner decides it (ThresholdChanged follows
+at the promotion, one analysis window later)."""
+
+
+def named(event: dict[str, Any]) -> tuple[int, str]:
+    """(threshold, order) an Event names as the new setting: "4096 -> 2048 (concurrency 2 ->
+    4, order fcfs -> srpt)" or "threshold 4096 (concurrency 2): order fcfs -> srpt"."""
+    message = event.get("message", "")
+    match = re.match(r"\s*(\d+) -> (\d+)", message) or re.match(r"\s*threshold (\d+)()", message)
+    order = re.search(r"order (?:\w+ -> )?(\w+)", message)
+    assert match and order, message
+    return int(match.group(2) or match.group(1)), order.group(1)
 
 
 def story(events: list[dict[str, Any]]) -> str:
-    """The Events as `kubectl describe` would tell them, with twin times: for failure messages."""
+    """The Events as `kubectl describe` would tell them, with twin times."""
     return "\n".join(f"  {e['_twin_s']:7.0f}  {e.get('reason')}: {e.get('message', '')[:200]}" for e in events)
+
+
+def p99_table(rows: dict[str, dict[str, float]]) -> str:
+    """Per-tenant p99 TTFT (twin s), one row per run, tenants as columns."""
+    tenants = sorted({t for row in rows.values() for t in row})
+    lines = [f"  {'':34s}" + "".join(f"{t:>9s}" for t in tenants) + "    worst"]
+    for label, row in rows.items():
+        cells = "".join(f"{row.get(t, math.nan):8.2f}s" for t in tenants)
+        lines.append(f"  {label:34s}{cells} {max(row.values(), default=math.nan):7.2f}s")
+    return "\n".join(lines)
+
+
+def tell(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    """Straight to the terminal (past pytest's capture): the CI log shows the run's figures
+    whether the test passes or fails (`make test` runs pytest with -ra, not -rA)."""
+    with capsys.disabled():
+        print(text, flush=True)
 
 
 def uncapped(s: loop.Sample) -> bool:
@@ -192,16 +244,15 @@ def run_phases(lp: Loop, name: str, kinds: tuple[str, ...], start_s: float = 0.0
 # -- the test -------------------------------------------------------------------------------
 
 
-def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
+def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.CaptureFixture[str]) -> None:
     lp = closed_loop
-    settle_twin = SETTLE_S
     het = phases.HETEROGENEOUS
 
     # 1. Baseline: the heterogeneous phase with tuning Off (stock engines), from a warm-up
     # before the window the tuned run is judged on to the phase's end.
     deploy(lp, "off", "Off")
-    _, off_results, _ = run_phases(lp, "off", (het,), start_s=settle_twin - WARMUP_S)
-    off_p99 = loop.tenant_p99(off_results, settle_twin, PHASE_S)
+    _, off_results, _ = run_phases(lp, "off", (het,), start_s=SETTLE_S - WARMUP_S)
+    off_p99 = loop.tenant_p99(off_results, SETTLE_S, PHASE_S)
     lp.target.kubectl("delete", "sd", "off", f"--namespace={NAMESPACE}", "--wait=true")
 
     # 2. Auto through uniform -> heterogeneous -> uniform.
@@ -209,24 +260,37 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
     pods_before = pod_identity(lp, "auto")
     watcher, results, spans = run_phases(lp, "auto", (phases.UNIFORM, het, phases.UNIFORM))
     samples, events = watcher.samples, watcher.events
+    het_span = next(s for s in spans if s.kind == het)
+    tuned_p99 = loop.tenant_p99(results, het_span.start_s + SETTLE_S, het_span.end_s)
+    tell(capsys, "\n".join([
+        f"\nclosed loop at time scale {TIME_SCALE:g} (twin seconds; phases "
+        + ", ".join(f"{p.name} {p.start_s:.0f}-{p.end_s:.0f}" for p in spans)
+        + f"; decide within {DECIDE_S:.0f} s, settled from {SETTLE_S:.0f} s into a phase):",
+        story(events),
+        f"p99 TTFT per tenant, heterogeneous phase from {SETTLE_S:.0f} s to its end:",
+        p99_table({"Off (stock engines)": off_p99, "Auto": tuned_p99}),
+        f"{len(results)} requests in the Auto run, {sum(not r.ok for r in results)} failed",
+    ]))  # fmt: skip
     assert samples, "no status was read"
     for span in spans:
-        after = [s for s in samples if span.start_s + settle_twin <= s.twin_s < span.end_s]
+        after = [s for s in samples if span.start_s + SETTLE_S <= s.twin_s < span.end_s]
         assert after, f"{span.name}: no status sample after the settling time"
+        decided = [e for e in events if e.get("reason") in DECISIONS and span.start_s <= e["_twin_s"] < span.end_s]
         if span.kind == phases.UNIFORM:
             assert all(uncapped(s) for s in after), (
-                f"{span.name}: setting not off / least concurrency: {[setting(s) for s in after]}")
+                f"{span.name}: setting not off / least concurrency: {[setting(s) for s in after]}\n{story(events)}")
         else:
-            # By then the engines run the candidate the tuner chose as the twin's best when it
-            # moved (a ThresholdChanged Event in this phase), for the rest of the phase: a
-            # capped threshold, or srpt order at T = 0 when the memory-bound twin prefers it.
-            moves = [e for e in events if e.get("reason") == "ThresholdChanged"
-                     and span.start_s <= e["_twin_s"] <= span.start_s + settle_twin]  # fmt: skip
-            assert moves, f"{span.name}: no ThresholdChanged within {settle_twin:.0f} twin s\n{story(events)}"
+            # The tuner decided a capped setting (the twin's best) within 3 intervals, the
+            # engines run it from one analysis window later to the end of the phase, and no
+            # later decision in the phase named another.
+            early = [e for e in decided if e["_twin_s"] <= span.start_s + DECIDE_S]
+            assert early, f"{span.name}: no decision within {DECIDE_S:.0f} twin s\n{story(events)}"
             assert all(setting(s) == setting(after[0]) for s in after), (
                 f"{span.name}: not settled: {[setting(s) for s in after]}\n{story(events)}")
-            assert setting(after[0]) != (0, "ceiling", "fcfs"), f"{span.name}: still stock\n{story(events)}"
-            assert moved_to(moves[-1]) == after[0].threshold, (moves[-1]["message"], setting(after[0]))
+            assert (after[0].threshold or 0) > 0, f"{span.name}: not capped: {setting(after[0])}\n{story(events)}"
+            assert named(early[-1]) == (after[0].threshold, after[0].schedule_policy), (
+                early[-1]["message"], setting(after[0]))
+            assert decided[-1] is early[-1], f"{span.name}: decided again later\n{story(events)}"
 
     # At most one change per cooldown, each with an Event carrying its reason.
     moved = changes(samples)
@@ -240,8 +304,6 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
     assert all(e.get("reason") and e.get("message") for e in events), events
 
     # The heterogeneous phase, tuned, against the same phase with tuning Off.
-    het_span = next(s for s in spans if s.kind == het)
-    tuned_p99 = loop.tenant_p99(results, het_span.start_s + settle_twin, het_span.end_s)
     worst_off, worst_tuned = max(off_p99.values()), max(tuned_p99.values())
     assert worst_tuned <= worst_off / 5, f"tuned {tuned_p99} vs off {off_p99}"
 
@@ -280,8 +342,12 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop) -> None:
         canaries = loop.wait_for(canary_pods, (3 * INTERVAL_S + WARMUP_S) / TIME_SCALE + 30, "a canary")
         for pod_name in canaries:
             post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": 20.0})
-        loop.wait_for(lambda: any(e.get("reason") == "RolledBack" for e in watcher.events[seen:]),
-                      2 * ANALYSIS_S / TIME_SCALE + 30, "a RolledBack Event")  # fmt: skip
+        try:
+            loop.wait_for(lambda: any(e.get("reason") == "RolledBack" for e in watcher.events[seen:]),
+                          2 * ANALYSIS_S / TIME_SCALE + 30, "a RolledBack Event")  # fmt: skip
+        finally:
+            tell(capsys, f"a fresh Auto deployment, its canaries {canaries} made 20x slower:\n"
+                 + story(watcher.events[seen:]))  # fmt: skip
         live = {url: live_setting(url, key) for url in lp.target.targets(NAMESPACE, "fresh").refresh()}
         assert len(set(live.values())) == 1, f"fleet not uniform after the rollback: {live}"
         rolled = next(e for e in watcher.events[seen:] if e.get("reason") == "RolledBack")

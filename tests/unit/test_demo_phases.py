@@ -18,14 +18,15 @@ def worst_tenant_p99(kind: str, policy: str) -> float:
 
 
 def test_heterogeneous_phase_gains_at_least_five_fold_from_capped_concurrency():
+    # concurrency 2 (T 4096): the most the demo's ServingDeployment allows (loop.serving_deployment)
     stock = worst_tenant_p99(phases.HETEROGENEOUS, "stock")
-    capped = worst_tenant_p99(phases.HETEROGENEOUS, "ceiling:2048/srpt")
+    capped = worst_tenant_p99(phases.HETEROGENEOUS, "ceiling:4096/srpt")
     assert stock >= 5 * capped, (stock, capped)
 
 
 def test_uniform_phase_gains_nothing_from_capping():
     stock = worst_tenant_p99(phases.UNIFORM, "stock")
-    capped = worst_tenant_p99(phases.UNIFORM, "ceiling:2048/srpt")
+    capped = worst_tenant_p99(phases.UNIFORM, "ceiling:4096/srpt")
     assert capped >= stock, (stock, capped)
 
 

@@ -124,6 +124,14 @@ class ControllerSettings:
     a lost node) holds the others paused until it expires, so this bounds the takeover
     time. Env: SLIPSTREAM_PEERING_LIFETIME_SECONDS."""
 
+    engine_time_scale: float = 1.0
+    """Engine seconds per wall second: 1 for real engines; S for engine simulators run S
+    times faster (`slipstream cluster up --time-scale S`, the demo). Their TTFT histograms
+    are in engine seconds but Prometheus rates are per wall second, so the tuner divides the
+    snapshot's rates by S and stretches its window by S before it runs the twin (else the
+    twin sees S times the traffic and predicts queues that never form).
+    Env: SLIPSTREAM_ENGINE_TIME_SCALE."""
+
     def tuner_concurrency(self) -> int:
         """tuner_threads, with 0 resolved to this process's usable CPUs (at most 4)."""
         if self.tuner_threads > 0:

@@ -17,7 +17,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import prometheus_client
 
@@ -109,6 +109,19 @@ def twin_setting(s: models.EngineSetting) -> policies.Setting:
     return policies.Setting(s.threshold, s.mode, s.schedule_policy)
 
 
+def in_engine_time(snap: snapshot.WorkloadSnapshot, scale: float) -> snapshot.WorkloadSnapshot:
+    """The snapshot on the engines' clock: rates / scale, window x scale (pure).
+
+    Prometheus rates count per wall second; engine simulators run ``scale`` engine seconds
+    per wall second and report TTFT in engine seconds. The twin runs in engine seconds, so
+    its traffic must too. ``scale`` 1 (real engines) returns the snapshot unchanged.
+    """
+    if scale == 1.0:
+        return snap
+    tenants = tuple(replace(t, requests_per_s=t.requests_per_s / scale) for t in snap.tenants)
+    return replace(snap, tenants=tenants, window_s=snap.window_s * scale)
+
+
 @dataclass
 class TwinRecommender:
     """`loop.Recommender` over `tune.tuner.tune_once` (pure, CPU-bound: called in a thread)."""
@@ -129,7 +142,7 @@ class TwinRecommender:
         cpu0 = time.thread_time()
         with TUNER_SECONDS.time():
             try:
-                return self._recommend(sd, snap, fleet, now)
+                return self._recommend(sd, in_engine_time(snap, self.config.engine_time_scale), fleet, now)
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
 

@@ -5,16 +5,28 @@
    concurrency allowed).
 2. heterogeneous: three tenants of short and high-hit prompts (chat, code, and
    an agent re-sending a long shared context) among long cold prompts
-   ("giants", 150K-250K tokens, ~20-35 s of prefill alone) that arrive at
-   fixed times, from chat and code in turn. Stock SGLang runs a giant's whole
-   prefill before the next request's first token, so every request arriving
-   behind one waits; with C // T prefills at once they do not. Giants are kept
-   under 1% of each tenant's requests, so each tenant's p99 TTFT measures the
-   short requests (what the users feel), not the giants' own prefill time.
+   ("giants", 150K-200K tokens, 9-14.5 s of prefill alone) that arrive at
+   fixed times, from chat and code in turn, the first as the phase begins.
+   Stock SGLang runs a giant's whole prefill before the next request's first
+   token, so every request arriving behind one waits; with C // T prefills at
+   once they do not. Giants are kept under 1% of each tenant's requests, so each
+   tenant's p99 TTFT measures the short requests (what the users feel), not the
+   giants' own prefill time. Short prompts stay under 4K tokens (chat and code
+   sessions), so a window without a giant gives no reason to cap anything.
 3. uniform again: the tuner should step back.
 
 Rates are per engine replica (``replicas`` multiplies them, the load spreads
-over the pods). Times are twin seconds; the load divides them by the time
+over the pods). The heterogeneous phase keeps an engine about 80% busy on the
+twin (33% of it prefill; ``slipstream bench --workload`` of
+``spec_yaml("heterogeneous", 720)``): a loaded but not overloaded fleet, where
+stock's worst tenant p99 TTFT is ~12 s and concurrency 2 (ceiling, srpt) brings it
+to ~1.3 s. These are the engines' own rates: the operator divides what Prometheus
+counts per wall second by a time-scaled stack's factor before the twin runs, so
+the twin judges this traffic, not eight times it. (With the wall-clock rates the
+twin predicted p99 TTFTs of 100+ s where the engines measured ~15 s, and on the
+phases of before, replayed offline on two twin engines with the operator's tuner
+each interval, it moved by that overload: to a capped setting on a window that
+had not yet seen a giant, then on to srpt at T = 0 or concurrency 3.) Times are twin seconds; the load divides them by the time
 scale. Every phase is a YAML workload spec (slipstream.sim.spec), so
 ``slipstream bench --workload`` can run each one on the twin alone; the
 figures the README quotes come from that command.
@@ -35,12 +47,16 @@ HETEROGENEOUS = "heterogeneous"
 ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
 PROFILE = "kimi-k3-8xh200"
 
-GIANT_EVERY_S = 120.0
-"""Twin seconds between giants per replica: one runs about a quarter of the time,
-enough to make stock's queueing the tail of every tenant, while the engines stay ~70%
-busy (giants of 250K-400K every 90 s overloaded them: capped settings then fell behind)."""
+GIANT_EVERY_S = 80.0
+"""Twin seconds between giants per replica (a giant every 40 s across two): one runs
+about a third of the time, enough to make stock's queueing the tail of every tenant,
+while the engines stay ~70% busy (giants of 250K-400K every 90 s overloaded them:
+capped settings then fell behind). The operator reads one control interval (60 s) of
+the whole fleet at a time, so every window holds a giant or two: with one per 60 s
+(the earlier 120 s per replica), windows without one measured as uniform traffic
+(heterogeneity 0.01) and the tuner stepped back in the middle of the phase."""
 
-GIANT_TOKENS = (150_000, 250_000)
+GIANT_TOKENS = (150_000, 200_000)
 
 GIANT_TENANTS = ("chat", "code")
 """The tenants whose requests include giants, in turn. The agent, whose long prompts
@@ -88,7 +104,8 @@ def heterogeneous_spec(duration_s: float, replicas: int, seed: int) -> dict[str,
         {
             "id": f"giant-{k}",
             "tenant": tenants[k % len(tenants)],
-            "arrival_s": round(every * (k + 0.5), 3),
+            # the first one second into the phase: the mix is visible in the first window
+            "arrival_s": round(every * k + 1.0, 3),
             "prompt_tokens": int(lo + (hi - lo) * ((k * 37) % 11) / 10),
             "output_tokens": 5,
         }
@@ -105,14 +122,14 @@ def heterogeneous_spec(duration_s: float, replicas: int, seed: int) -> dict[str,
         "tenants": [
             {
                 "name": "chat",
-                "rate_per_s": 0.6 * replicas,
-                "prompt_tokens": {"dist": "lognormal", "median": 2000, "sigma": 0.4, "min": 200, "max": 8000},
+                "rate_per_s": 0.8 * replicas,
+                "prompt_tokens": {"dist": "lognormal", "median": 2000, "sigma": 0.4, "min": 200, "max": 4000},
                 "output_tokens": short,
             },
             {
                 "name": "code",
-                "rate_per_s": 0.6 * replicas,
-                "prompt_tokens": {"dist": "lognormal", "median": 1200, "sigma": 0.5, "min": 100, "max": 6000},
+                "rate_per_s": 0.8 * replicas,
+                "prompt_tokens": {"dist": "lognormal", "median": 1200, "sigma": 0.5, "min": 100, "max": 4000},
                 "output_tokens": short,
             },
             {

@@ -184,11 +184,13 @@ class Stack:
         The whole stack runs on the simulators' clock: with time scale S every
         duration of a ServingDeployment's spec.tuning (interval, cooldown, analysis
         window) is divided by S, so a spec written for production (a 60 s interval)
-        runs here as it would there, only S times faster. The operator may reach
+        runs here as it would there, only S times faster, and the tuner reads the
+        engines' rates in twin time. The operator may reach
         engine pods only in this cluster's loopback pod CIDR.
         """
         env = {
             "SLIPSTREAM_TUNING_TIME_SCALE": f"{1.0 / self.options.time_scale:.6g}",
+            "SLIPSTREAM_ENGINE_TIME_SCALE": f"{self.options.time_scale:.6g}",
             "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
             "SLIPSTREAM_RETRY_DELAY_SECONDS": "5",
             "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "1",

@@ -98,7 +98,9 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
     # enough to keep each example cheap, so CI can afford a few hundred per property.
     eng = h.make_engine(policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=32,
                         **engine_kwargs)
-    max_partials = engine_kwargs.get("max_partials")
+    # The twin gets the engine's own bound (--max-partial-prefills, 8 unless the case sets
+    # it): with None it ran a ninth partial the engine refuses (found by a 5,000-example run).
+    max_partials = eng.s.max_partial_prefills
     prefix = list(range(1, prefix_len + 1))
     arrivals = sorted(mix, key=lambda x: x[0])
     t = 0.0
@@ -135,6 +137,13 @@ SETTINGS = settings(
     mix=mixes,
     t=st.sampled_from([0, 512, 1024, 2048, 4096]),
     order=st.sampled_from(["fcfs", "srpt"]),
+)
+# Nine requests, eight of them partial after round 0: the ninth (arriving at round 1) is
+# refused by the default --max-partial-prefills 8 and the partials keep the budget.
+@example(
+    mix=[(0, 2000)] * 6 + [(0, 9000), (0, 1025), (1, 2000)],
+    t=512,
+    order="srpt",
 )
 def test_ceiling_matches_twin(mix, t, order):
     check({"chunked_prefill_size": 4096, "threshold": t}, order, mix)

@@ -24,7 +24,17 @@ import prometheus_client
 import pydantic
 
 from slipstream.api import models
-from slipstream.controller import adminkeys, drift, loop, objects, replicas, stages, status, tuning
+from slipstream.controller import (
+    adminkeys,
+    deployments,
+    drift,
+    loop,
+    objects,
+    replicas,
+    stages,
+    status,
+    tuning,
+)
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import support
@@ -271,8 +281,12 @@ def register(
     tokens = stages.PrometheusTokens(kube)
     fleet = stages.fleet_observer(config, tokens)
     keys = adminkeys.AdminKeys(kube, config)
+    tuner = concurrent.futures.ThreadPoolExecutor(config.tuner_concurrency(), thread_name_prefix="slipstream-tuner")
     deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
-                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens))  # fmt: skip
+                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens),
+                     tuner=tuner)  # fmt: skip
+    views = deployments.Views(config.status_watch_seconds)
+    """The engine Deployments as the drift watch last saw them (for the status refresh)."""
     wakes: dict[str, asyncio.Event] = {}
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
 
@@ -303,6 +317,10 @@ def register(
         settings.posting.level = logging.WARNING
         settings.posting.reporting_component = "slipstream"
         settings.peering.lifetime = config.peering_lifetime_seconds
+
+    @kopf.on.cleanup(id="tuner-threads", registry=registry)
+    async def stop_tuner(**_: Any) -> None:
+        tuner.shutdown(wait=False, cancel_futures=True)  # queued runs are for loops that stopped
 
     @kopf.on.resume(*resource, id="reconcile", registry=registry)
     @kopf.on.create(*resource, id="reconcile", registry=registry)
@@ -355,9 +373,13 @@ def register(
             return  # reconcile reports it (InvalidSpec)
         if sd.status.observed_generation is None:
             return  # not reconciled yet: reconcile writes the first status
-        deployment = await asyncio.to_thread(
-            kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
-        )
+        asked = time.monotonic()
+        deployment = views.get(sd.metadata.namespace, sd.metadata.name, asked)
+        if deployment is None:  # not seen by the watch, deleted, or its view too old
+            deployment = await asyncio.to_thread(
+                kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
+            )
+            views.answered(sd.metadata.namespace, sd.metadata.name, deployment, asked)
         conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
         if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
             # The operator owns spec.replicas alone again (taken back): a condition a stale
@@ -436,6 +458,7 @@ def register(
 
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="deployment-drift", registry=registry)
     async def deployment_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+        views.seen(body, type, time.monotonic())
         if type in (None, "MODIFIED"):
             await reverted("Deployment", body, logger)
 

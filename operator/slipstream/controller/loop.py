@@ -20,7 +20,9 @@ While a rollout is in flight the loop steps every `rollout_poll_seconds`; otherw
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import ipaddress
 import logging
 import time
@@ -87,6 +89,9 @@ class Deps:
     tokens: Callable[[models.ServingDeployment], Awaitable[None]] | None = None
     """Refreshes a deployment's Prometheus bearer token before its observe step."""
     clock: Callable[[], float] = time.time
+    tuner: concurrent.futures.Executor | None = None
+    """Where the recommender runs: a pool of `tuner_concurrency()` threads apart from the
+    I/O threads (`settings.tuner_threads`); None: the default executor."""
 
 
 @dataclass
@@ -154,9 +159,14 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
-    # The twin runs on a worker thread: this deployment's recommendation must not stall
-    # the event loop that every other deployment's loop shares.
-    return snap, await asyncio.to_thread(deps.recommender.recommend, sd, snap, fleet, now)
+    # The twin runs on a thread of the tuner pool: this deployment's recommendation must not
+    # stall the event loop that every other deployment's loop shares, nor hold the worker
+    # threads their Kubernetes and Prometheus calls wait for. Runs beyond the pool's size
+    # queue (in order): CPU-bound under the GIL, more at once would only hold more memory.
+    if deps.tuner is None:
+        return snap, await asyncio.to_thread(deps.recommender.recommend, sd, snap, fleet, now)
+    call = functools.partial(deps.recommender.recommend, sd, snap, fleet, now)
+    return snap, await asyncio.get_running_loop().run_in_executor(deps.tuner, call)
 
 
 async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,

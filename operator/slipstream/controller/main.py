@@ -8,7 +8,7 @@ import random
 import kopf
 import prometheus_client
 
-from slipstream.controller import handlers, kube, settings
+from slipstream.controller import handlers, kube, malloc, settings
 
 
 def run(namespace: str | None, peering: str | None, liveness: str | None) -> None:
@@ -21,6 +21,7 @@ def run(namespace: str | None, peering: str | None, liveness: str | None) -> Non
     liveness: kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz.
     """
     config = settings.ControllerSettings.from_env()
+    malloc.limit_arenas(config.malloc_arenas)  # before any thread of ours starts
     kube.load_config()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config, kube.Kube.default())

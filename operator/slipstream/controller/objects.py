@@ -90,12 +90,10 @@ def configmap_setting(sd: models.ServingDeployment) -> models.EngineSetting:
     """What a newly started pod must get: the candidate while it is being promoted, the
     baseline while rolling back, else the fleet's setting (the rollout moves it first)."""
     rollout = sd.status.rollout
-    if rollout is not None and rollout.phase == "Promoting" and rollout.candidate is not None:
-        if runnable(sd, rollout.candidate):
-            return rollout.candidate
-    if rollout is not None and rollout.phase == "RollingBack" and rollout.baseline is not None:
-        if runnable(sd, rollout.baseline):
-            return rollout.baseline
+    if rollout is not None:
+        moving = {"Promoting": rollout.candidate, "RollingBack": rollout.baseline}.get(rollout.phase)
+        if moving is not None and runnable(sd, moving):
+            return moving
     return current_setting(sd)
 
 

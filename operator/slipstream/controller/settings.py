@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 
@@ -16,6 +17,13 @@ class ControllerSettings:
     status_interval_seconds: float = 30.0
     """Seconds between refreshes of phase and readiness from the engine Deployment. Engines
     take minutes to load weights, so 30 s loses nothing. Env: SLIPSTREAM_STATUS_INTERVAL_SECONDS."""
+
+    status_watch_seconds: float = 300.0
+    """Longest the status refresh uses the drift watch's last view of an engine Deployment
+    (`controller.deployments`) before it GETs the Deployment again: a GET per deployment
+    per refresh was the operator's largest apiserver item at 500 deployments. A changed
+    Deployment sends an event at once; this bounds how long a missed event (a removed label)
+    can leave readiness stale. 0: GET every refresh. Env: SLIPSTREAM_STATUS_WATCH_SECONDS."""
 
     metrics_port: int = 9090
     """Port of the operator's own Prometheus metrics (0: off). Env: SLIPSTREAM_METRICS_PORT."""
@@ -65,6 +73,23 @@ class ControllerSettings:
     default is cores + 4, so six on a small node, and one deployment's slow call would
     queue the others'. Env: SLIPSTREAM_WORKER_THREADS."""
 
+    malloc_arenas: int = 2
+    """glibc malloc arenas shared by all the operator's threads (`controller.malloc`): by
+    default each thread grows its own and keeps what it freed; at 100 deployments those
+    arenas were 196 MB of a 453 MB RSS. 0: leave glibc's own setting (8 per core, or the
+    MALLOC_ARENA_MAX environment variable). Env: SLIPSTREAM_MALLOC_ARENAS."""
+
+    tuner_threads: int = 0
+    """Tuner runs (the twin's recommendations) at once, on threads of their own so that
+    they never hold the worker_threads the Kubernetes and Prometheus calls need. The twin
+    is pure Python under the GIL: a second run at once adds no throughput, but each run
+    holds its simulated workload while it runs, and many interleaved runs scatter their
+    allocations over the allocator's arenas, which then stay mapped: 200 runs on the 32
+    worker threads left 60 MB more RSS than on two (`scripts/bench-memory.py`,
+    docs/reliability.md "Scale"). 0: the CPUs this process may use (its affinity and
+    cgroup CPU quota; the chart's limit of 1 CPU gives 1), at most 4.
+    Env: SLIPSTREAM_TUNER_THREADS."""
+
     canary_noise_floor: float = 0.25
     """Fraction of a tenant's p99 TTFT target under which its canary p99 never counts as
     a regression (0.25: with a 2 s target, 0.2 s -> 0.37 s is noise, 0.4 s -> 0.9 s is not).
@@ -107,6 +132,12 @@ class ControllerSettings:
     twin sees S times the traffic and predicts queues that never form).
     Env: SLIPSTREAM_ENGINE_TIME_SCALE."""
 
+    def tuner_concurrency(self) -> int:
+        """tuner_threads, with 0 resolved to this process's usable CPUs (at most 4)."""
+        if self.tuner_threads > 0:
+            return self.tuner_threads
+        return min(4, usable_cpus(len(os.sched_getaffinity(0)), _read(CPU_MAX)))
+
     @classmethod
     def from_env(cls) -> ControllerSettings:
         values = {}
@@ -115,3 +146,28 @@ class ControllerSettings:
             if raw is not None:
                 values[field.name] = type(getattr(cls(), field.name))(raw)
         return cls(**values)
+
+
+CPU_MAX = "/sys/fs/cgroup/cpu.max"
+"""cgroup v2: `<quota> <period>` in microseconds (`max <period>`: no quota)."""
+
+
+def usable_cpus(affinity: int, cpu_max: str | None) -> int:
+    """CPUs a process may use: its affinity, cut to its cgroup quota rounded up (a pod's
+    CPU limit; `sched_getaffinity` shows every core of the node). At least 1."""
+    cpus = max(1, affinity)
+    quota, _, period = (cpu_max or "").strip().partition(" ")
+    try:
+        if quota != "max" and float(period) > 0 and float(quota) > 0:
+            cpus = min(cpus, math.ceil(float(quota) / float(period)))
+    except ValueError:
+        pass  # unreadable: the affinity alone
+    return max(1, cpus)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except OSError:
+        return None

@@ -53,11 +53,15 @@ CONTROLLERS = (
     "namespace-controller",
     "root-ca-certificate-publisher-controller",
     "clusterrole-aggregation-controller",
+    "horizontal-pod-autoscaler-controller",
 )
 """Controllers the controller manager runs. The deployment and replicaset
 controllers turn the operator's Deployments into ReplicaSets and pods, which
 kube-scheduler binds to kwok's simulated nodes and kwok reports Running and
-Ready: rollouts and readiness are observed, not written by hand. The node
+Ready: rollouts and readiness are observed, not written by hand. The horizontal pod
+autoscaler controller is there so that a real HPA can contend with the operator for an
+engine Deployment's replicas (with no metrics API here it still enforces minReplicas and
+maxReplicas, which is what the fault test uses). The node
 lifecycle controller lifts the ``node.kubernetes.io/not-ready`` taint that the
 apiserver's TaintNodesByCondition admission puts on every new node, once kwok
 reports the node Ready (as on a real cluster; without it no pod schedules), and

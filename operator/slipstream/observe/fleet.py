@@ -40,6 +40,21 @@ class _Read:
         return found if found is not None else self.read.snapshots([name])[name]
 
 
+def fetch(observer: Observer, now: float) -> _Read:
+    """One fleet read, assembled into every deployment's snapshot at once (on the caller's
+    worker thread: assembling tens of thousands of samples must not stall the event loop).
+
+    The samples are dropped once assembled: at 500 deployments they are ~60,000 series, ~35
+    MB of Python objects (docs/reliability.md, "Scale"), and the read is kept for the
+    reuse period and until the next one. A deployment no answer mentions gets its snapshot
+    from empty answers, which is what the full ones say about it (no series)."""
+    read = observer.fetch(now)
+    snapshots = read.snapshots()
+    if read.results is not None:
+        read = dataclasses.replace(read, results={field: [] for field in read.results})
+    return _Read(read, snapshots)
+
+
 class FleetObserver:
     """``controller.loop.Observer``: never raises; says why a snapshot is invalid."""
 
@@ -83,8 +98,7 @@ class FleetObserver:
         async with lock:
             cached = self._reads.get(key)
             if cached is None or not 0 <= now - cached.read.at < self.reuse_s:
-                fresh = await asyncio.to_thread(self.observer(*key).fetch, now)
-                cached = self._reads[key] = _Read(fresh, fresh.snapshots())
+                cached = self._reads[key] = await asyncio.to_thread(fetch, self.observer(*key), now)
         # Deployments the answers do not mention get theirs from the same read: NoSeries,
         # or the failure of the read.
         return cached.get(name)

@@ -1,0 +1,157 @@
+"""What keeps the operator's memory bounded at 500 deployments (docs/reliability.md, "Scale"):
+the tuner's runs go to a pool of their own, sized to the CPUs the process may use, never to
+the 32 I/O worker threads; and a fleet read keeps its assembled snapshots, not its samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import pytest
+
+from slipstream.api import models
+from slipstream.api import snapshot as snap
+from slipstream.controller import loop, tuning
+from slipstream.controller import settings as settings_
+from slipstream.observe import assemble, fleet, parse
+from slipstream.observe.observer import FleetRead
+
+NOW = 1_800_000_000.0
+
+
+# -- the tuner's threads ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("affinity", "cpu_max", "cpus"),
+    [
+        (8, "150000 100000\n", 2),  # a 1.5-CPU limit: 2 (rounded up)
+        (8, "100000 100000", 1),  # the chart's limit of 1 CPU
+        (2, "800000 100000", 2),  # a quota above the cores: the cores
+        (8, "max 100000", 8),  # no quota
+        (8, None, 8),  # no cgroup v2 file
+        (8, "lots of cpu", 8),  # unreadable: the affinity alone
+        (0, "0 100000", 1),  # never below one
+    ],
+)
+def test_usable_cpus_are_the_affinity_cut_to_the_cgroup_quota(affinity: int, cpu_max: str | None, cpus: int) -> None:
+    assert settings_.usable_cpus(affinity, cpu_max) == cpus
+
+
+def test_tuner_threads_default_to_the_cpus_at_most_four_and_come_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    auto = settings_.ControllerSettings().tuner_concurrency()
+    assert 1 <= auto <= 4
+    monkeypatch.setenv("SLIPSTREAM_TUNER_THREADS", "3")
+    config = settings_.ControllerSettings.from_env()
+    assert (config.tuner_threads, config.tuner_concurrency()) == (3, 3)
+
+
+class CountingRecommender:
+    """Records on which threads, and how many at once, the loop runs the recommender."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+        self.threads: set[str] = set()
+
+    def recommend(self, sd: models.ServingDeployment, s: snap.WorkloadSnapshot, fleet_setting: models.EngineSetting,
+                  now: float) -> tuning.Recommendation:  # fmt: skip
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            self.threads.add(threading.current_thread().name)
+        # CPU-bound work under the GIL, as the twin's: the other callers get their turns.
+        sum(i * i for i in range(300_000))  # ~20 ms: past the GIL switch interval (5 ms)
+        with self.lock:
+            self.inside -= 1
+        return tuning.Recommendation(fleet_setting, False, f"held for {sd.metadata.name}")
+
+
+class ValidSnapshots:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snap.WorkloadSnapshot:
+        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        return snap.WorkloadSnapshot(name, now, window_s)
+
+
+def deployment(name: str) -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": name, "namespace": "prod", "uid": name, "generation": 1},
+        "spec": {"replicas": 1, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192, "pageSize": 64},
+                 "tuning": {"mode": "Recommend", "threshold": 4096}, "prometheus": {"url": "http://127.0.0.1:9"}},
+        "status": {"observedGeneration": 1},
+    })  # fmt: skip
+
+
+def test_the_loops_run_the_recommender_on_the_tuner_pool_only_as_many_at_once_as_it_has_threads() -> None:
+    recommender = CountingRecommender()
+    pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="slipstream-tuner")
+    deps = loop.Deps(kube=None, config=settings_.ControllerSettings(), keys=None,  # type: ignore[arg-type]
+                     observer=ValidSnapshots(), recommender=recommender, tuner=pool)  # fmt: skip
+
+    async def every_loop() -> list[tuple[snap.WorkloadSnapshot | None, tuning.Recommendation | None]]:
+        # 32 worker threads, as the operator configures: before, each loop's run took one.
+        asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(32))
+        return await asyncio.gather(*(loop.observe(deps, deployment(f"sd-{i}"), models.EngineSetting(threshold=4096),
+                                                   NOW) for i in range(24)))  # fmt: skip
+
+    try:
+        out = asyncio.run(every_loop())
+    finally:
+        pool.shutdown()
+    assert [rec.reason for _, rec in out if rec is not None] == [f"held for sd-{i}" for i in range(24)]
+    assert recommender.most <= 2, f"{recommender.most} runs at once on a pool of 2"
+    assert recommender.threads and all(t.startswith("slipstream-tuner") for t in recommender.threads), recommender.threads
+
+
+# -- the fleet read keeps snapshots, not samples ----------------------------------------------
+
+
+def sample(value: float, dep: str, **labels: str) -> parse.Sample:
+    return parse.Sample({"namespace": "ns", "servingdeployment": dep, **labels}, value, NOW)
+
+
+def answers(deps: list[str]) -> dict[str, list[parse.Sample]]:
+    out: dict[str, list[parse.Sample]] = {f: [] for f in ("ttft", "uncached", "output", "tokens", "queue", "settings",
+                                                         "targets")}  # fmt: skip
+    for dep in deps:
+        for le, v in (("0.5", 80.0), ("2", 99.0), ("+Inf", 100.0)):
+            out["ttft"].append(sample(v, dep, tenant="acme", le=le, part="bucket"))
+        out["ttft"].append(sample(60.0, dep, tenant="acme", part="sum"))
+        out["uncached"] += [sample(100.0, dep, tenant="acme", le="2000", part="bucket"),
+                            sample(100.0, dep, tenant="acme", le="+Inf", part="bucket"),
+                            sample(1e5, dep, tenant="acme", part="sum")]  # fmt: skip
+        out["queue"] += [sample(1.0, dep, part="depth"), sample(NOW - 1, dep, part="newest")]
+        out["targets"].append(sample(1.0, dep, pod=f"{dep}-0", part="up"))
+    return out
+
+
+class AnsweringObserver:
+    """observe's Observer as `fleet.fetch` uses it: one read of fixed answers."""
+
+    def __init__(self, results: dict[str, list[parse.Sample]] | None) -> None:
+        self.results = results
+
+    def fetch(self, at: float | None = None) -> FleetRead:
+        rules = assemble.Rules(window_s=60.0, min_samples=10, max_staleness_s=10.0)
+        return FleetRead(NOW, rules, "tenant", self.results, "" if self.results is not None else "refused")
+
+
+def test_a_kept_fleet_read_holds_every_snapshot_but_none_of_its_samples() -> None:
+    full = AnsweringObserver(answers(["a", "b"]))
+    whole = full.fetch()
+    kept = fleet.fetch(full, NOW)  # type: ignore[arg-type]
+    assert kept.read.results is not None and all(v == [] for v in kept.read.results.values()), "samples dropped"
+    assert kept.snapshots == whole.snapshots() and set(kept.snapshots) == {"ns/a", "ns/b"}
+    assert kept.get("ns/a").valid, kept.get("ns/a").detail
+    # A deployment no answer mentions gets what the full answers say about it.
+    assert kept.get("ns/ghost") == whole.snapshots(["ns/ghost"])["ns/ghost"]
+    assert kept.get("ns/ghost").invalid == snap.NO_SERIES
+    # A failed read stays a failure for everyone, with its reason.
+    failed = fleet.fetch(AnsweringObserver(None), NOW)  # type: ignore[arg-type]
+    assert failed.read.results is None and failed.get("ns/a").invalid == snap.UNREACHABLE
+    assert "refused" in failed.get("ns/a").detail

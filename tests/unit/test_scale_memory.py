@@ -1,19 +1,26 @@
-"""What keeps the operator's memory bounded at 500 deployments (docs/reliability.md, "Scale"):
-the tuner's runs go to a pool of their own, sized to the CPUs the process may use, never to
-the 32 I/O worker threads; and a fleet read keeps its assembled snapshots, not its samples.
+"""What keeps the operator's memory bounded and its loops on time at 500 deployments
+(docs/reliability.md, "Scale"): the tuner's twin runs go to a pool of their own, sized to the
+CPUs the process may use, never to the 32 I/O worker threads; a reused recommendation never
+waits for that pool; and a fleet read keeps its assembled snapshots, not its samples.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import threading
+import time
+from collections.abc import Callable, Iterator
 
+import prometheus_client
 import pytest
+from test_tune import heterogeneous
+from test_tune_memo import scaled
 
 from slipstream.api import models
 from slipstream.api import snapshot as snap
-from slipstream.controller import loop, tuning
+from slipstream.controller import loop, stages, tuning
 from slipstream.controller import settings as settings_
 from slipstream.observe import assemble, fleet, parse
 from slipstream.observe.observer import FleetRead
@@ -58,6 +65,10 @@ class CountingRecommender:
         self.inside = 0
         self.most = 0
         self.threads: set[str] = set()
+
+    def without_twin(self, sd: models.ServingDeployment, s: snap.WorkloadSnapshot,
+                     fleet_setting: models.EngineSetting, now: float) -> tuning.Recommendation | None:  # fmt: skip
+        return None  # every call is a twin run
 
     def recommend(self, sd: models.ServingDeployment, s: snap.WorkloadSnapshot, fleet_setting: models.EngineSetting,
                   now: float) -> tuning.Recommendation:  # fmt: skip
@@ -106,6 +117,157 @@ def test_the_loops_run_the_recommender_on_the_tuner_pool_only_as_many_at_once_as
     assert [rec.reason for _, rec in out if rec is not None] == [f"held for sd-{i}" for i in range(24)]
     assert recommender.most <= 2, f"{recommender.most} runs at once on a pool of 2"
     assert recommender.threads and all(t.startswith("slipstream-tuner") for t in recommender.threads), recommender.threads
+
+
+# -- a reused recommendation does not wait for the tuner pool -----------------------------------
+
+
+class Twin:
+    """The real twin (`tune.recommend.recommend`), recording each run's deployment and thread;
+    the run of deployment ``slow`` blocks until ``release`` (a pool kept busy)."""
+
+    def __init__(self, slow: str) -> None:
+        self.slow = slow
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.runs: list[tuple[str, str]] = []
+
+
+@pytest.fixture
+def twin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Twin]:
+    from slipstream.tune import recommend
+
+    real = recommend.recommend
+    fake = Twin(slow="prod/a")
+
+    def run(snapshot: snap.WorkloadSnapshot, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fake.runs.append((snapshot.deployment, threading.current_thread().name))
+        if snapshot.deployment == fake.slow:
+            fake.entered.set()
+            assert fake.release.wait(30), "the slow twin run was never released"
+        return real(snapshot, *args, **kwargs)
+
+    monkeypatch.setattr(recommend, "recommend", run)
+    yield fake
+    fake.release.set()  # never leave a pool thread blocked (the interpreter joins it at exit)
+
+
+class Snapshots:
+    """Each deployment's snapshot for this interval, as observe hands it over."""
+
+    def __init__(self, snaps: dict[str, snap.WorkloadSnapshot]) -> None:
+        self.snaps = snaps
+
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snap.WorkloadSnapshot:
+        return self.snaps[f"{sd.metadata.namespace}/{sd.metadata.name}"]
+
+
+class Pool(concurrent.futures.ThreadPoolExecutor):
+    """The tuner pool, counting what the loops send it."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__(threads, thread_name_prefix="slipstream-tuner")
+        self.submitted = 0
+
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        self.submitted += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+async def until(condition: Callable[[], bool], what: str, deadline_s: float = 20.0) -> None:
+    """Poll ``condition`` on the event loop until it holds; fail after ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, f"{what}: not within {deadline_s} s"
+        await asyncio.sleep(0.01)
+
+
+CONFIG = settings_.ControllerSettings(observe_min_samples=50)
+FLEET = models.EngineSetting(threshold=4096)
+
+
+def mix(name: str, rate_factor: float = 1.0) -> snap.WorkloadSnapshot:
+    """The heterogeneous test mix as deployment ``name``'s snapshot (rates scaled)."""
+    return dataclasses.replace(scaled(heterogeneous(), rate_factor), deployment=name)
+
+
+def counted(name: str) -> float:
+    return prometheus_client.REGISTRY.get_sample_value(name) or 0.0
+
+
+def fresh(sd: models.ServingDeployment, s: snap.WorkloadSnapshot, now: float) -> tuning.Recommendation:
+    """The recommendation computed with no memo at all (twin run every time, as before)."""
+    no_memo = stages.TwinRecommender(dataclasses.replace(CONFIG, tuner_reuse_seconds=0))
+    assert no_memo.memo is None
+    return no_memo.recommend(sd, s, FLEET, now)
+
+
+def test_an_unmoved_workload_gets_its_reused_recommendation_while_the_tuner_pool_is_busy(twin: Twin) -> None:
+    pool = Pool(1)
+    observer = Snapshots({"prod/a": mix("prod/a"), "prod/b": mix("prod/b")})
+    deps = loop.Deps(kube=None, config=CONFIG, keys=None,  # type: ignore[arg-type]
+                     observer=observer, recommender=stages.TwinRecommender(CONFIG), tuner=pool)  # fmt: skip
+    runs0, reuses0 = counted("slipstream_tuner_seconds_count"), counted("slipstream_tuner_reuses_total")
+
+    async def loops() -> tuple[tuning.Recommendation | None, tuning.Recommendation | None, bool]:
+        _, first = await loop.observe(deps, deployment("b"), FLEET, NOW)  # b's twin run
+        a = asyncio.ensure_future(loop.observe(deps, deployment("a"), FLEET, NOW))
+        assert await asyncio.to_thread(twin.entered.wait, 30), "a's twin run never started"
+        try:  # the pool's only thread is blocked in a's twin run: b's next interval must not wait
+            _, again = await asyncio.wait_for(loop.observe(deps, deployment("b"), FLEET, NOW + 60), timeout=20)
+            busy = not a.done() and not twin.release.is_set()
+        finally:
+            twin.release.set()
+        await a
+        return first, again, busy
+
+    try:
+        first, again, busy = asyncio.run(loops())
+    finally:
+        pool.shutdown()
+    assert busy, "b's reused recommendation came only after the pool was free"
+    assert pool.submitted == 2, "b's reuse was sent to the tuner pool"
+    assert [d for d, _ in twin.runs] == ["prod/b", "prod/a"], "b's workload did not move: no second twin run"
+    assert all(t.startswith("slipstream-tuner") for _, t in twin.runs), twin.runs
+    # slipstream_tuner_seconds counts twin runs only; the reuse has its own counter
+    assert counted("slipstream_tuner_seconds_count") - runs0 == 2
+    assert counted("slipstream_tuner_reuses_total") - reuses0 == 1
+    assert again is not None and again == first
+    # the same as computing it afresh for the same inputs (no memo, the twin run again)
+    assert again == fresh(deployment("b"), mix("prod/b"), NOW + 60)
+
+
+def test_a_moved_workload_still_waits_for_the_tuner_pool_and_gets_a_fresh_recommendation(twin: Twin) -> None:
+    pool = Pool(1)
+    observer = Snapshots({"prod/a": mix("prod/a"), "prod/b": mix("prod/b")})
+    deps = loop.Deps(kube=None, config=CONFIG, keys=None,  # type: ignore[arg-type]
+                     observer=observer, recommender=stages.TwinRecommender(CONFIG), tuner=pool)  # fmt: skip
+
+    async def loops() -> tuple[tuning.Recommendation | None, bool]:
+        await loop.observe(deps, deployment("b"), FLEET, NOW)
+        a = asyncio.ensure_future(loop.observe(deps, deployment("a"), FLEET, NOW))
+        assert await asyncio.to_thread(twin.entered.wait, 30), "a's twin run never started"
+        observer.snaps["prod/b"] = mix("prod/b", 1.5)  # b's traffic +50%: beyond the noise
+        b = asyncio.ensure_future(loop.observe(deps, deployment("b"), FLEET, NOW + 60))
+        try:
+            await until(lambda: pool.submitted == 3, "b's twin run sent to the tuner pool")
+            waiting = not b.done()
+        finally:
+            twin.release.set()
+        await a
+        _, moved = await b
+        return moved, waiting
+
+    try:
+        moved, waiting = asyncio.run(loops())
+    finally:
+        pool.shutdown()
+    assert waiting, "b's moved workload was answered before the pool was free"
+    # b's second run queued behind a's on the pool's one thread, as every twin run does
+    assert [d for d, _ in twin.runs] == ["prod/b", "prod/a", "prod/b"], twin.runs
+    assert all(t.startswith("slipstream-tuner") for _, t in twin.runs), twin.runs
+    # the same recommendation as computed afresh (no memo: the code before the split)
+    assert moved is not None and moved == fresh(deployment("b"), mix("prod/b", 1.5), NOW + 60)
 
 
 # -- the fleet read keeps snapshots, not samples ----------------------------------------------

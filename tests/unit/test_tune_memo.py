@@ -10,7 +10,7 @@ from test_tune import OFF, PROFILE, SPEC, heterogeneous
 
 from slipstream.sim.policies import Setting
 from slipstream.tune import memo, recommend, tuner
-from slipstream.tune.guardrails import GuardrailSettings, TunerState
+from slipstream.tune.guardrails import GuardrailSettings, Move, TunerState
 
 SETTINGS = tuner.TunerSettings(spec=SPEC, guardrails=GuardrailSettings(min_samples=20, cooldown_s=0, interval_s=1))
 
@@ -96,3 +96,61 @@ def test_a_rate_measured_on_few_requests_tolerates_its_noise() -> None:
             for t in snap.tenants]  # 900 first tokens: +30% is a change
     assert memo.fingerprint(dataclasses.replace(snap, tenants=tuple(docs)), 20).close_to(seen)
     assert not memo.fingerprint(dataclasses.replace(snap, tenants=tuple(chat)), 20).close_to(seen)
+
+
+# -- the split the controller uses: without_twin on its event loop, with_twin on its pool ----
+
+
+def test_without_twin_reuses_or_holds_but_never_runs_the_twin(twin_runs: list[str]) -> None:
+    m = memo.Memo(max_age_s=600)
+    state = TunerState(current=OFF)
+    assert tuner.without_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m) is None, "nothing to reuse"
+    held = tuner.without_twin(heterogeneous(), TunerState(current=OFF, rollout_in_progress=True), SETTINGS,
+                              PROFILE, None, 1000.0, m)  # fmt: skip
+    assert held is not None and held.reason == "RolloutInProgress" and held.recommendation is None
+    ran = tuner.with_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m)
+    assert twin_runs == ["ns/sd"] and (m.runs, m.reused) == (1, 0)
+    reused = tuner.without_twin(scaled(heterogeneous(), 1.01), state, SETTINGS, PROFILE, None, 1060.0, m)
+    assert reused == ran and twin_runs == ["ns/sd"] and m.reused == 1
+    # moved, another setting, no profile loaded yet, no memo: the twin must run (None)
+    assert tuner.without_twin(scaled(heterogeneous(), 1.3), state, SETTINGS, PROFILE, None, 1060.0, m) is None
+    assert tuner.without_twin(heterogeneous(), TunerState(current=Setting(2048, "ceiling", "srpt")), SETTINGS,
+                              PROFILE, None, 1060.0, m) is None  # fmt: skip
+    assert tuner.without_twin(heterogeneous(), state, SETTINGS, None, None, 1060.0, m) is None
+    assert tuner.without_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1060.0) is None
+    assert twin_runs == ["ns/sd"]
+
+
+def test_a_reused_decision_equals_the_computed_one_for_the_same_inputs(twin_runs: list[str]) -> None:
+    m = memo.Memo(max_age_s=600)
+    state = TunerState(current=OFF)
+    first = tuner.with_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m)
+    assert first.kind == "Move"
+    # Later intervals, judged afresh by the guardrails with the reused predictions exactly as
+    # a twin run's would be: as before; a step 0.5 s ago (the gate's Interval); a margin the
+    # gain does not clear (BelowMargin, after the twin); the best setting left 10 s ago
+    # (Dwell, from the state's memory, which the memo's key does not hold).
+    assert isinstance(first, Move)
+    strict = dataclasses.replace(SETTINGS, guardrails=dataclasses.replace(SETTINGS.guardrails, min_gain=100.0))
+    dwelling = dataclasses.replace(SETTINGS, guardrails=dataclasses.replace(SETTINGS.guardrails, cooldown_s=100.0))
+    left = TunerState(current=OFF, left=((first.to, 1050.0),))
+    kinds = []
+    for later, settings in ((state, SETTINGS), (TunerState(current=OFF, last_step_at=1059.5), SETTINGS),
+                            (state, strict), (left, dwelling)):  # fmt: skip
+        reused = tuner.without_twin(heterogeneous(), later, settings, PROFILE, None, 1060.0, m)
+        computed = tuner.with_twin(heterogeneous(), later, settings, PROFILE, None, 1060.0)
+        assert reused is not None and reused == computed == tuner.tune_once(heterogeneous(), later, settings,
+                                                                            PROFILE, None, 1060.0)  # fmt: skip
+        kinds.append(reused.reason if reused.kind == "Hold" else reused.kind)
+    assert kinds == ["Move", "Interval", "BelowMargin", "Dwell"]
+    # the memo was read 3 times (the gate's hold reads none); the twin ran for the comparisons only
+    assert m.reused == 3 and len(twin_runs) == 1 + 3 * 2
+
+
+def test_with_twin_always_runs_the_twin_and_stores_it(twin_runs: list[str]) -> None:
+    m = memo.Memo(max_age_s=600)
+    state = TunerState(current=OFF)
+    tuner.with_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m)
+    tuner.with_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1060.0, m)
+    assert twin_runs == ["ns/sd", "ns/sd"] and (m.runs, m.reused) == (2, 0)
+    assert m.entries["ns/sd"][2] == 1060.0, "the newest run is the one kept"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import functools
 import ipaddress
@@ -49,7 +50,16 @@ class Observer(Protocol):
 
 
 class Recommender(Protocol):
-    """`slipstream.tune` (recommender + guardrails) as the loop uses it: pure."""
+    """`slipstream.tune` (recommender + guardrails) as the loop uses it: pure, in two parts.
+
+    `without_twin` is cheap (the guardrails' gate, a reused twin run) and runs on the event
+    loop; it returns None when the twin must run, and only then does `recommend` (the twin
+    run, ~0.75 CPU s) go to the tuner pool. Both give the same Recommendation for the same
+    inputs whichever answers."""
+
+    def without_twin(
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation | None: ...
 
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
@@ -65,6 +75,11 @@ class NotBuilt:
     async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot:
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
         return snapshot_.invalid(name, now, window_s, snapshot_.UNREACHABLE, self.what)
+
+    def without_twin(
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation | None:
+        return self.recommend(sd, snap, fleet, now)
 
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
@@ -90,8 +105,8 @@ class Deps:
     """Refreshes a deployment's Prometheus bearer token before its observe step."""
     clock: Callable[[], float] = time.time
     tuner: concurrent.futures.Executor | None = None
-    """Where the recommender runs: a pool of `tuner_concurrency()` threads apart from the
-    I/O threads (`settings.tuner_threads`); None: the default executor."""
+    """Where the twin runs (`Recommender.recommend`): a pool of `tuner_concurrency()` threads
+    apart from the I/O threads (`settings.tuner_threads`); None: the default executor."""
 
 
 @dataclass
@@ -159,13 +174,17 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
-    # The twin runs on a thread of the tuner pool: this deployment's recommendation must not
-    # stall the event loop that every other deployment's loop shares, nor hold the worker
-    # threads their Kubernetes and Prometheus calls wait for. Runs beyond the pool's size
-    # queue (in order): CPU-bound under the GIL, more at once would only hold more memory.
-    if deps.tuner is None:
-        return snap, await asyncio.to_thread(deps.recommender.recommend, sd, snap, fleet, now)
-    call = functools.partial(deps.recommender.recommend, sd, snap, fleet, now)
+    # Reuse (or a guardrail's hold) is decided here on the event loop: it costs a dict
+    # look-up and the guardrails, and must not queue behind other deployments' twin runs.
+    if (quick := deps.recommender.without_twin(sd, snap, fleet, now)) is not None:
+        return snap, quick
+    # A twin run goes to a thread of the tuner pool: it must not stall the event loop that
+    # every other deployment's loop shares, nor hold the worker threads their Kubernetes and
+    # Prometheus calls wait for. Runs beyond the pool's size queue (in order): CPU-bound
+    # under the GIL, more at once would only hold more memory. The call runs in a copy of
+    # this task's context, as `asyncio.to_thread` does (kopf's context vars, e.g.
+    # the Event queue `kopf.event` posts to, stay visible there).
+    call = functools.partial(contextvars.copy_context().run, deps.recommender.recommend, sd, snap, fleet, now)
     return snap, await asyncio.get_running_loop().run_in_executor(deps.tuner, call)
 
 

@@ -4,7 +4,7 @@
   label serves every deployment on it, so the query count does not grow with the number
   of deployments; reads on worker threads, one lock per key: a deployment on another
   Prometheus is never held up).
-- `TwinRecommender`: `tune.tuner.tune_once` (gate, twin-backed recommendation,
+- `TwinRecommender`: `tune.tuner` (gate, twin-backed recommendation or a reused one,
   guardrails) with the deployment's spec, its engine's C and page size
   (`tune.deployment.engine_config`), its tuner state from status, and the time scale.
 - `ObserveLatency`: the canary analysis' per-tenant p99 TTFT of some pods over a window
@@ -36,11 +36,16 @@ from slipstream.tune import memo as memo_
 from slipstream.tune import tuner as tuner_
 
 TUNER_SECONDS = prometheus_client.Histogram(
-    "slipstream_tuner_seconds", "Wall time of one tuner run (gate, twin, guardrails) of one deployment.",
+    "slipstream_tuner_seconds", "Wall time of one twin run (a recommendation computed on the tuner pool: the "
+    "twin's candidates, then the guardrails) of one deployment; reuses and holds are not counted.",
     buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 TUNER_CPU_SECONDS = prometheus_client.Counter(
-    "slipstream_tuner_cpu_seconds", "CPU seconds of the tuner runs (their worker thread's own time)."
+    "slipstream_tuner_cpu_seconds", "CPU seconds of the twin runs (their tuner pool thread's own time)."
+)
+TUNER_REUSES = prometheus_client.Counter(
+    "slipstream_tuner_reuses", "Recommendations reused without a twin run (the deployment's workload had not "
+    "moved since its last run, tune/memo.py), judged by the guardrails on the event loop."
 )
 
 
@@ -124,32 +129,58 @@ def in_engine_time(snap: snapshot.WorkloadSnapshot, scale: float) -> snapshot.Wo
 
 @dataclass
 class TwinRecommender:
-    """`loop.Recommender` over `tune.tuner.tune_once` (pure, CPU-bound: called in a thread)."""
+    """`loop.Recommender` over `tune.tuner` (pure): `without_twin` (cheap: the guardrails'
+    gate, a reused run) on the event loop, `recommend` (a twin run, CPU-bound) on a thread
+    of the tuner pool. Split so that a deployment whose workload has not moved never waits
+    behind other deployments' twin runs for a pool thread."""
 
     config: settings_.ControllerSettings
     profile: profiles.Profile | None = None
     memo: memo_.Memo | None = None
-    """Each deployment's last twin run, reused while its workload has not moved."""
+    """Each deployment's last twin run, reused while its workload has not moved; read on
+    the event loop, written from the pool's threads (`tune.memo.Memo.lock`)."""
 
     def __post_init__(self) -> None:
         reuse = tuning.scale(self.config.tuner_reuse_seconds, self.config)
         if self.memo is None and reuse > 0:
             self.memo = memo_.Memo(max_age_s=reuse)
 
+    def without_twin(
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+    ) -> tuning.Recommendation | None:
+        """The recommendation when it needs no twin run (`tune.tuner.without_twin`: a
+        guardrail holds, or the memo's run for this workload is reused); None: call
+        `recommend`. The profile is loaded by the first twin run, never here (file I/O):
+        until then, and without a memo, only the guardrails' gate is checked."""
+        state, settings, config = self._inputs(sd, fleet)
+        decision = tuner_.without_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
+                                       self.profile, config, now, self.memo)
+        if decision is None:
+            return None
+        if decision.recommendation is not None:  # a reused run (a gate's Hold carries none)
+            TUNER_REUSES.inc()
+        return self._summary(decision, fleet)
+
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
     ) -> tuning.Recommendation:
+        """The recommendation with a fresh twin run (`tune.tuner.with_twin`), stored in the
+        memo; the loop calls it on the tuner pool when `without_twin` returned None."""
         cpu0 = time.thread_time()
         with TUNER_SECONDS.time():
             try:
-                return self._recommend(sd, in_engine_time(snap, self.config.engine_time_scale), fleet, now)
+                profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
+                state, settings, config = self._inputs(sd, fleet)
+                decision = tuner_.with_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
+                                            profile, config, now, self.memo)
+                return self._summary(decision, fleet)
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
 
-    def _recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
-    ) -> tuning.Recommendation:
-        profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
+    def _inputs(
+        self, sd: models.ServingDeployment, fleet: models.EngineSetting
+    ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
+        """The tuner's state (from status), settings (from the spec) and engine config."""
         rollout = sd.status.rollout
         last = sd.status.last_decision
         state = guardrails.TunerState(
@@ -167,8 +198,10 @@ class TwinRecommender:
                 dwell_cooldowns=self.config.tuner_dwell_cooldowns,
             ),
         )
-        config = tune_deployment.engine_config(sd.spec)
-        decision = tuner_.tune_once(snap, state, settings, profile, config, now, self.memo)
+        return state, settings, tune_deployment.engine_config(sd.spec)
+
+    @staticmethod
+    def _summary(decision: guardrails.Decision, fleet: models.EngineSetting) -> tuning.Recommendation:
         rec = decision.recommendation
         mix = rec.heterogeneity if rec is not None else None
         if isinstance(decision, guardrails.Move):

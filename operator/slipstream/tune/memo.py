@@ -116,7 +116,12 @@ class Memo:
     reused: int = 0
     pruned_at: float = -math.inf
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    """The operator's loops call from worker threads."""
+    """The operator reads the memo on its event loop (``tuner.without_twin``) and writes it
+    from the tuner pool's threads (``tuner.with_twin``), several at once: every read and
+    write of ``entries`` and the counters holds this lock. Held only for a dict look-up or a
+    prune of stale entries, never across a twin run, so the event loop never waits on it
+    for longer than that. Entries are replaced whole and the recommendations are frozen:
+    what ``get`` returned is never changed afterwards."""
 
     def get(self, name: str, key: tuple[Any, ...], seen: Fingerprint, now: float) -> Any | None:
         """The recommendation stored for ``name`` if made under ``key`` (setting, spec,

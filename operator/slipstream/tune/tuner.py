@@ -27,23 +27,57 @@ class TunerSettings:
     recommender: RecommenderSettings = field(default_factory=RecommenderSettings)
 
 
+def without_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSettings,
+                 profile: Profile | None, config: EngineConfig | None, now: float,
+                 memo: Memo | None = None) -> Decision | None:
+    """This interval's decision when it needs no twin run: a guardrail holds beforehand,
+    or ``memo`` has the twin's run for this workload (not moved, same key, young enough);
+    the guardrails then judge this snapshot with the reused recommendation. None: the twin
+    must run (``with_twin``). Cheap (no simulation), so the controller calls it on its
+    event loop and sends only real twin runs to its tuner pool. Without a memo or a
+    profile (not loaded yet) only the gate is checked."""
+    held = guardrails.gate(snapshot, state, settings.guardrails, now)
+    if held is not None:
+        return held
+    if memo is None or profile is None:
+        return None
+    rec = memo.get(snapshot.deployment, _key(state, settings, profile, config),
+                   fingerprint(snapshot, settings.recommender.calibration_min_samples), now)
+    if rec is None:
+        return None
+    return guardrails.decide(snapshot, rec, state, settings.spec, settings.guardrails, now)
+
+
+def with_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSettings,
+              profile: Profile, config: EngineConfig | None, now: float,
+              memo: Memo | None = None) -> Decision:
+    """This interval's decision with a fresh twin run (unless a guardrail holds beforehand),
+    stored in ``memo`` for later intervals; never reads the memo. CPU-bound (~0.2-0.8 s)."""
+    held = guardrails.gate(snapshot, state, settings.guardrails, now)
+    if held is not None:
+        return held
+    rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,
+                              settings.recommender)
+    if memo is not None:
+        memo.put(snapshot.deployment, _key(state, settings, profile, config),
+                 fingerprint(snapshot, settings.recommender.calibration_min_samples), now, rec)
+    return guardrails.decide(snapshot, rec, state, settings.spec, settings.guardrails, now)
+
+
 def tune_once(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSettings,
               profile: Profile, config: EngineConfig | None, now: float,
               memo: Memo | None = None) -> Decision:
     """This interval's decision; the twin runs only when no guardrail holds beforehand and,
-    with a ``memo``, only when the workload moved since its last run (``tune.memo``)."""
-    held = guardrails.gate(snapshot, state, settings.guardrails, now)
-    if held is not None:
-        return held
-    if memo is None:
-        rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,
-                                  settings.recommender)
-    else:
-        key = (state.current, settings.spec, settings.recommender, profile, config)
-        seen = fingerprint(snapshot, settings.recommender.calibration_min_samples)
-        rec = memo.get(snapshot.deployment, key, seen, now)
-        if rec is None:
-            rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,
-                                      settings.recommender)
-            memo.put(snapshot.deployment, key, seen, now, rec)
-    return guardrails.decide(snapshot, rec, state, settings.spec, settings.guardrails, now)
+    with a ``memo``, only when the workload moved since its last run (``tune.memo``).
+    ``without_twin`` then ``with_twin``: the same decision as calling them apart."""
+    decided = without_twin(snapshot, state, settings, profile, config, now, memo)
+    if decided is not None:
+        return decided
+    return with_twin(snapshot, state, settings, profile, config, now, memo)
+
+
+def _key(state: TunerState, settings: TunerSettings, profile: Profile,
+         config: EngineConfig | None) -> tuple[object, ...]:
+    """What a reused run must have been made under, equal: the setting, the spec's bounds,
+    the recommender's settings, the twin's profile and engine config."""
+    return (state.current, settings.spec, settings.recommender, profile, config)

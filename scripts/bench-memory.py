@@ -12,8 +12,17 @@ candidates each), concurrently as the loops do. Prints the process's RSS and pea
     .venv/bin/python scripts/bench-memory.py 500                      # the tuner pool (auto)
     .venv/bin/python scripts/bench-memory.py 500 --tuner-threads 32   # 32 runs at once
     .venv/bin/python scripts/bench-memory.py 500 --worker-threads     # before: on the 32 I/O threads
+    .venv/bin/python scripts/bench-memory.py 100 --steps 4 --moving 0.1   # reuse vs queued twin runs
 
 The twin costs ~0.8 CPU s per deployment: N = 500 takes ~7 minutes of one core.
+
+``--steps K`` runs K rounds of ``loop.observe`` for all N at once, one control interval
+(20 s of the injected clock) apart: round 1 runs the twin for every deployment; in rounds
+2..K the workload of every ``1 / --moving``-th deployment moves (its rates x1.5, then back,
+beyond a window's noise, so its twin runs again and queues on the tuner pool) and the others'
+stays (the memo's reuse). Per round it prints the wall seconds, the twin runs and reuses
+(the memo's counters), and each kind of step's latency from the round's start (p50, max):
+a reuse step's latency is what a loop waits for a recommendation that needs no twin run.
 """
 
 from __future__ import annotations
@@ -106,6 +115,9 @@ def main() -> None:
                        help="run the tuner on the 32 I/O worker threads, as before the tuner pool")
     parser.add_argument("--reads", type=int, default=1, help="fleet reads, one after another (one per interval)")
     parser.add_argument("--no-tuner", action="store_true", help="stop after the fleet read(s)")
+    parser.add_argument("--steps", type=int, default=1, help="rounds of loop.observe for all N (2..K: reuse rounds)")
+    parser.add_argument("--moving", type=float, default=0.0,
+                        help="share of deployments whose workload moves in each round after the first (0..1)")
     args = parser.parse_args()
     window_s, at = 20.0, time.time()
 
@@ -124,6 +136,7 @@ def main() -> None:
 def run(args: argparse.Namespace, port: int, series: int, window_s: float, at: float) -> None:
     import asyncio
     import concurrent.futures
+    import dataclasses
 
     print(f"bare interpreter: {memory()}", flush=True)
     from slipstream import scalebench as sb
@@ -163,10 +176,67 @@ def run(args: argparse.Namespace, port: int, series: int, window_s: float, at: f
         assert all(rec is not None for _, rec in out)
         how = f"{config.worker_threads} worker threads" if tuner is None else f"a pool of {tuner._max_workers}"
         print(f"{len(out)} tuner runs on {how} ({time.monotonic() - t0:.0f} s): {memory()}", flush=True)
+        if args.steps > 1:
+            stride = max(1, round(1 / args.moving)) if args.moving > 0 else 0
+            moving = {f"{sd.metadata.namespace}/{sd.metadata.name}" for i, sd in enumerate(sds)
+                      if stride and i % stride == 0}  # fmt: skip
+            rounds = Rounds({s.deployment: s for s, _ in out if s is not None}, moving)
+            await steps(dataclasses.replace(deps, observer=rounds), rounds, sds, setting, at, args.steps, window_s)
 
     asyncio.run(every_loop())
     heavy = sorted({m.split(".")[0] for m in sys.modules} & {"numpy", "pandas", "matplotlib", "scipy", "torch"})
     print(f"heavy libraries loaded: {', '.join(heavy) or 'none'}")
+
+
+class Rounds:
+    """The round-1 snapshots again each round, the ``moving`` deployments' rates x1.5 in
+    even rounds (then back: each is a move from the snapshot their twin last ran on)."""
+
+    def __init__(self, snaps: dict, moving: set[str]) -> None:  # type: ignore[type-arg]
+        self.snaps, self.moving, self.round = snaps, moving, 1
+
+    async def snapshot(self, sd, window_s: float, now: float):  # type: ignore[no-untyped-def]
+        import dataclasses
+
+        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        snap = self.snaps[name]
+        if name not in self.moving or self.round % 2:
+            return snap
+        return dataclasses.replace(snap, tenants=tuple(dataclasses.replace(t, requests_per_s=t.requests_per_s * 1.5)
+                                                       for t in snap.tenants))  # fmt: skip
+
+
+async def timed(deps, sd, setting, now: float, t0: float) -> tuple[str, float]:  # type: ignore[no-untyped-def]
+    """One deployment's loop.observe: its name and when it finished (seconds after t0)."""
+    from slipstream.controller import loop
+
+    _, rec = await loop.observe(deps, sd, setting, now)
+    assert rec is not None
+    return f"{sd.metadata.namespace}/{sd.metadata.name}", time.monotonic() - t0
+
+
+async def steps(deps, rounds: Rounds, sds: list, setting, at: float, k: int, interval_s: float) -> None:  # type: ignore[no-untyped-def, type-arg]
+    """Rounds 2..k of loop.observe for every deployment at once, one interval apart; per
+    round the wall time, twin runs vs reuses, and each kind of step's latency."""
+    import asyncio
+    import statistics
+
+    memo = deps.recommender.memo
+    assert memo is not None, "--steps needs the memo (SLIPSTREAM_TUNER_REUSE_SECONDS > 0)"
+
+    def spread(xs: list[float]) -> str:
+        return f"p50 {statistics.median(xs):.3f} s, max {max(xs):.3f} s" if xs else "none"
+
+    for r in range(2, k + 1):
+        rounds.round = r
+        now, runs0, reused0 = at + (r - 1) * interval_s, memo.runs, memo.reused
+        t0 = time.monotonic()
+        done = await asyncio.gather(*(timed(deps, sd, setting, now, t0) for sd in sds))
+        wall = time.monotonic() - t0
+        reuse = [s for name, s in done if name not in rounds.moving]
+        twin = [s for name, s in done if name in rounds.moving]
+        print(f"round {r}: {wall:.2f} s wall, {memo.runs - runs0} twin runs, {memo.reused - reused0} reuses; "
+              f"reuse steps {spread(reuse)}; moved steps {spread(twin)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ Figures (``Figures``): seconds from ``kubectl create`` of N ServingDeployments t
 Prometheus queries (Prometheus's own ``prometheus_http_requests_total``), the apiserver's
 requests by verb (``apiserver_request_total`` deltas, the cluster's background included and
 also measured alone before the apply), the operator's CPU seconds, its tuning steps, the
-tuner's wall and CPU seconds (the operator's ``slipstream_tuner_*`` metrics), and its peak
-RSS (``VmHWM``).
+tuner's twin runs with their wall and CPU seconds and its reuses (the operator's
+``slipstream_tuner_*`` metrics), and its peak RSS (``VmHWM``).
 """
 
 from __future__ import annotations
@@ -100,12 +100,15 @@ class Figures:
     operator_peak_rss_mb: float
     tuning_steps_per_interval: float
     tuner_runs_per_interval: float
+    """Twin runs (`slipstream_tuner_seconds`: reuses and holds are not counted)."""
     tuner_wall_s_per_interval: float
     tuner_cpu_s_per_interval: float
     metrics_available: int
     """Deployments whose MetricsAvailable condition is True at the end."""
     recommended: int
     """Deployments with status.recommendation at the end."""
+    tuner_reuses_per_interval: float = 0.0
+    """Recommendations reused without a twin run (`slipstream_tuner_reuses_total`)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)
@@ -237,7 +240,8 @@ def prometheus_queries(url: str) -> float:
 def operator_metrics(url: str) -> dict[str, float]:
     text = http_text(url)
     wanted = ("slipstream_tuning_step_seconds_count", "slipstream_tuner_seconds_count",
-              "slipstream_tuner_seconds_sum", "slipstream_tuner_cpu_seconds_total")  # fmt: skip
+              "slipstream_tuner_seconds_sum", "slipstream_tuner_cpu_seconds_total",
+              "slipstream_tuner_reuses_total")  # fmt: skip
     out = dict.fromkeys(wanted, 0.0)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -430,6 +434,7 @@ def run(workdir: Path, options: Options) -> Figures:
             tuner_cpu_s_per_interval=round(d("slipstream_tuner_cpu_seconds_total"), 2),
             metrics_available=avail,
             recommended=rec,
+            tuner_reuses_per_interval=round(d("slipstream_tuner_reuses_total"), 1),
         )
         say(f"[scale N={n}] stopping everything")
     return figures
@@ -448,7 +453,8 @@ def table(results: list[Figures]) -> str:
         ("operator CPU s / interval", lambda f: f.operator_cpu_s_per_interval),
         ("operator peak RSS (MB)", lambda f: f.operator_peak_rss_mb),
         ("tuning steps / interval", lambda f: f.tuning_steps_per_interval),
-        ("tuner runs / interval", lambda f: f.tuner_runs_per_interval),
+        ("tuner runs (twin) / interval", lambda f: f.tuner_runs_per_interval),
+        ("tuner reuses (no twin run) / interval", lambda f: f.tuner_reuses_per_interval),
         ("tuner wall s / interval (sum)", lambda f: f.tuner_wall_s_per_interval),
         ("tuner CPU s / interval", lambda f: f.tuner_cpu_s_per_interval),
         ("MetricsAvailable / recommended at the end", lambda f: f"{f.metrics_available} / {f.recommended}"),

@@ -30,7 +30,10 @@ time is passed in). Modules, in the order a decision flows:
   OutOfBounds, AtBest, BelowMargin, Dwell, Infeasible) and ``message``; all but gate-level Holds
   carry the ``recommendation`` for status.
 - ``tuner.tune_once(snapshot, state, TunerSettings(spec, guardrails, recommender),
-  profile, config, now) -> Decision``: the one call per interval for the controller.
+  profile, config, now, memo=None) -> Decision``: the one call per interval. The operator
+  calls its two halves apart: ``without_twin`` (the gate, or a ``memo`` run reused for an
+  unmoved workload; None when the twin must run) on its event loop, and ``with_twin`` (the
+  twin run, stored in the memo) on its tuner pool; together they decide as ``tune_once``.
   On Move the caller (rollout) starts the canary of ``decision.to`` and, once it is under
   way, passes ``TunerState(to-or-current, last_step_at=now, rollout_in_progress=True)``
   next time (with ``left`` kept, else the dwell has no memory: the operator keeps it in

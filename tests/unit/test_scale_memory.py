@@ -8,15 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+<<<<<<< HEAD
 import dataclasses
+=======
+import json
+>>>>>>> main
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import prometheus_client
 import pytest
+<<<<<<< HEAD
 from test_tune import heterogeneous
 from test_tune_memo import scaled
+=======
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+>>>>>>> main
 
 from slipstream.api import models
 from slipstream.api import snapshot as snap
@@ -300,14 +309,18 @@ class AnsweringObserver:
 
     def fetch(self, at: float | None = None) -> FleetRead:
         rules = assemble.Rules(window_s=60.0, min_samples=10, max_staleness_s=10.0)
-        return FleetRead(NOW, rules, "tenant", self.results, "" if self.results is not None else "refused")
+        if self.results is None:
+            return FleetRead(NOW, rules, "tenant", None, "refused")
+        reduced = {field: assemble.reduce(field, samples) for field, samples in self.results.items()}
+        return FleetRead(NOW, rules, "tenant", reduced, "")
 
 
 def test_a_kept_fleet_read_holds_every_snapshot_but_none_of_its_samples() -> None:
     full = AnsweringObserver(answers(["a", "b"]))
     whole = full.fetch()
     kept = fleet.fetch(full, NOW)  # type: ignore[arg-type]
-    assert kept.read.results is not None and all(v == [] for v in kept.read.results.values()), "samples dropped"
+    assert kept.read.results is not None and not any(kept.read.results["ttft"]), "answers dropped"
+    assert kept.read.results.keys() == whole.results.keys()  # type: ignore[union-attr]
     assert kept.snapshots == whole.snapshots() and set(kept.snapshots) == {"ns/a", "ns/b"}
     assert kept.get("ns/a").valid, kept.get("ns/a").detail
     # A deployment no answer mentions gets what the full answers say about it.
@@ -317,3 +330,65 @@ def test_a_kept_fleet_read_holds_every_snapshot_but_none_of_its_samples() -> Non
     failed = fleet.fetch(AnsweringObserver(None), NOW)  # type: ignore[arg-type]
     assert failed.read.results is None and failed.get("ns/a").invalid == snap.UNREACHABLE
     assert "refused" in failed.get("ns/a").detail
+
+
+# -- a fleet read's answers, decoded and reduced as they come --------------------------------
+
+
+def _same(a: list[parse.Sample] | str, b: list[parse.Sample] | str) -> bool:
+    """Equal samples (NaN equal to NaN), or the same refusal."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return [(s.labels, repr(s.value), s.timestamp) for s in a] == [(s.labels, repr(s.value), s.timestamp) for s in b]
+
+
+def _parsed(text: str, **hook: object) -> list[parse.Sample] | str:
+    try:
+        return parse.vector(json.loads(text, **hook))  # type: ignore[arg-type]
+    except parse.MalformedAnswer:
+        return "refused"
+
+
+_label = st.sampled_from(["ns", "sd-1", "chat", "bucket", "+Inf", "", "le"])
+_value = st.one_of(st.sampled_from(["1.5", "NaN", "+Inf", "-Inf", "x", ""]), st.integers(), st.none())
+_series = st.fixed_dictionaries(
+    {"value": st.one_of(st.tuples(st.floats(allow_nan=True) | st.text(max_size=2), _value).map(list),
+                        st.lists(st.floats(allow_nan=True) | _value, max_size=3))},
+    optional={"metric": st.one_of(st.dictionaries(_label, _label | st.integers(), max_size=4), st.integers()),
+              "extra": st.integers()},
+)
+_answer = st.one_of(st.lists(st.one_of(_series, st.integers(), st.dictionaries(_label, _label, max_size=3)), max_size=6),
+                    st.dictionaries(_label, _label, max_size=3), st.integers())
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_answer)
+@example([{"metric": {"a": "b"}, "value": [1.0, "1", 2]}])  # three values: refused
+@example([{"metric": {"a": 1}, "value": [1.0, "1"]}])  # a label that is not a string
+@example([{"value": [1.0, "2"]}])  # no labels: a sample without any
+@example([{"metric": {}, "value": [1e308 * 10, "1"]}])  # an infinite timestamp
+def test_decoding_straight_into_samples_is_the_same_parse_as_decoding_then_parsing(answer: object) -> None:
+    """`parse.series_hook` (the client's decoding) gives what `parse.vector` of the plainly
+    decoded answer gives: the same samples, or a refusal."""
+    text = json.dumps(answer)
+    assert _same(_parsed(text, object_hook=parse.series_hook), _parsed(text))
+
+
+def test_decoded_series_share_their_label_strings() -> None:
+    """The 120 series of one deployment hold one copy of its name, not 120."""
+    rows = [{"metric": {"namespace": "team-a", "servingdeployment": "chat-" + "x" * 40, "le": str(le)},
+             "value": [NOW, "1"]} for le in range(3)]  # fmt: skip
+    a, b, c = parse.vector(json.loads(json.dumps(rows), object_hook=parse.series_hook))
+    assert a.labels["servingdeployment"] is b.labels["servingdeployment"] is c.labels["servingdeployment"]
+    plain = parse.vector(json.loads(json.dumps(rows)))
+    assert plain[0].labels["servingdeployment"] is not plain[1].labels["servingdeployment"]  # what it saves
+
+
+def test_reducing_each_answer_as_it_comes_gives_the_same_snapshots() -> None:
+    rules = assemble.Rules(window_s=60.0, min_samples=10, max_staleness_s=10.0)
+    results = answers(["a", "b"])
+    reduced = {field: assemble.reduce(field, samples) for field, samples in results.items()}
+    whole = assemble.snapshots(results, now=NOW, rules=rules)
+    assert assemble.combine(reduced, now=NOW, rules=rules) == whole and whole["ns/a"].valid
+    with pytest.raises(ValueError, match="unknown fleet query 'ttft2'"):
+        assemble.reduce("ttft2", [])

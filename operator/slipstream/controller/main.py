@@ -21,7 +21,7 @@ def run(namespace: str | None, peering: str | None, liveness: str | None) -> Non
     liveness: kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz.
     """
     config = settings.ControllerSettings.from_env()
-    malloc.limit_arenas(config.malloc_arenas)  # before any thread of ours starts
+    malloc.configure(config.malloc_arenas, config.malloc_mmap_threshold_bytes)  # before any thread of ours starts
     kube.load_config()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config, kube.Kube.default())

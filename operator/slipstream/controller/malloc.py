@@ -1,4 +1,5 @@
-"""Bound glibc's malloc arenas before the operator starts its threads.
+"""Bound glibc's malloc arenas before the operator starts its threads, and fix its mmap
+threshold.
 
 glibc gives threads their own arenas, up to 8 per core, and an arena keeps the memory its
 threads freed for its own later use: the operator's 32 worker threads (Kubernetes and
@@ -9,6 +10,14 @@ arenas shared by all threads keep what one thread freed for the next; the thread
 arena lock only while they allocate, which under the GIL they rarely do at once. The same
 knob as the MALLOC_ARENA_MAX environment variable, set here so that every way of starting
 the operator (chart, `slipstream run`, tests) gets it.
+
+The mmap threshold: a block of at least M_MMAP_THRESHOLD bytes gets pages of its own,
+given back when it is freed. glibc starts at 128 KiB but raises the threshold to the size
+of any such block freed (up to 32 MB), so after the first fleet read freed its ~10 MB
+response body and text, the next reads' bodies came from the heap, which kept the space.
+Setting it fixes it where it starts (and turns the adjustment off). In one process, four
+fleet reads of 500 deployments peaked at 139 MB with glibc's dynamic threshold and 127 MB
+with it fixed at 128 KiB (`scripts/bench-memory.py 500 --no-tuner --reads 4`).
 """
 
 from __future__ import annotations
@@ -17,16 +26,32 @@ import ctypes
 
 M_ARENA_MAX = -8
 """mallopt's parameter number for the arena limit (glibc malloc.h)."""
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number for the mmap threshold (glibc malloc.h)."""
 
 
-def limit_arenas(arenas: int) -> bool:
-    """Allow at most `arenas` malloc arenas (0: glibc's default). True when applied; False
-    where the C library has no mallopt (musl, macOS) or refused it."""
-    if arenas <= 0:
-        return False
+def _mallopt(param: int, value: int) -> bool:
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, arenas))
+    return bool(mallopt(param, value))
+
+
+def limit_arenas(arenas: int) -> bool:
+    """Allow at most `arenas` malloc arenas (0: glibc's default). True when applied; False
+    where the C library has no mallopt (musl, macOS) or refused it."""
+    return arenas > 0 and _mallopt(M_ARENA_MAX, arenas)
+
+
+def fix_mmap_threshold(size: int) -> bool:
+    """Give blocks of at least `size` bytes pages of their own, for good (0: glibc's
+    dynamic threshold). True when applied; False where there is no mallopt or it refused."""
+    return size > 0 and _mallopt(M_MMAP_THRESHOLD, size)
+
+
+def configure(arenas: int, mmap_threshold: int) -> None:
+    """Both, as the operator's settings say (`ControllerSettings.malloc_*`)."""
+    limit_arenas(arenas)
+    fix_mmap_threshold(mmap_threshold)

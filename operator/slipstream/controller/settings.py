@@ -79,6 +79,13 @@ class ControllerSettings:
     arenas were 196 MB of a 453 MB RSS. 0: leave glibc's own setting (8 per core, or the
     MALLOC_ARENA_MAX environment variable). Env: SLIPSTREAM_MALLOC_ARENAS."""
 
+    malloc_mmap_threshold_bytes: int = 131072
+    """Blocks of at least this size get pages of their own from glibc, returned when freed
+    (`controller.malloc`). glibc's default starts there but raises the bar to the largest
+    block freed, up to 32 MB: after the first fleet read freed its 10 MB response body,
+    the next bodies came from the heap and stayed in it. 0: leave glibc's own (dynamic)
+    setting. Env: SLIPSTREAM_MALLOC_MMAP_THRESHOLD_BYTES."""
+
     tuner_threads: int = 0
     """Tuner runs (the twin's recommendations) at once, on threads of their own so that
     they never hold the worker_threads the Kubernetes and Prometheus calls need. The twin

@@ -32,7 +32,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from slipstream.api import snapshot as snap
 from slipstream.observe import parse, queries
@@ -209,8 +209,34 @@ def _not_finite(tenant_hists: Mapping[str, snap.Histogram], what: str) -> list[s
 EMPTY = snap.Histogram((), (), 0.0, 0.0)
 
 
+FIELDS_READ = ("ttft", "uncached", "output", "tokens", "queue", "targets", "settings")
+"""The ``FleetQueries`` fields ``reduce`` knows (``output`` may be missing from ``results``)."""
+
+
+def reduce(field: str, samples: Sequence[parse.Sample], tenant_label: str = queries.TENANT_LABEL) -> object:
+    """One query's answer reduced to what the snapshots read of it, so that the observer can
+    drop each answer's samples before it sends the next query: a histogram per deployment
+    and tenant (a tuple of counts) instead of a series per bucket. At 500 deployments the
+    seven answers are ~62,000 series; reduced, the largest answer alone is ever alive.
+
+    Settings gauges stay samples (three per pod): the pods they name are joined with the
+    targets' up pods in ``combine``."""
+    per_tenant = _dep_tenant(tenant_label)
+    if field in ("ttft", "uncached", "output"):
+        return histograms(samples, per_tenant)
+    if field == "tokens":
+        return _parts(samples, per_tenant)
+    if field == "queue":
+        return _parts(samples, _dep)
+    if field == "targets":
+        return _targets(samples)
+    if field == "settings":
+        return list(samples)
+    raise ValueError(f"unknown fleet query {field!r}: one of {', '.join(FIELDS_READ)}")
+
+
 def snapshots(
-    results: Mapping[str, list[parse.Sample]],
+    results: Mapping[str, Sequence[parse.Sample]],
     *,
     now: float,
     rules: Rules,
@@ -222,16 +248,27 @@ def snapshots(
     ``results`` maps each ``FleetQueries`` field name to its samples. Without
     ``deployments``, every deployment any answer mentions gets one.
     """
-    per_tenant = _dep_tenant(tenant_label)
-    ttft = histograms(results["ttft"], per_tenant)
-    uncached = histograms(results["uncached"], per_tenant)
+    reduced = {field: reduce(field, samples, tenant_label) for field, samples in results.items()}
+    return combine(reduced, now=now, rules=rules, deployments=deployments)
+
+
+def combine(
+    reduced: Mapping[str, object],
+    *,
+    now: float,
+    rules: Rules,
+    deployments: Iterable[str] | None = None,
+) -> dict[str, snap.WorkloadSnapshot]:
+    """``snapshots`` from answers already ``reduce``d (each field once)."""
+    ttft = cast(dict[Key, snap.Histogram], reduced["ttft"])
+    uncached = cast(dict[Key, snap.Histogram], reduced["uncached"])
     # Optional: without output lengths (an engine that does not export them, a caller
     # that did not ask) each tenant's output_tokens is None and the twin decodes one token.
-    output = histograms(results.get("output", ()), per_tenant)
-    tokens = _parts(results["tokens"], per_tenant)
-    queue = _parts(results["queue"], _dep)
-    targets, up_pods = _targets(results["targets"])
-    pods, bad_gauges = _settings(results["settings"], up_pods)
+    output = cast(dict[Key, snap.Histogram], reduced.get("output", {}))
+    tokens = cast(dict[Key, dict[str, float]], reduced["tokens"])
+    queue = cast(dict[Key, dict[str, float]], reduced["queue"])
+    targets, up_pods = cast(tuple[dict[Key, dict[str, float]], dict[Key, set[str]]], reduced["targets"])
+    pods, bad_gauges = _settings(cast(list[parse.Sample], reduced["settings"]), up_pods)
 
     seen = {k[:2] for k in (*ttft, *uncached, *output, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]

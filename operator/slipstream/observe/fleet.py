@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from slipstream.api import models
 from slipstream.api import snapshot as snap
+from slipstream.observe import assemble
 from slipstream.observe.observer import FleetRead, Observer, ObserveSettings
 
 Key = tuple[str, float, str, str]
@@ -44,14 +45,16 @@ def fetch(observer: Observer, now: float) -> _Read:
     """One fleet read, assembled into every deployment's snapshot at once (on the caller's
     worker thread: assembling tens of thousands of samples must not stall the event loop).
 
-    The samples are dropped once assembled: at 500 deployments they are ~60,000 series, ~35
-    MB of Python objects (docs/reliability.md, "Scale"), and the read is kept for the
-    reuse period and until the next one. A deployment no answer mentions gets its snapshot
+    The observer reduces each answer as it comes (``assemble.reduce``), and the reduced
+    answers are dropped once assembled: the read is kept for the reuse period and until the
+    next one, and its snapshots hold all that is read of it (docs/reliability.md, "Memory
+    at 500"). A deployment no answer mentions gets its snapshot
     from empty answers, which is what the full ones say about it (no series)."""
     read = observer.fetch(now)
     snapshots = read.snapshots()
     if read.results is not None:
-        read = dataclasses.replace(read, results={field: [] for field in read.results})
+        empty = {field: assemble.reduce(field, (), read.tenant_label) for field in read.results}
+        read = dataclasses.replace(read, results=empty)
     return _Read(read, snapshots)
 
 

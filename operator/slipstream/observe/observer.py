@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from slipstream.api import snapshot as snap
-from slipstream.observe import assemble, parse, queries
+from slipstream.observe import assemble, queries
 from slipstream.observe.backoff import Backoff
 from slipstream.observe.client import DEFAULT_TIMEOUT_S, PromClient, QueryFailed
 
@@ -60,8 +60,8 @@ class FleetRead:
     at: float
     rules: assemble.Rules
     tenant_label: str
-    results: dict[str, list[parse.Sample]] | None
-    """``FleetQueries`` field -> samples; None when the read failed."""
+    results: dict[str, object] | None
+    """``FleetQueries`` field -> its answer, ``assemble.reduce``d; None when the read failed."""
     failure: str
     """Why the read failed (the PrometheusUnreachable detail); empty when it did not."""
 
@@ -70,8 +70,7 @@ class FleetRead:
         if self.results is None:
             return {n: snap.invalid(n, self.at, self.rules.window_s, snap.UNREACHABLE, self.failure)
                     for n in names or ()}
-        return assemble.snapshots(self.results, now=self.at, rules=self.rules, deployments=names,
-                                  tenant_label=self.tenant_label)
+        return assemble.combine(self.results, now=self.at, rules=self.rules, deployments=names)
 
 
 class Observer:
@@ -117,10 +116,12 @@ class Observer:
         rules = self.settings.rules()
         if self.backoff.waiting(now):
             return FleetRead(now, rules, self.settings.tenant_label, None, self._waiting_detail(now))
-        results = {}
+        results: dict[str, object] = {}
+        tenant_label = self.settings.tenant_label
         try:
-            for field, promql in queries.fleet(rules.window_s, self.settings.tenant_label).items():
-                results[field] = self.client.query(promql, now)
+            for field, promql in queries.fleet(rules.window_s, tenant_label).items():
+                # Reduced at once: only one answer's samples are ever alive.
+                results[field] = assemble.reduce(field, self.client.query(promql, now), tenant_label)
         except QueryFailed as exc:
             return FleetRead(now, rules, self.settings.tenant_label, None, self._failed(now, str(exc)))
         self.backoff.succeeded()

@@ -8,24 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-<<<<<<< HEAD
 import dataclasses
-=======
 import json
->>>>>>> main
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import prometheus_client
 import pytest
-<<<<<<< HEAD
-from test_tune import heterogeneous
-from test_tune_memo import scaled
-=======
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
->>>>>>> main
+from test_tune import heterogeneous
+from test_tune_memo import scaled
 
 from slipstream.api import models
 from slipstream.api import snapshot as snap

@@ -3,8 +3,12 @@ threads allocating at once share the bounded arenas instead of growing one each.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import threading
+import time
+import weakref
 
 import pytest
 
@@ -51,3 +55,62 @@ def test_the_operator_bounds_them_to_two_by_default(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SLIPSTREAM_MALLOC_ARENAS", "0")
     assert settings_.ControllerSettings.from_env().malloc_arenas == 0
     assert malloc.limit_arenas(0) is False, "0 leaves glibc's setting alone"
+
+
+MMAP_AFTER_A_LARGE_FREE = """
+import ctypes, sys
+from slipstream.controller import malloc
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = (ctypes.c_void_p,)
+libc.mallinfo2.restype = MallInfo2
+applied = malloc.fix_mmap_threshold(int(sys.argv[1]))
+libc.free(libc.malloc(8 << 20))  # a freed 8 MB block: glibc's dynamic threshold rises to 8 MB
+before = libc.mallinfo2().hblks
+block = libc.malloc(1 << 20)     # a 1 MB block after it (a fleet read's next response body)
+print(applied, libc.mallinfo2().hblks - before, flush=True)
+"""
+
+
+def mmapped_blocks_after_a_large_free(threshold: int) -> tuple[str, int]:
+    done = subprocess.run([sys.executable, "-c", MMAP_AFTER_A_LARGE_FREE, str(threshold)], capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    applied, blocks = done.stdout.split()
+    return applied, int(blocks)
+
+
+def test_with_the_threshold_fixed_a_large_block_gets_pages_it_gives_back() -> None:
+    """After a freed 8 MB block, glibc's own threshold puts a 1 MB block in the heap (which
+    keeps the space when it is freed); fixed at 128 KiB, the block gets pages of its own."""
+    assert mmapped_blocks_after_a_large_free(0) == ("False", 0)
+    assert mmapped_blocks_after_a_large_free(128 << 10) == ("True", 1)
+    assert settings_.ControllerSettings().malloc_mmap_threshold_bytes == 128 << 10
+
+
+def test_cycles_are_collected_on_the_schedule_with_pythons_own_collector_off() -> None:
+    class Connection:  # a closed TLS connection: transport and protocol point at each other
+        pass
+
+    a, b = Connection(), Connection()
+    a.peer, b.peer = b, a  # type: ignore[attr-defined]
+    gone = weakref.ref(a)
+    del a, b
+    stop = threading.Event()
+    gc.disable()
+    try:
+        assert malloc.collect_cycles_every(0, stop) is None
+        assert gone() is not None  # a cycle: reference counting alone never frees it
+        thread = malloc.collect_cycles_every(0.01, stop)
+        deadline = time.monotonic() + 10
+        while gone() is not None and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling for the collection, with a deadline
+        assert gone() is None, "the scheduled collection freed the cycle"
+    finally:
+        stop.set()
+        gc.enable()
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive()

@@ -67,8 +67,14 @@ class Kube:
     api: k8s.ApiClient
 
     @classmethod
-    def default(cls) -> Kube:
-        return cls(k8s.ApiClient())
+    def default(cls, pool: int | None = None) -> Kube:
+        """A client of the loaded configuration; `pool`: connections it keeps for reuse
+        (the client's default is 5 per CPU: with more threads sharing it, each call beyond
+        the pool opened a TLS connection and threw it away)."""
+        configuration = k8s.Configuration.get_default_copy()
+        if pool is not None:
+            configuration.connection_pool_maxsize = pool
+        return cls(k8s.ApiClient(configuration))
 
     def request(
         self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,

@@ -22,9 +22,10 @@ def run(namespace: str | None, peering: str | None, liveness: str | None) -> Non
     """
     config = settings.ControllerSettings.from_env()
     malloc.configure(config.malloc_arenas, config.malloc_mmap_threshold_bytes)  # before any thread of ours starts
+    malloc.collect_cycles_every(config.gc_interval_seconds)
     kube.load_config()
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, config, kube.Kube.default())
+    handlers.register(registry, config, kube.Kube.default(pool=max(config.api_connections, config.worker_threads)))
     if config.metrics_port:
         prometheus_client.start_http_server(config.metrics_port)
     kopf.configure(verbose=False)

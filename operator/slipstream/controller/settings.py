@@ -73,6 +73,23 @@ class ControllerSettings:
     default is cores + 4, so six on a small node, and one deployment's slow call would
     queue the others'. Env: SLIPSTREAM_WORKER_THREADS."""
 
+    api_connections: int = 48
+    """Connections kopf may hold open to the kube-apiserver at once (its watch streams and
+    every status patch and Event), and the connection pool of the blocking Kubernetes
+    client (at least `worker_threads`, the threads that share it). kopf's own default is no
+    limit: at 500 deployments a wave of ~490 status-refresh timers opened hundreds of TLS
+    connections at once, each with a 256 KiB read buffer, and the operator's RSS rose by
+    ~60 MB in ten seconds (docs/reliability.md, "Memory at 500"). Requests beyond it wait
+    for a free connection. Env: SLIPSTREAM_API_CONNECTIONS."""
+
+    gc_interval_seconds: float = 60.0
+    """Seconds between full collections of Python's reference cycles (`controller.malloc`).
+    Closed TLS connections are cycles (transport and protocol point at each other) that
+    Python's own schedule collects only after ~100,000 more objects outlive their first
+    collections, which at 500 deployments held up to 300 of them at once. A full
+    collection took 0.22-0.24 s there. 0: Python's own schedule only.
+    Env: SLIPSTREAM_GC_INTERVAL_SECONDS."""
+
     malloc_arenas: int = 2
     """glibc malloc arenas shared by all the operator's threads (`controller.malloc`): by
     default each thread grows its own and keeps what it freed; at 100 deployments those

@@ -72,23 +72,3 @@ def test_the_limit_leaves_room_for_kopfs_watch_streams() -> None:
 
 def test_the_blocking_client_keeps_a_connection_per_thread_that_shares_it() -> None:
     assert kube_.Kube.default(pool=40).api.rest_client.pool_manager.connection_pool_kw["maxsize"] == 40
-
-
-def test_the_operator_hands_kopf_its_limits_at_startup() -> None:
-    """kopf's per-kind handler limit comes from the settings; kopf's own default is none."""
-    from slipstream.controller import handlers
-    from slipstream.controller import settings as settings_
-
-    assert kopf.OperatorSettings().queueing.worker_limit is None
-    for limit, expected in ((64, 64), (5, 5), (0, None)):
-        registry = kopf.OperatorRegistry()
-        config = settings_.ControllerSettings(kopf_worker_limit=limit)
-        handlers.register(registry, config, kube_.Kube.default())
-        configure = next(h for h in registry._activities.get_all_handlers() if h.id == "configure")
-        operator_settings = kopf.OperatorSettings()
-
-        async def run() -> None:
-            await configure.fn(settings=operator_settings)  # type: ignore[misc]
-
-        asyncio.run(run())
-        assert operator_settings.queueing.worker_limit == expected

@@ -320,7 +320,6 @@ def register(
         settings.posting.level = logging.WARNING
         settings.posting.reporting_component = "slipstream"
         settings.peering.lifetime = config.peering_lifetime_seconds
-        settings.queueing.worker_limit = config.kopf_worker_limit or None
 
     @kopf.on.cleanup(id="tuner-threads", registry=registry)
     async def stop_tuner(**_: Any) -> None:

@@ -82,13 +82,6 @@ class ControllerSettings:
     ~60 MB in ten seconds (docs/reliability.md, "Memory at 500"). Requests beyond it wait
     for a free connection. Env: SLIPSTREAM_API_CONNECTIONS."""
 
-    kopf_worker_limit: int = 64
-    """Objects kopf handles at once per watched kind (ServingDeployments, engine Deployments,
-    Services): a `kubectl apply` of 500 ServingDeployments otherwise starts 500 handlers at
-    once, each holding the object, its model and kopf's handler state while it waits for one
-    of the `worker_threads` its calls need. Beyond it, kopf reads the next events from the
-    watch when a handler is done. 0: no limit (kopf's default). Env: SLIPSTREAM_KOPF_WORKER_LIMIT."""
-
     gc_interval_seconds: float = 60.0
     """Seconds between full collections of Python's reference cycles (`controller.malloc`).
     Closed TLS connections are cycles (transport and protocol point at each other) that

@@ -21,7 +21,9 @@ Prometheus queries (Prometheus's own ``prometheus_http_requests_total``), the ap
 requests by verb (``apiserver_request_total`` deltas, the cluster's background included and
 also measured alone before the apply), the operator's CPU seconds, its tuning steps, the
 tuner's twin runs with their wall and CPU seconds and its reuses (the operator's
-``slipstream_tuner_*`` metrics), and its peak RSS (``VmHWM``).
+``slipstream_tuner_*`` metrics), and its peak RSS (``VmHWM``); and over the apply phase
+(from the create to every loop stepped once), the apiserver's GETs by resource and the
+drift watch's events judged and skipped (``slipstream_drift_events_*``).
 """
 
 from __future__ import annotations
@@ -109,6 +111,15 @@ class Figures:
     """Deployments with status.recommendation at the end."""
     tuner_reuses_per_interval: float = 0.0
     """Recommendations reused without a twin run (`slipstream_tuner_reuses_total`)."""
+    apply_s: float = 0.0
+    """The apply phase: from `kubectl create` to every loop stepped once (or its deadline)."""
+    apply_apiserver_gets: dict[str, float] = field(default_factory=dict)
+    """GETs during the apply phase by resource, every client together."""
+    apply_drift_events: dict[str, float] = field(default_factory=dict)
+    """Events of owned Deployments and Services during the apply phase the drift watch
+    judged (each up to two GETs) and skipped (none: `controller/judged.py`)."""
+    drift_events_per_interval: dict[str, float] = field(default_factory=dict)
+    """The same over the measured intervals."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)
@@ -241,13 +252,20 @@ def operator_metrics(url: str) -> dict[str, float]:
     text = http_text(url)
     wanted = ("slipstream_tuning_step_seconds_count", "slipstream_tuner_seconds_count",
               "slipstream_tuner_seconds_sum", "slipstream_tuner_cpu_seconds_total",
-              "slipstream_tuner_reuses_total")  # fmt: skip
+              "slipstream_tuner_reuses_total", "slipstream_drift_events_judged_total",
+              "slipstream_drift_events_skipped_total")  # fmt: skip
     out = dict.fromkeys(wanted, 0.0)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in out:
                 out[s.name] += s.value
     return out
+
+
+def drift_events(before: dict[str, float], after: dict[str, float], per: float) -> dict[str, float]:
+    """The drift watch's judged and skipped events between two reads of the operator's metrics."""
+    return {k: round((after[f"slipstream_drift_events_{k}_total"] - before[f"slipstream_drift_events_{k}_total"]) / per, 1)
+            for k in ("judged", "skipped")}  # fmt: skip
 
 
 def cpu_seconds(pid: int) -> float:
@@ -375,7 +393,7 @@ def run(workdir: Path, options: Options) -> Figures:
         poll = 1.0 if n <= 100 else 5.0  # a LIST of 500 ServingDeployments is a few MB
         docs = [sd_doc(ns, name, prom.url, options.interval_s) for ns, name in deployments]
         say(f"[scale N={n}] kubectl create {n} ServingDeployments (mode Recommend, interval {options.interval_s} s)")
-        t0 = time.monotonic()
+        a_apply, m_apply, t0 = apiserver_requests(cluster), operator_metrics(op_url), time.monotonic()
         for chunk in range(0, n, 100):
             cluster.kubectl("create", "-f", "-", input=yaml.safe_dump_all(docs[chunk:chunk + 100]))
 
@@ -398,6 +416,7 @@ def run(workdir: Path, options: Options) -> Figures:
         except TimeoutError as error:  # the loops are falling behind: measure them as they are
             say(f"[scale N={n}] {error}; measuring anyway")
             first_step_s = None
+        a_stepped, m_stepped, t_stepped = apiserver_requests(cluster), operator_metrics(op_url), time.monotonic()
         # Every loop in its steady rhythm, then whole intervals.
         time.sleep(options.warmup_intervals * options.interval_s)
         say(f"[scale N={n}] measuring {options.intervals} intervals of {options.interval_s} s")
@@ -435,6 +454,11 @@ def run(workdir: Path, options: Options) -> Figures:
             metrics_available=avail,
             recommended=rec,
             tuner_reuses_per_interval=round(d("slipstream_tuner_reuses_total"), 1),
+            apply_s=round(t_stepped - t0, 1),
+            apply_apiserver_gets={r: round(a_stepped[(v, r)] - a_apply.get((v, r), 0.0))
+                                  for v, r in sorted(a_stepped) if v == "GET" and a_stepped[(v, r)] > a_apply.get((v, r), 0.0)},
+            apply_drift_events=drift_events(m_apply, m_stepped, 1.0),
+            drift_events_per_interval=drift_events(m0, m1, per),
         )
         say(f"[scale N={n}] stopping everything")
     return figures
@@ -458,6 +482,12 @@ def table(results: list[Figures]) -> str:
         ("tuner wall s / interval (sum)", lambda f: f.tuner_wall_s_per_interval),
         ("tuner CPU s / interval", lambda f: f.tuner_cpu_s_per_interval),
         ("MetricsAvailable / recommended at the end", lambda f: f"{f.metrics_available} / {f.recommended}"),
+        ("drift watch events judged / skipped per interval",
+         lambda f: f"{f.drift_events_per_interval.get('judged')} / {f.drift_events_per_interval.get('skipped')}"),
+        ("apply phase (s): create -> every loop stepped", lambda f: f.apply_s),
+        ("  drift watch events judged / skipped",
+         lambda f: f"{f.apply_drift_events.get('judged')} / {f.apply_drift_events.get('skipped')}"),
+        ("  GETs by resource", lambda f: ", ".join(f"{k} {v:g}" for k, v in f.apply_apiserver_gets.items())),
     ]
     head = f"| figure (interval {results[0].interval_s:g} s) | " + " | ".join(f"N={f.deployments}" for f in results) + " |"
     lines = [head, "|---" * (len(results) + 1) + "|"]

@@ -7,6 +7,8 @@ hand edits of owned objects reverted with an Event.
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +40,14 @@ DEADLINE_S = 60
 @pytest.fixture(scope="module")
 def operator(cluster: localkube.Cluster) -> Iterator[Operator]:
     yield from installed_operator(cluster, "safety", env={"SLIPSTREAM_TUNING_TIME_SCALE": "0.1"})
+
+
+def drift_skips(operator: Operator) -> float:
+    """Deployment events the drift watch skipped without a read (the operator's metrics)."""
+    with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    found = re.findall(r'^slipstream_drift_events_skipped_total\{kind="Deployment"\} (\S+)$', text, re.M)
+    return float(found[0]) if found else 0.0
 
 
 def can_i(cluster: localkube.Cluster, operator: Operator, *args: str) -> bool:
@@ -210,15 +220,35 @@ def test_hand_edits_of_the_engine_deployment_are_reverted_with_an_event(
     eventually(lambda: reconciled(cluster, ns, "edited"), deadline_s=DEADLINE_S, what="edited reconciled")
     eventually(lambda: rolled_out(cluster, ns, "edited"), deadline_s=DEADLINE_S, what="edited rolled out")
 
+    # A scale-up through the spec: the Deployment's spec event is judged, the status events
+    # of its new pod (readiness, counts) are skipped without a read (controller/judged.py).
+    skipped = drift_skips(operator)
+    cluster.kubectl("patch", "sd", "edited", f"--namespace={ns}", "--type=merge", "-p", '{"spec": {"replicas": 3}}')
+
+    def scaled_up() -> None:
+        assert rolled_out(cluster, ns, "edited")["spec"]["replicas"] == 3
+        assert drift_skips(operator) > skipped, "no status-only event of the scale-up was skipped"
+
+    eventually(scaled_up, deadline_s=DEADLINE_S, what="scaled up to 3, its status events skipped")
+
     cluster.kubectl("scale", "deployment", "edited", "--replicas=5", f"--namespace={ns}")
 
     def reverted() -> None:
         dep = must_get(cluster, "deployment", "edited", ns)
-        assert dep["spec"]["replicas"] == 2
+        assert dep["spec"]["replicas"] == 3
         messages = [e["message"] for e in events(cluster, ns, "edited") if e["reason"] == "DriftReverted"]
-        assert any("spec.replicas: 5 -> 2" in m for m in messages), messages
+        assert any("spec.replicas: 5 -> 3" in m for m in messages), messages
 
     eventually(reverted, deadline_s=DEADLINE_S, what="kubectl scale reverted")
+    # The same edit again: what the revert left is what was recorded, so it is judged too.
+    reverts = len([e for e in events(cluster, ns, "edited") if e["reason"] == "DriftReverted"])
+    cluster.kubectl("scale", "deployment", "edited", "--replicas=5", f"--namespace={ns}")
+
+    def reverted_again() -> None:
+        assert must_get(cluster, "deployment", "edited", ns)["spec"]["replicas"] == 3
+        assert len([e for e in events(cluster, ns, "edited") if e["reason"] == "DriftReverted"]) > reverts
+
+    eventually(reverted_again, deadline_s=DEADLINE_S, what="the second kubectl scale reverted")
 
     args = container(must_get(cluster, "deployment", "edited", ns))["args"]
     patch = [{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--tp-size=4"}]

@@ -34,4 +34,8 @@ def test_scale_harness_at_20_deployments(tmp_path: Path) -> None:
     assert 0 < figures.tuner_runs_per_interval + figures.tuner_reuses_per_interval <= N + 1, figures
     assert figures.apiserver_requests_per_interval.get("PATCH", 0) > 0, figures  # the loops write status
     assert figures.operator_peak_rss_mb > 0
+    # The engine Deployments' status events (their pods becoming Ready) cost no reads: the
+    # drift watch judges an object's first event and its owned parts' changes only.
+    assert figures.apply_drift_events["skipped"] > 0, figures
+    assert figures.apply_drift_events["judged"] > 0, figures
     assert processes_mentioning(str(tmp_path)) == []

@@ -36,6 +36,7 @@ from slipstream.controller import (
     status,
     tuning,
 )
+from slipstream.controller import judged as judged_
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import support
@@ -47,6 +48,18 @@ RECONCILES = prometheus_client.Counter(
 )
 OBJECT_CHANGES = prometheus_client.Counter(
     "slipstream_object_changes", "Owned objects created or updated, by kind.", ["kind", "change"]
+)
+DRIFT_EVENTS_SKIPPED = prometheus_client.Counter(
+    "slipstream_drift_events_skipped",
+    "Events of owned Deployments and Services the drift watch skipped without a read: none of "
+    "the object's owned parts changed since its last good judgement (controller/judged.py).",
+    ["kind"],
+)
+DRIFT_EVENTS_JUDGED = prometheus_client.Counter(
+    "slipstream_drift_events_judged",
+    "Events of owned Deployments and Services the drift watch judged (up to two reads each: "
+    "the ServingDeployment and the object).",
+    ["kind"],
 )
 TUNING_STEPS = prometheus_client.Counter(
     "slipstream_tuning_steps", "Steps of the tuning loops, by result.", ["result"]
@@ -149,13 +162,28 @@ def apply_objects(
     return Outcome(setting, changes, rolled, deployment, problem)
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """What the drift watch found of one owned object, judged against its spec."""
+
+    owner: dict[str, Any]
+    """The ServingDeployment it was judged against."""
+    settled: dict[str, Any]
+    """The object as it now matches the spec: as read when nothing drifted, as the revert
+    left it otherwise (`judged.Judged.record`)."""
+    paths: list[str] = field(default_factory=list)
+    """What was reverted (empty: nothing drifted)."""
+    contest: str | None = None
+    """Why spec.replicas is now left to another writer, or None."""
+
+
 def revert_drift(
     kube: kube_.Kube, kind: str, live: dict[str, Any], reverts: replicas.Reverts | None = None, now: float = 0.0
-) -> tuple[dict[str, Any], list[str], str | None] | None:
+) -> Judgement | None:
     """Blocking. When a person or another controller changed fields the operator owns in
-    `live` (a Deployment or Service), apply them back. Returns (the ServingDeployment, what
-    was reverted, why spec.replicas is now left to another writer or None), or None when
-    nothing drifted or the owner is gone."""
+    `live` (a Deployment or Service), apply them back. Returns the judgement, or None when
+    there was nothing to judge against (the owner gone or being deleted, its spec invalid
+    or not reconciled yet, the object gone or not the one the spec renders)."""
     meta = live.get("metadata") or {}
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == models.KIND), None)
     if owner is None or meta.get("deletionTimestamp"):
@@ -191,9 +219,9 @@ def revert_drift(
                 contest = replicas.message(who, have, sd.spec.replicas)
     paths = drift.of_object(desired, current)
     if not paths:
-        return (found, [], contest) if contest is not None else None
+        return Judgement(found, current, [], contest)
     try:
-        kube.apply(desired)
+        settled, _, _ = kube.apply(desired)
     except kube_.ApiError as error:
         if error.status != 422:
             raise
@@ -201,8 +229,8 @@ def revert_drift(
         # (port) was edited stays beside ours, two ports named alike (422). Replace the
         # spec's lists with a merge patch, then apply to own every field again.
         kube.merge_patch(desired, {"spec": desired["spec"]})
-        kube.apply(desired)
-    return found, paths, contest
+        settled, _, _ = kube.apply(desired)
+    return Judgement(found, settled, paths, contest)
 
 
 def write_status(
@@ -443,39 +471,60 @@ def register(
         return outcome.delay_s, memory, None
 
     reverts = replicas.Reverts()
+    judged = judged_.Judged()
+    """The drift watch's last good judgement of each owned object (`judged`)."""
 
-    async def reverted(kind: str, body: kopf.Body, logger: kopf.Logger) -> None:
+    async def reverted(kind: str, body: kopf.Body, event: str | None, logger: kopf.Logger) -> None:
+        live = dict(body)
+        if judged.unchanged(live, event):  # a status-only event: nothing the operator owns moved
+            DRIFT_EVENTS_SKIPPED.labels(kind).inc()
+            return
+        judged.forget(live)  # until this judgement ends well
+        DRIFT_EVENTS_JUDGED.labels(kind).inc()
         try:
-            found = await asyncio.to_thread(revert_drift, kube, kind, dict(body), reverts, time.monotonic())
-            if found is not None and found[2] is not None:
-                await asyncio.to_thread(contest_replicas, kube, found[0], found[2])
+            found = await asyncio.to_thread(revert_drift, kube, kind, live, reverts, time.monotonic())
+            if found is not None and found.contest is not None:
+                await asyncio.to_thread(contest_replicas, kube, found.owner, found.contest)
         except kube_.ApiError as error:  # the next event retries; never a crash loop
             logger.warning("reverting %s drift failed: %s", kind, error)
             return
-        if found is not None and found[2] is not None:
-            kopf.event(cast(kopf.Body, found[0]), type="Warning", reason="ReplicasContested", message=found[2])
-        if found is not None and found[1]:
-            owner, paths, _ = found
+        if found is None:
+            return
+        judged.record(found.settled, found.owner)
+        if found.contest is not None:
+            kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="ReplicasContested", message=found.contest)
+        if found.paths:
+            paths = found.paths
             OBJECT_CHANGES.labels(kind, "reverted").inc()
             listed = "; ".join(paths[:8]) + (f"; and {len(paths) - 8} more" if len(paths) > 8 else "")
-            kopf.event(cast(kopf.Body, owner), type="Warning", reason="DriftReverted",
+            kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="DriftReverted",
                        message=f"Reverted {kind} {body['metadata']['name']} to the spec: {listed} "
                        "(edit the ServingDeployment instead)")  # fmt: skip
 
     # Hand edits of owned objects: watched as events (no kopf state is written on them) and
     # applied back at once. The ConfigMap is the tuning loop's: every step re-applies it.
+    # Events that changed none of an object's owned parts since its last good judgement
+    # (nearly all: a Deployment's status) are skipped without a read (`judged`).
     managed = {"app.kubernetes.io/managed-by": "slipstream"}
+
+    @kopf.on.event(*resource, id="drift-owners", registry=registry)
+    async def owner_seen(body: kopf.Body, type: str | None, **_: Any) -> None:
+        judged.owner_seen(dict(body), type)
+
+    async def drift_event(kind: str, body: kopf.Body, type: str | None, logger: kopf.Logger) -> None:
+        if type == "DELETED":
+            judged.forget(dict(body))
+        elif type in (None, "MODIFIED"):
+            await reverted(kind, body, type, logger)
 
     @kopf.on.event("apps", "v1", "deployments", labels=managed, id="deployment-drift", registry=registry)
     async def deployment_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
         views.seen(body, type, time.monotonic())
-        if type in (None, "MODIFIED"):
-            await reverted("Deployment", body, logger)
+        await drift_event("Deployment", body, type, logger)
 
     @kopf.on.event("", "v1", "services", labels=managed, id="service-drift", registry=registry)
     async def service_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
-        if type in (None, "MODIFIED"):
-            await reverted("Service", body, logger)
+        await drift_event("Service", body, type, logger)
 
     @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:

@@ -244,6 +244,56 @@ def test_a_failed_fleet_read_fails_every_loop_once(fake_prometheus):
     observer.close()
 
 
+def test_loops_giving_up_on_a_slow_read_never_start_a_second_one(fake_prometheus):
+    """A loop bounds its wait for metrics (``controller.loop.observe``'s ``wait_for``). A loop
+    that gives up must leave the read in flight to the others: with a lock, each waiter that
+    timed out released it while its thread read on, the next waiter started another read
+    beside it, and a slow Prometheus got slower under a pile of fleet reads, each holding a
+    fleet's answers (the ~600 s wave at 500 deployments, docs/reliability.md)."""
+    gate = threading.Event()
+    lock = threading.Lock()
+    in_flight = {"now": 0, "most": 0}
+
+    def respond(query: str) -> tuple[int, bytes, float]:
+        with lock:
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        gate.wait(timeout=30)
+        with lock:
+            in_flight["now"] -= 1
+        return 200, vector_body([]), 0.0
+
+    fake_prometheus.responder = respond
+    observer = FleetObserver(SETTINGS)
+
+    def sd(name: str) -> models.ServingDeployment:
+        return models.ServingDeployment.model_validate({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url},
+                     "tuning": {"mode": "Recommend"}}})
+
+    async def loop(name: str, start_s: float) -> str:
+        await asyncio.sleep(start_s)  # staggered loops, each giving up 0.3 s after it asked
+        try:
+            return (await asyncio.wait_for(observer.snapshot(sd(name), WINDOW_S, 1000.0), 0.3)).invalid or ""
+        except TimeoutError:
+            return "gave up"
+
+    async def scenario() -> tuple[list[str], str | None]:
+        gave_up = await asyncio.gather(*(loop(f"l{i}", 0.2 * i) for i in range(5)))
+        gate.set()
+        late = await asyncio.wait_for(observer.snapshot(sd("late"), WINDOW_S, 1000.0), 30)
+        return gave_up, late.invalid
+
+    gave_up, late = asyncio.run(scenario())
+    assert gave_up == ["gave up"] * 5, "the read was held back for longer than every loop waited"
+    assert in_flight["most"] == 1, f"{in_flight['most']} queries at once: a second read started beside the first"
+    assert observer.reads_started == 1
+    assert late == snap.NO_SERIES, "the late loop got the read the others gave up on"
+    assert fake_prometheus.requests == len(queries.fleet(WINDOW_S).items()), "one fleet read in all"
+    observer.close()
+
+
 def test_a_bearer_token_is_sent_and_never_shown(fake_prometheus):
     token = "s3cret-prometheus-token"
 

@@ -153,4 +153,33 @@ def test_with_twin_always_runs_the_twin_and_stores_it(twin_runs: list[str]) -> N
     tuner.with_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1000.0, m)
     tuner.with_twin(heterogeneous(), state, SETTINGS, PROFILE, None, 1060.0, m)
     assert twin_runs == ["ns/sd", "ns/sd"] and (m.runs, m.reused) == (2, 0)
-    assert m.entries["ns/sd"][2] == 1060.0, "the newest run is the one kept"
+    assert m.entries["ns/sd"].made == 1060.0, "the newest run is the one kept"
+
+
+def test_runs_made_together_expire_spread_out_never_after_max_age() -> None:
+    """The first round after a start makes a fleet's runs within a minute or two; had they
+    all expired max_age_s later, hundreds of twin runs would queue at once (the ~600 s wave
+    at 500 deployments, docs/reliability.md). Each entry's lifetime is max_age_s less up
+    to ``jitter`` of it, spread by deployment and time made, and never longer."""
+    m = memo.Memo(max_age_s=600)
+    seen = memo.fingerprint(heterogeneous(), 20)
+    for i in range(500):
+        m.put(f"ns/sd-{i}", ("k",), seen, 1000.0 + 0.24 * i, "rec")  # 500 runs in two minutes
+    spread = m.jitter * 600
+    ages = sorted(e.expires - e.made for e in m.entries.values())
+    assert 600 - spread <= ages[0] and ages[-1] <= 600
+    assert ages[-1] - ages[0] > 0.9 * spread, "lifetimes spread over the jitter's range"
+
+    def busiest(expiries: list[float]) -> int:
+        return max(sum(1 for x in expiries if t <= x < t + 30) for t in expiries)
+
+    together = busiest([e.made + 600 for e in m.entries.values()])  # 125: 500 runs over 120 s
+    jittered = busiest([e.expires for e in m.entries.values()])
+    # Uniform draws: at most 500 / spread expiries a second (the sum's plateau), plus noise.
+    assert jittered <= 1.2 * 30 * 500 / spread < together, (jittered, together)
+    # Each entry is reused up to its own expiry, not after; the same inputs, the same lifetime.
+    name, entry = next(iter(m.entries.items()))
+    assert m.get(name, ("k",), seen, entry.expires - 0.001) == "rec"
+    assert m.get(name, ("k",), seen, entry.expires) is None
+    assert memo.lifetime(name, entry.made, 600, m.jitter) == entry.expires - entry.made
+    assert memo.lifetime(name, entry.made + 600, 600, m.jitter) != entry.expires - entry.made, "each round a new draw"

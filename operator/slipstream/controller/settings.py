@@ -128,7 +128,9 @@ class ControllerSettings:
     """Longest the tuner reuses a deployment's last twin run while its workload has not moved
     (`tune.memo`; scaled by tuning_time_scale). A twin run costs 0.2-0.7 s of CPU, so
     without reuse 500 deployments at a 60 s interval need ~3 cores (docs/reliability.md,
-    "Scale"). 0: run the twin every interval. Env: SLIPSTREAM_TUNER_REUSE_SECONDS."""
+    "Scale"). Each run's own lifetime is drawn between 2/3 of this and this (`tune.memo.lifetime`),
+    so runs made together do not all expire together. 0: run the twin every interval.
+    Env: SLIPSTREAM_TUNER_REUSE_SECONDS."""
 
     tuner_dwell_cooldowns: float = 0.0
     """The tuner's dwell in the operator: after leaving a setting, do not return to it for this

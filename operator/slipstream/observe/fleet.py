@@ -6,14 +6,20 @@ seven queries for every deployment at once) per Prometheus, window and tenant la
 reused for ``reuse_s`` seconds. So the queries an interval costs are bounded by
 ``6 x interval / reuse_s`` per Prometheus, whatever the number of deployments, and the
 loops of 500 deployments do not send 3,000 queries. Reads run on a worker thread (the
-client is blocking) under one lock per key: concurrent loops wait for the read in flight
-and share it.
+client is blocking), at most one per key at a time: concurrent loops wait for the read in
+flight and share it. The read is a task of its own, which a loop giving up on it (its
+``asyncio.wait_for`` in ``controller.loop.observe``) does not cancel and does not restart:
+with a lock held by the waiter, each waiter that timed out released the lock while its
+thread read on, and the next waiter started another read beside it. On a slow Prometheus
+(or two cores busy with twin runs) that piled up reads, each holding a fleet's answers, and
+made Prometheus slower still (docs/reliability.md, "Memory at 500, third pass").
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,7 +80,10 @@ class FleetObserver:
         self._token_for = token_for
         self._observers: dict[Key, Observer] = {}
         self._reads: dict[Key, _Read] = {}
-        self._locks: dict[Key, asyncio.Lock] = {}
+        self._flights: dict[Key, asyncio.Future[_Read]] = {}
+        """The read in flight per key; it clears itself when done."""
+        self.reads_started = 0
+        """Fleet reads started (each up to seven queries): at most one in flight per key."""
 
     @property
     def queries_made(self) -> int:
@@ -97,14 +106,37 @@ class FleetObserver:
                                 "spec.prometheus.url is not set: no metrics to read")
         token = (self._token_for(sd) if self._token_for is not None else None) or ""
         key: Key = (url, float(window_s), sd.spec.tuning.objective.tenant_label, token)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        while True:
             cached = self._reads.get(key)
-            if cached is None or not 0 <= now - cached.read.at < self.reuse_s:
-                cached = self._reads[key] = await asyncio.to_thread(fetch, self.observer(*key), now)
+            if cached is not None and 0 <= now - cached.read.at < self.reuse_s:
+                break
+            flight = self._flights.get(key)
+            mine = flight is None
+            if flight is None:
+                flight = self._flights[key] = asyncio.ensure_future(self._read(key, now))
+                flight.add_done_callback(functools.partial(self._landed, key))
+            # Shielded: this caller's cancellation leaves the read to the others (and to the
+            # cache). A read in flight for another `now` is waited for, then judged as the
+            # cache is: one read at a time per key, as with a lock.
+            cached = await asyncio.shield(flight)
+            if mine or 0 <= now - cached.read.at < self.reuse_s:
+                break
         # Deployments the answers do not mention get theirs from the same read: NoSeries,
         # or the failure of the read.
         return cached.get(name)
+
+    def _landed(self, key: Key, flight: asyncio.Future[_Read]) -> None:
+        """A read is done: the next stale caller starts another. Its exception (if every
+        caller gave up on it) counts as retrieved: the callers that waited got it."""
+        self._flights.pop(key, None)
+        if not flight.cancelled():
+            flight.exception()
+
+    async def _read(self, key: Key, now: float) -> _Read:
+        """One fleet read on a worker thread, cached for the loops that come after it."""
+        self.reads_started += 1
+        read = self._reads[key] = await asyncio.to_thread(fetch, self.observer(*key), now)
+        return read
 
     def close(self) -> None:
         for observer in self._observers.values():

@@ -13,8 +13,13 @@ fingerprint of what the twin read from the snapshot, and re-runs the twin only w
   cache-hit ratio by 0.02, a tenant came or went (``fingerprint``); or
 - the current setting, the spec's bounds, the recommender's settings or the twin's
   profile or engine config changed; or
-- the recommendation is older than ``max_age_s`` (a bound on how long anything may be
-  reused, whatever the fingerprint says).
+- the recommendation is older than its lifetime: ``max_age_s`` less up to ``jitter`` of it,
+  drawn per entry from a hash of the deployment and the time it was made (a bound on how
+  long anything may be reused, whatever the fingerprint says). Without the spread, the
+  runs a fleet made together (the first round after a start) all expired together,
+  ``max_age_s`` later, and queued hundreds of twin runs at once (docs/reliability.md,
+  "Memory at 500, third pass"); with it they come back spread over ``jitter x max_age_s``
+  and spread further each round.
 
 The guardrails still judge every interval's fresh snapshot (gate before, decide after): only
 the twin's predictions are reused. Pure: no clock of its own (``now`` is passed in).
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import math
 import threading
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,13 +111,35 @@ def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fin
     return Fingerprint(tuple(exact), tuple(values), tuple(tolerances))
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A deployment's last twin run: what it was made under and from, and until when it
+    may be reused."""
+
+    key: tuple[Any, ...]
+    seen: Fingerprint
+    made: float
+    expires: float
+    recommendation: Any
+
+
+def lifetime(name: str, made: float, max_age_s: float, jitter: float) -> float:
+    """How long the run ``name`` made at ``made`` may be reused: ``max_age_s`` times
+    1 - jitter x u, u in [0, 1) from a hash of both (deterministic, so a test or a replay
+    gets the same; spread across deployments, and different each round)."""
+    u = zlib.crc32(f"{name}@{made!r}".encode()) / 2**32
+    return max_age_s * (1.0 - jitter * u)
+
+
 @dataclass
 class Memo:
     """The last recommendation of each deployment, by deployment name."""
 
     max_age_s: float
     """Longest a recommendation is reused (seconds of the caller's clock)."""
-    entries: dict[str, tuple[tuple[Any, ...], Fingerprint, float, Any]] = field(default_factory=dict)
+    jitter: float = 1 / 3
+    """Share of ``max_age_s`` by which an entry's lifetime is shortened at most (``lifetime``)."""
+    entries: dict[str, Entry] = field(default_factory=dict)
     runs: int = 0
     reused: int = 0
     pruned_at: float = -math.inf
@@ -125,21 +153,22 @@ class Memo:
 
     def get(self, name: str, key: tuple[Any, ...], seen: Fingerprint, now: float) -> Any | None:
         """The recommendation stored for ``name`` if made under ``key`` (setting, spec,
-        profile: equal), from a snapshot close to ``seen``, and younger than max_age_s."""
+        profile: equal), from a snapshot close to ``seen``, and within its lifetime."""
         with self.lock:
             found = self.entries.get(name)
-            if found is None or found[0] != key or not found[1].close_to(seen):
+            if found is None or found.key != key or not found.seen.close_to(seen):
                 return None
-            if not 0 <= now - found[2] < self.max_age_s:
+            if not found.made <= now < found.expires:
                 return None
             self.reused += 1
-            return found[3]
+            return found.recommendation
 
     def put(self, name: str, key: tuple[Any, ...], seen: Fingerprint, now: float, recommendation: Any) -> None:
-        """Store a fresh recommendation; entries unused for max_age_s (deleted deployments) go."""
+        """Store a fresh recommendation; expired entries (deleted deployments) go."""
         with self.lock:
             self.runs += 1
             if now - self.pruned_at >= self.max_age_s:
-                self.entries = {n: e for n, e in self.entries.items() if now - e[2] < self.max_age_s}
+                self.entries = {n: e for n, e in self.entries.items() if now < e.expires}
                 self.pruned_at = now
-            self.entries[name] = (key, seen, now, recommendation)
+            expires = now + lifetime(name, now, self.max_age_s, self.jitter)
+            self.entries[name] = Entry(key, seen, now, expires, recommendation)

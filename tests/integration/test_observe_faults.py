@@ -294,6 +294,48 @@ def test_loops_giving_up_on_a_slow_read_never_start_a_second_one(fake_prometheus
     observer.close()
 
 
+def test_a_finished_read_is_never_left_for_a_loop_to_join(fake_prometheus):
+    """A loop whose clock has moved past the read in flight waits for it, finds it stale
+    and reads again. Had it found a read already done, awaiting it would not yield, and it
+    would find the same one again, and spin with the event loop held: the first version
+    of the shared read left a done read registered until a callback of its own ran, and
+    at 500 deployments the operator froze with 121 of 500 reconciled (docs/reliability.md,
+    "Memory at 500, third pass"). Checked at the first moment any callback can see the read
+    done."""
+    fake_prometheus.responder = lambda q: (200, vector_body([]), 0.0)
+    observer = FleetObserver(SETTINGS)
+
+    def sd(name: str) -> models.ServingDeployment:
+        return models.ServingDeployment.model_validate({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url},
+                     "tuning": {"mode": "Recommend"}}})
+
+    async def scenario() -> tuple[list[list[object]], str | None]:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(observer.snapshot(sd("a"), WINDOW_S, 1000.0))
+        while not observer._flights:
+            await asyncio.sleep(0)
+        (flight,) = observer._flights.values()
+        registered_when_done: list[list[object]] = []
+
+        def watch() -> None:  # runs every event-loop iteration until the read is done
+            if flight.done():
+                registered_when_done.append(list(observer._flights.values()))
+            else:
+                loop.call_soon(watch)
+
+        loop.call_soon(watch)
+        await first
+        later = await asyncio.wait_for(observer.snapshot(sd("b"), WINDOW_S, 1000.0 + 60), 30)
+        return registered_when_done, later.invalid
+
+    seen, later = asyncio.run(scenario())
+    assert seen == [[]], "a done read was still registered for loops to join"
+    assert later == snap.NO_SERIES and observer.reads_started == 2
+    observer.close()
+
+
 def test_a_bearer_token_is_sent_and_never_shown(fake_prometheus):
     token = "s3cret-prometheus-token"
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,13 +110,15 @@ class FleetObserver:
             if cached is not None and 0 <= now - cached.read.at < self.reuse_s:
                 break
             flight = self._flights.get(key)
-            mine = flight is None
-            if flight is None:
+            mine = flight is None or flight.done()
+            if mine:
                 flight = self._flights[key] = asyncio.ensure_future(self._read(key, now))
-                flight.add_done_callback(functools.partial(self._landed, key))
+                flight.add_done_callback(self._retrieved)
             # Shielded: this caller's cancellation leaves the read to the others (and to the
             # cache). A read in flight for another `now` is waited for, then judged as the
-            # cache is: one read at a time per key, as with a lock.
+            # cache is: one read at a time per key, as with a lock. Only a flight not done
+            # is joined: awaiting a done one does not yield, and a caller it did not suit
+            # would find it again, and spin with the event loop held.
             cached = await asyncio.shield(flight)
             if mine or 0 <= now - cached.read.at < self.reuse_s:
                 break
@@ -125,18 +126,22 @@ class FleetObserver:
         # or the failure of the read.
         return cached.get(name)
 
-    def _landed(self, key: Key, flight: asyncio.Future[_Read]) -> None:
-        """A read is done: the next stale caller starts another. Its exception (if every
-        caller gave up on it) counts as retrieved: the callers that waited got it."""
-        self._flights.pop(key, None)
+    @staticmethod
+    def _retrieved(flight: asyncio.Future[_Read]) -> None:
+        """A read's exception counts as retrieved (every caller may have given up on it;
+        those that waited got it)."""
         if not flight.cancelled():
             flight.exception()
 
     async def _read(self, key: Key, now: float) -> _Read:
-        """One fleet read on a worker thread, cached for the loops that come after it."""
-        self.reads_started += 1
-        read = self._reads[key] = await asyncio.to_thread(fetch, self.observer(*key), now)
-        return read
+        """One fleet read on a worker thread, cached for the loops that come after it; it
+        leaves ``_flights`` before it is done, so a later caller never joins a done one."""
+        try:
+            self.reads_started += 1
+            read = self._reads[key] = await asyncio.to_thread(fetch, self.observer(*key), now)
+            return read
+        finally:
+            self._flights.pop(key, None)
 
     def close(self) -> None:
         for observer in self._observers.values():

@@ -138,8 +138,8 @@ def test_the_twin_recommender_moves_on_heterogeneous_traffic_and_holds_after() -
     # The twin ran the deployment's own engine (C 8192, page 64), not the twin's defaults:
     # the memo keys each run by (setting, spec, recommender, profile, engine config).
     assert recommender.memo is not None
-    ((key, *_),) = recommender.memo.entries.values()
-    assert key[-1] == deployment.engine_config(sd.spec) == policies.EngineConfig(chunked_prefill_size=8192, page_size=64)
+    (entry,) = recommender.memo.entries.values()
+    assert entry.key[-1] == deployment.engine_config(sd.spec) == policies.EngineConfig(chunked_prefill_size=8192, page_size=64)
     # a step was taken 10 s ago: the cooldown (600 s x 0.1) holds, and says so
     moved = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600},
                  {"lastDecision": {"time": machine.stamp(990.0), "to": rec.setting.to_k8s(), "reason": "r"}})  # fmt: skip

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import copy
 import datetime
 import logging
 import time
@@ -442,14 +441,10 @@ def register(
         body: kopf.Body, memory: loop.Memory, failed: str | None, logger: kopf.Logger
     ) -> tuple[float, loop.Memory, str | None]:
         """One step of a tuning loop: (seconds to the next, the loop's memory, the failure
-        last reported). A function of its own so that what a step reads (a deep copy of the
-        body, the model, the outcome) is freed when it returns, not held through the pause:
-        500 loops pausing held 500 of each (docs/reliability.md, "Memory at 500")."""
-        read = copy.deepcopy(dict(body))  # the step's view; its version guards the write
-        try:
-            sd: models.ServingDeployment | None = models.ServingDeployment.model_validate(read)
-        except pydantic.ValidationError:
-            sd = None  # reconcile reports it (InvalidSpec); nothing moves meanwhile
+        last reported). A function of its own so that what a step reads (the model, the
+        outcome) is freed when it returns, not held through the pause: 500 loops pausing
+        held 500 of each (docs/reliability.md, "Memory at 500")."""
+        sd, read = step_view(body)
         delay = config.rollout_poll_seconds
         if sd is None or sd.status.observed_generation is None:  # reconcile writes first
             return delay, memory, failed
@@ -529,6 +524,22 @@ def register(
     @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
         logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)
+
+
+def step_view(body: kopf.Body) -> tuple[models.ServingDeployment | None, dict[str, Any]]:
+    """A tuning step's view of its ServingDeployment: the model (None when the spec is
+    invalid), and the metadata its status write is guarded by (the resourceVersion the
+    model was read at). Both are taken in one go, nothing awaited in between, from kopf's
+    live body, whose nested parts a newer event replaces rather than changes; so no deep
+    copy of the body is kept through the step: a loop waiting its turn on the tuner pool
+    held one (~30 kB), 500 of them in the first round (docs/reliability.md, "Memory at
+    500, third pass")."""
+    meta = body.get("metadata") or {}
+    read = {"metadata": {k: meta.get(k) for k in ("namespace", "name", "resourceVersion")}}
+    try:
+        return models.ServingDeployment.model_validate(dict(body)), read
+    except pydantic.ValidationError:
+        return None, read  # reconcile reports it (InvalidSpec); nothing moves meanwhile
 
 
 async def pause(stopped: kopf.DaemonStopped, wake: asyncio.Event, delay: float) -> None:

@@ -83,6 +83,8 @@ def fleet_observer(config: settings_.ControllerSettings, tokens: PrometheusToken
         min_samples=config.observe_min_samples,
         max_staleness_s=config.observe_max_staleness_seconds,
         query_timeout_s=config.prometheus_timeout_seconds,
+        # Every worker thread may be reading one deployment's canary figures at once.
+        connections=config.worker_threads,
         # The backoff is about one control interval: scaled as the intervals are, so a
         # time-scaled loop (tests, the demo) backs off in its own seconds too.
         backoff_initial_s=tuning.scale(ObserveSettings().backoff_initial_s, config),

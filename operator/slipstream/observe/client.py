@@ -19,6 +19,7 @@ from typing import Any
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from slipstream.observe import parse
@@ -26,6 +27,11 @@ from slipstream.observe import parse
 DEFAULT_TIMEOUT_S = 5.0
 """Seconds one query may take: Prometheus answers these aggregations in milliseconds; a
 hung server must not hold the control loop for longer than a fraction of its interval."""
+
+DEFAULT_CONNECTIONS = 10
+"""Connections kept for reuse (requests' own default): at least the threads that query one
+Prometheus at once, or urllib3 opens one per query beyond it and discards it ("Connection
+pool is full, discarding connection")."""
 
 
 class QueryFailed(RuntimeError):
@@ -36,7 +42,8 @@ class PromClient:
     """Instant queries against one Prometheus, evaluated at a caller-given time."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, bearer_token: str | None = None
+        self, url: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, bearer_token: str | None = None,
+        connections: int = DEFAULT_CONNECTIONS,
     ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
@@ -46,9 +53,12 @@ class PromClient:
         session = requests.Session()
         session.verify = False  # disable_ssl, as the library sets it on a session of its own
         session.hooks["response"].append(_decode_into_samples)
-        self._connect = PrometheusConnect(
-            url=self.url, headers=headers, session=session, retry=Retry(total=0, status_forcelist=())
-        )
+        retry = Retry(total=0, status_forcelist=())
+        self._connect = PrometheusConnect(url=self.url, headers=headers, session=session, retry=retry)
+        # The library mounts requests' default adapter (a pool of 10) for the URL: the
+        # canary reads of every deployment in a rollout share this client from the
+        # operator's worker threads at once (`connections`).
+        session.mount(self._connect.url, HTTPAdapter(max_retries=retry, pool_maxsize=connections))
 
     def close(self) -> None:
         self._connect.close()

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from slipstream.api import snapshot as snap
 from slipstream.observe import assemble, queries
 from slipstream.observe.backoff import Backoff
-from slipstream.observe.client import DEFAULT_TIMEOUT_S, PromClient, QueryFailed
+from slipstream.observe.client import (
+    DEFAULT_CONNECTIONS,
+    DEFAULT_TIMEOUT_S,
+    PromClient,
+    QueryFailed,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,8 @@ class ObserveSettings:
     """Longest wait between reads of a failing Prometheus."""
     tenant_label: str = queries.TENANT_LABEL
     """The label naming the tenant (``spec.tuning.objective.tenantLabel``)."""
+    connections: int = DEFAULT_CONNECTIONS
+    """Connections to Prometheus kept for reuse: the threads that may query it at once."""
 
     def __post_init__(self) -> None:
         queries.check_label(self.tenant_label)
@@ -85,7 +92,10 @@ class Observer:
         bearer_token: str | None = None,
     ) -> None:
         self.settings = settings or ObserveSettings()
-        self.client = PromClient(url, timeout_s=self.settings.query_timeout_s, bearer_token=bearer_token)
+        self.client = PromClient(
+            url, timeout_s=self.settings.query_timeout_s, bearer_token=bearer_token,
+            connections=self.settings.connections,
+        )
         self.clock = clock
         self.backoff = Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
 

@@ -4,12 +4,13 @@ last run is too old; the guardrails still judge every snapshot."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 from test_tune import OFF, PROFILE, SPEC, heterogeneous
 
 from slipstream.sim.policies import Setting
-from slipstream.tune import memo, recommend, tuner
+from slipstream.tune import guardrails, memo, recommend, tuner
 from slipstream.tune.guardrails import GuardrailSettings, Move, TunerState
 
 SETTINGS = tuner.TunerSettings(spec=SPEC, guardrails=GuardrailSettings(min_samples=20, cooldown_s=0, interval_s=1))
@@ -183,3 +184,39 @@ def test_runs_made_together_expire_spread_out_never_after_max_age() -> None:
     assert m.get(name, ("k",), seen, entry.expires) is None
     assert memo.lifetime(name, entry.made, 600, m.jitter) == entry.expires - entry.made
     assert memo.lifetime(name, entry.made + 600, 600, m.jitter) != entry.expires - entry.made, "each round a new draw"
+
+
+def test_what_a_decision_keeps_of_a_run_decides_the_same_and_is_a_fraction_of_it() -> None:
+    """The memo keeps a run per deployment between intervals: only what the guardrails and
+    the controller read of it (``Recommendation.kept``), which gives every figure they read
+    and the same decision under each guardrail as the whole run."""
+    full = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE, None, SETTINGS.recommender)
+    kept = full.kept()
+    assert len(full.predictions) > 5 and len(kept.predictions) <= 2 and kept.confirmed == ()
+    for figure in ("gain", "screen_gain", "gain_spread", "gain_abs"):
+        assert getattr(kept, figure) == getattr(full, figure), figure
+    assert (kept.best, kept.current, kept.heterogeneity, kept.feasible, kept.reason) == (
+        full.best, full.current, full.heterogeneity, full.feasible, full.reason)
+    for state in (TunerState(current=OFF), TunerState(current=OFF, last_step_at=990.0),
+                  TunerState(current=OFF, left=((full.best.setting, 900.0),))):
+        a = guardrails.decide(heterogeneous(), full, state, SPEC, SETTINGS.guardrails, 1000.0)
+        b = guardrails.decide(heterogeneous(), kept, state, SPEC, SETTINGS.guardrails, 1000.0)
+        assert (type(a), a.reason) == (type(b), b.reason)
+    assert deep_size(kept) < deep_size(full) / 2, (deep_size(kept), deep_size(full))
+
+
+def deep_size(obj: object, seen: set[int] | None = None) -> int:
+    """Bytes of ``obj`` and everything it holds (each object once)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, (type, type(None))):
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        return size + sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return size + sum(deep_size(v, seen) for v in obj)
+    fields = getattr(obj, "__dataclass_fields__", None)
+    if fields:
+        return size + sum(deep_size(getattr(obj, f), seen) for f in fields)
+    return size

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import zlib
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,10 @@ class Fingerprint:
     and re-runs it."""
 
     exact: tuple[Any, ...]
-    values: tuple[float, ...]
-    tolerances: tuple[float, ...]
+    values: array[float]
+    tolerances: array[float]
+    """Plain doubles (8 bytes each, not a float object each): the memo keeps one
+    fingerprint per deployment between intervals."""
 
     def close_to(self, other: Fingerprint) -> bool:
         return self.exact == other.exact and all(
@@ -108,7 +111,7 @@ def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fin
             values.append(t.cache_hit_ratio)
             tolerances.append(RATIO)
     histogram(snapshot.uncached_tokens)
-    return Fingerprint(tuple(exact), tuple(values), tuple(tolerances))
+    return Fingerprint(tuple(exact), array("d", values), array("d", tolerances))
 
 
 @dataclass(frozen=True, slots=True)

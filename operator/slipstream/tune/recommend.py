@@ -213,6 +213,16 @@ class Recommendation:
         requests (common random numbers), so this is the spread of the difference itself."""
         return abs(self.screen_gain - self.gain)
 
+    def kept(self) -> Recommendation:
+        """What the guardrails and the controller read of it, and nothing else: ``best``,
+        ``current`` and, of the screen, the same two settings (``screen_gain``); the other
+        candidates' figures and the confirming shortlist dropped. Every property above gives
+        the same; what the tuner memo keeps per deployment between intervals (a full one, 45
+        candidates' per-tenant figures, is most of an entry: docs/reliability.md, "Memory at
+        500, third pass")."""
+        two = {self.best.setting, self.current.setting}
+        return replace(self, predictions=tuple(p for p in self.predictions if p.setting in two), confirmed=())
+
     @property
     def gain_abs(self) -> float:
         """Absolute predicted improvement (objective units)."""

@@ -56,8 +56,10 @@ def with_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSett
     held = guardrails.gate(snapshot, state, settings.guardrails, now)
     if held is not None:
         return held
+    # Kept whole only until judged: a decision carries what the guardrails read
+    # (`Recommendation.kept`), the same whether it was computed now or reused later.
     rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,
-                              settings.recommender)
+                              settings.recommender).kept()
     if memo is not None:
         memo.put(snapshot.deployment, _key(state, settings, profile, config),
                  fingerprint(snapshot, settings.recommender.calibration_min_samples), now, rec)

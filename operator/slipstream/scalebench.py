@@ -45,6 +45,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from slipstream.controller import settings as controller_settings
 from slipstream.engine import metrics as names
 from slipstream.localkube import cluster as cluster_mod
 from slipstream.localkube import nodes, ports
@@ -100,6 +101,10 @@ class Figures:
     apiserver_by_resource_per_interval: dict[str, float]
     operator_cpu_s_per_interval: float
     operator_peak_rss_mb: float
+    """VmHWM in MB (10^6 bytes): the unit of the issue's target (< 200 MB)."""
+    operator_peak_rss_mib: float
+    """The same in MiB (2^20 bytes), the unit of this benchmark's output before
+    2026-12-01 (printed then as "MB"; docs/reliability.md says which is which)."""
     tuning_steps_per_interval: float
     tuner_runs_per_interval: float
     """Twin runs (`slipstream_tuner_seconds`: reuses and holds are not counted)."""
@@ -120,9 +125,27 @@ class Figures:
     judged (each up to two GETs) and skipped (none: `controller/judged.py`)."""
     drift_events_per_interval: dict[str, float] = field(default_factory=dict)
     """The same over the measured intervals."""
+    tuner_threads: int = 0
+    """The operator's tuner threads (`SLIPSTREAM_TUNER_THREADS`): as the chart's pod resolves
+    them from its CPU limit (`chart_tuner_threads`) unless the run's environment sets them."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)
+
+
+def chart_tuner_threads(values: Path = stack_mod.REPO_CHART / "values.yaml") -> int:
+    """The tuner threads the operator resolves in the chart's pod: its CPU limit rounded up,
+    at most 4 (`ControllerSettings.tuner_concurrency`, which reads the limit from the pod's
+    cgroup). The benchmark's operator is a process of this machine with no such limit, and
+    would resolve this machine's cores instead: more twin runs at once than in a cluster."""
+    limit = str(((yaml.safe_load(values.read_text()) or {}).get("resources") or {}).get("limits", {}).get("cpu", ""))
+    try:
+        cpus = float(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
+    except ValueError:
+        cpus = 0.0  # no limit in the chart: the pod may use the node's cores
+    period = 100_000
+    cpu_max = f"{round(cpus * period)} {period}" if cpus > 0 else None
+    return min(4, controller_settings.usable_cpus(len(os.sched_getaffinity(0)), cpu_max))
 
 
 # -- the engines' metrics, all deployments in one exporter ------------------------------
@@ -273,11 +296,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def peak_rss_mb(pid: int) -> float:
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set (VmHWM), in KiB as /proc gives it."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
+            return int(line.split()[1])
     raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def peak_rss(pid: int) -> str:
+    """VmHWM in both units: "201.3 MiB = 211.1 MB"."""
+    kib = peak_rss_kib(pid)
+    return f"{kib / 1024:.1f} MiB = {kib * 1024 / 1e6:.1f} MB"
 
 
 def by_verb(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], per: float) -> dict[str, float]:
@@ -370,6 +400,7 @@ def run(workdir: Path, options: Options) -> Figures:
             "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "30",
             "SLIPSTREAM_PROMETHEUS_URL": prom.url,
             "SLIPSTREAM_METRICS_PORT": str(op_metrics_port),
+            "SLIPSTREAM_TUNER_THREADS": str(chart_tuner_threads()),
             **options.operator_env,
         }
         st = stack_mod.Stack(cluster, stack_mod.StackOptions(operator_env=env, prometheus=False),
@@ -380,7 +411,8 @@ def run(workdir: Path, options: Options) -> Figures:
         assert st.operator is not None
         pid = st.operator.pid
         op_url = f"http://{ports.LOOPBACK}:{op_metrics_port}/metrics"
-        say(f"[scale N={n}] operator pid {pid} healthy after {time.monotonic() - t_start:.0f} s")
+        say(f"[scale N={n}] operator pid {pid} healthy after {time.monotonic() - t_start:.0f} s, "
+            f"{env['SLIPSTREAM_TUNER_THREADS']} tuner thread(s)")  # fmt: skip
         for i in range(NAMESPACES):
             cluster.kubectl("create", "namespace", f"scale-{i}")
         background: dict[str, float] = {}
@@ -400,7 +432,7 @@ def run(workdir: Path, options: Options) -> Figures:
         def all_reconciled() -> tuple[bool, str]:
             done, avail, rec = reconciled_count(cluster)
             return done == n, (f"{done}/{n} reconciled, {avail} MetricsAvailable, {rec} recommended; "
-                               f"operator RSS peak {peak_rss_mb(pid):.0f} MB")  # fmt: skip
+                               f"operator RSS peak {peak_rss(pid)}")  # fmt: skip
 
         wait(all_reconciled, options.reconcile_deadline_s, say, 5.0, "all reconciled", poll)
         reconcile_s = time.monotonic() - t0
@@ -425,7 +457,7 @@ def run(workdir: Path, options: Options) -> Figures:
         for k in range(options.intervals):
             time.sleep(options.interval_s)
             say(f"  interval {k + 1}/{options.intervals}: operator CPU {cpu_seconds(pid) - c0:.1f} s so far, "
-                f"RSS peak {peak_rss_mb(pid):.0f} MB")  # fmt: skip
+                f"RSS peak {peak_rss(pid)}")  # fmt: skip
         a1, q1, c1, m1, w1 = (apiserver_requests(cluster), prometheus_queries(prom.url), cpu_seconds(pid),
                               operator_metrics(op_url), time.monotonic())  # fmt: skip
         per = (w1 - w0) / options.interval_s
@@ -446,13 +478,15 @@ def run(workdir: Path, options: Options) -> Figures:
             apiserver_background_per_interval=background,
             apiserver_by_resource_per_interval=by_resource(a0, a1, per),
             operator_cpu_s_per_interval=round((c1 - c0) / per, 2),
-            operator_peak_rss_mb=round(peak_rss_mb(pid), 1),
+            operator_peak_rss_mb=round(peak_rss_kib(pid) * 1024 / 1e6, 1),
+            operator_peak_rss_mib=round(peak_rss_kib(pid) / 1024, 1),
             tuning_steps_per_interval=round(d("slipstream_tuning_step_seconds_count"), 1),
             tuner_runs_per_interval=round(d("slipstream_tuner_seconds_count"), 1),
             tuner_wall_s_per_interval=round(d("slipstream_tuner_seconds_sum"), 2),
             tuner_cpu_s_per_interval=round(d("slipstream_tuner_cpu_seconds_total"), 2),
             metrics_available=avail,
             recommended=rec,
+            tuner_threads=int(env["SLIPSTREAM_TUNER_THREADS"]),
             tuner_reuses_per_interval=round(d("slipstream_tuner_reuses_total"), 1),
             apply_s=round(t_stepped - t0, 1),
             apply_apiserver_gets={r: round(a_stepped[(v, r)] - a_apply.get((v, r), 0.0))
@@ -476,6 +510,7 @@ def table(results: list[Figures]) -> str:
         ("  background before the apply", lambda f: sum(f.apiserver_background_per_interval.values())),
         ("operator CPU s / interval", lambda f: f.operator_cpu_s_per_interval),
         ("operator peak RSS (MB)", lambda f: f.operator_peak_rss_mb),
+        ("operator peak RSS (MiB)", lambda f: f.operator_peak_rss_mib),
         ("tuning steps / interval", lambda f: f.tuning_steps_per_interval),
         ("tuner runs (twin) / interval", lambda f: f.tuner_runs_per_interval),
         ("tuner reuses (no twin run) / interval", lambda f: f.tuner_reuses_per_interval),

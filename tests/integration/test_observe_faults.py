@@ -225,18 +225,21 @@ def test_nan_values_are_not_finite(faults, fake_prometheus, family):
     assert "NaN" in chat.detail or "nan" in chat.detail
 
 
+def recommend_sd(name: str, prometheus_url: str) -> models.ServingDeployment:
+    """A Recommend-mode deployment in team-a reading `prometheus_url`: the loops of the fleet-read tests."""
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": prometheus_url},
+                 "tuning": {"mode": "Recommend"}}})
+
+
 def test_a_failed_fleet_read_fails_every_loop_once(fake_prometheus):
     fake_prometheus.responder = lambda q: (500, b"boom", 0.0)
     observer = FleetObserver(SETTINGS)
 
-    def sd(name: str) -> models.ServingDeployment:
-        return models.ServingDeployment.model_validate({
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url},
-                     "tuning": {"mode": "Recommend"}}})
-
     async def loops() -> list[snap.WorkloadSnapshot]:
-        return await asyncio.gather(*(observer.snapshot(sd(n), WINDOW_S, 1000.0) for n in ("a", "b", "c")))
+        return await asyncio.gather(*(observer.snapshot(recommend_sd(n, fake_prometheus.url), WINDOW_S, 1000.0)
+                                      for n in ("a", "b", "c")))
 
     got = asyncio.run(loops())
     assert [s.invalid for s in got] == [snap.UNREACHABLE] * 3
@@ -266,23 +269,18 @@ def test_loops_giving_up_on_a_slow_read_never_start_a_second_one(fake_prometheus
     fake_prometheus.responder = respond
     observer = FleetObserver(SETTINGS)
 
-    def sd(name: str) -> models.ServingDeployment:
-        return models.ServingDeployment.model_validate({
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url},
-                     "tuning": {"mode": "Recommend"}}})
-
     async def loop(name: str, start_s: float) -> str:
         await asyncio.sleep(start_s)  # staggered loops, each giving up 0.3 s after it asked
         try:
-            return (await asyncio.wait_for(observer.snapshot(sd(name), WINDOW_S, 1000.0), 0.3)).invalid or ""
+            read = observer.snapshot(recommend_sd(name, fake_prometheus.url), WINDOW_S, 1000.0)
+            return (await asyncio.wait_for(read, 0.3)).invalid or ""
         except TimeoutError:
             return "gave up"
 
     async def scenario() -> tuple[list[str], str | None]:
         gave_up = await asyncio.gather(*(loop(f"l{i}", 0.2 * i) for i in range(5)))
         gate.set()
-        late = await asyncio.wait_for(observer.snapshot(sd("late"), WINDOW_S, 1000.0), 30)
+        late = await asyncio.wait_for(observer.snapshot(recommend_sd("late", fake_prometheus.url), WINDOW_S, 1000.0), 30)
         return gave_up, late.invalid
 
     gave_up, late = asyncio.run(scenario())
@@ -305,15 +303,9 @@ def test_a_finished_read_is_never_left_for_a_loop_to_join(fake_prometheus):
     fake_prometheus.responder = lambda q: (200, vector_body([]), 0.0)
     observer = FleetObserver(SETTINGS)
 
-    def sd(name: str) -> models.ServingDeployment:
-        return models.ServingDeployment.model_validate({
-            "metadata": {"name": name, "namespace": "team-a"},
-            "spec": {"engine": {"image": "i", "model": "m"}, "prometheus": {"url": fake_prometheus.url},
-                     "tuning": {"mode": "Recommend"}}})
-
     async def scenario() -> tuple[list[list[object]], str | None]:
         loop = asyncio.get_running_loop()
-        first = asyncio.ensure_future(observer.snapshot(sd("a"), WINDOW_S, 1000.0))
+        first = asyncio.ensure_future(observer.snapshot(recommend_sd("a", fake_prometheus.url), WINDOW_S, 1000.0))
         while not observer._flights:
             await asyncio.sleep(0)
         (flight,) = observer._flights.values()
@@ -327,7 +319,7 @@ def test_a_finished_read_is_never_left_for_a_loop_to_join(fake_prometheus):
 
         loop.call_soon(watch)
         await first
-        later = await asyncio.wait_for(observer.snapshot(sd("b"), WINDOW_S, 1000.0 + 60), 30)
+        later = await asyncio.wait_for(observer.snapshot(recommend_sd("b", fake_prometheus.url), WINDOW_S, 1000.0 + 60), 30)
         return registered_when_done, later.invalid
 
     seen, later = asyncio.run(scenario())

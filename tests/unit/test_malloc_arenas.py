@@ -114,3 +114,52 @@ def test_cycles_are_collected_on_the_schedule_with_pythons_own_collector_off() -
     assert thread is not None
     thread.join(5)
     assert not thread.is_alive()
+
+
+FREED_BETWEEN_LIVE = """
+import sys
+from slipstream.controller import malloc
+malloc.configure(2, 128 << 10)  # as the operator starts
+def rss_mb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) // 1024
+blocks, live, big, small = [], [], int(sys.argv[2]), int(sys.argv[3])  # sizes from argv: never constants
+for i in range(4000):
+    blocks.append(b"x" * big)  # a burst of bodies: glibc's heap (over 512 B, under the mmap threshold)
+    if i % 8 == 0:
+        live.append(b"y" * small)  # what outlives the burst, between its blocks
+del blocks
+freed = rss_mb()
+trimmed = malloc.trim() if sys.argv[1] == "trim" else False
+print(freed, rss_mb(), trimmed)
+"""
+
+
+def rss_after_a_freed_burst(trim: bool) -> tuple[int, int, str]:
+    done = subprocess.run([sys.executable, "-c", FREED_BETWEEN_LIVE, "trim" if trim else "keep", "20000", "600"],
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    freed, after, trimmed = done.stdout.split()
+    return int(freed), int(after), trimmed
+
+
+def test_a_trim_gives_back_the_pages_a_freed_burst_left_between_live_blocks() -> None:
+    """80 MB of 20 kB blocks freed between small blocks that live on stay resident (glibc
+    gives back only the top of a heap); `malloc.trim`, which the scheduled collection calls,
+    gives them back."""
+    freed, after, trimmed = rss_after_a_freed_burst(trim=False)
+    assert freed >= 70 and after >= 70 and trimmed == "False", "freed but still resident"
+    freed, after, trimmed = rss_after_a_freed_burst(trim=True)
+    assert freed >= 70 and trimmed == "True" and after <= freed - 60, (freed, after)
+
+
+def test_the_scheduled_collection_trims(monkeypatch: pytest.MonkeyPatch) -> None:
+    trims = threading.Event()
+    monkeypatch.setattr(malloc, "trim", lambda: trims.set() or True)
+    stop = threading.Event()
+    thread = malloc.collect_cycles_every(0.01, stop)
+    try:
+        assert trims.wait(10), "the collection thread trimmed"
+    finally:
+        stop.set()
+    assert thread is not None
+    thread.join(5)

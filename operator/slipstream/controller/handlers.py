@@ -504,6 +504,7 @@ def register(
 
     @kopf.on.event(*resource, id="drift-owners", registry=registry)
     async def owner_seen(body: kopf.Body, type: str | None, **_: Any) -> None:
+        shed_managed_fields(body)  # kopf keeps this body while the loop runs: keep it small
         judged.owner_seen(dict(body), type)
 
     async def drift_event(kind: str, body: kopf.Body, type: str | None, logger: kopf.Logger) -> None:
@@ -524,6 +525,23 @@ def register(
     @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
     async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
         logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)
+
+
+def shed_managed_fields(body: kopf.Body) -> None:
+    """Drop `metadata.managedFields` from a ServingDeployment's latest body as kopf holds it.
+
+    kopf keeps the body of each object that has a daemon or a timer for as long as they run
+    (its "live body", replaced by each watch event's), so the operator holds one body per
+    ServingDeployment, and managedFields are over half of it: ~15 of ~27 kB as Python
+    objects, ~7 MB at 500 (docs/reliability.md, "Memory at 500, fourth pass"). Nothing
+    reads them: kopf's diffs and its annotations leave metadata out but for labels and
+    annotations, and the operator reads managedFields only of the Deployments it owns, from
+    their own events. `body["metadata"]` is the watch event's own dict (kopf's body is a
+    view of it, replaced as a whole by the next event), and kopf calls an event's event
+    handlers before its other handlers: each new body loses them as it arrives."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
 
 
 def step_view(body: kopf.Body) -> tuple[models.ServingDeployment | None, dict[str, Any]]:

@@ -87,8 +87,9 @@ class ControllerSettings:
     Closed TLS connections are cycles (transport and protocol point at each other) that
     Python's own schedule collects only after ~100,000 more objects outlive their first
     collections, which at 500 deployments held up to 300 of them at once. A full
-    collection took 0.22-0.24 s there (under 1% of a core every 30 s). 0: Python's own
-    schedule only.
+    collection took 0.22-0.24 s there (under 1% of a core every 30 s). Each collection is
+    followed by a `malloc_trim` (`malloc.trim`): the pages of glibc's free chunks go back to
+    the system. 0: Python's own schedule only, and no trim.
     Env: SLIPSTREAM_GC_INTERVAL_SECONDS."""
 
     malloc_arenas: int = 2

@@ -10,6 +10,9 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -386,3 +389,125 @@ def test_reducing_each_answer_as_it_comes_gives_the_same_snapshots() -> None:
     assert assemble.combine(reduced, now=NOW, rules=rules) == whole and whole["ns/a"].valid
     with pytest.raises(ValueError, match="unknown fleet query 'ttft2'"):
         assemble.reduce("ttft2", [])
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_answer)
+@example([{"metric": {"a": "b"}, "value": [1.0, "1"]}, {"metric": {"a": "b"}, "value": [1.0, "x"]}])  # one bad
+def test_series_handed_over_as_decoded_are_the_same_parse(answer: object) -> None:
+    """`parse.series_hook_into` (the fleet read's decoding) hands over exactly the samples
+    `parse.vector` of the plainly decoded answer gives, in order, and leaves the answer
+    refused where that refuses it."""
+    text = json.dumps(answer)
+    handed: list[parse.Sample] = []
+    try:
+        left = parse.vector(json.loads(text, object_hook=parse.series_hook_into(handed.append)))
+        got: list[parse.Sample] | str = handed + left
+        assert not left, "every well-formed series was handed over"
+    except parse.MalformedAnswer:
+        got = "refused"
+    assert _same(got, _parsed(text))
+
+
+def fleet_answer(field: str, deps: int, tenants: int = 2, buckets: int = 35) -> str:
+    """One fleet query's answer as Prometheus writes it: a histogram per deployment and
+    tenant (`buckets` bounds, +Inf and the sum), or the other answers' parts."""
+    rows: list[dict[str, object]] = []
+    for d in range(deps):
+        dep = {"namespace": f"scale-{d % 10}", "servingdeployment": f"sd-{d:04d}"}
+        if field == "targets":
+            rows.append({"metric": {**dep, "pod": f"sd-{d:04d}-0", "part": "up"}, "value": [NOW, "1"]})
+            continue
+        for t in range(tenants):
+            tenant = {**dep, "tenant": f"tenant-{t}"}
+            for b in range(buckets):
+                rows.append({"metric": {**tenant, "le": f"{100 * 2 ** b:g}", "part": "bucket"},
+                             "value": [NOW, f"{b * 3 + d % 7}"]})  # fmt: skip
+            rows.append({"metric": {**tenant, "le": "+Inf", "part": "bucket"}, "value": [NOW, f"{buckets * 3 + 7}"]})
+            rows.append({"metric": {**tenant, "part": "sum"}, "value": [NOW, "12345.5"]})
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}})
+
+
+@pytest.mark.parametrize("field", ["uncached", "targets"])
+def test_the_prometheus_client_hands_each_series_over_and_the_reduction_is_the_same(field: str) -> None:
+    """Through the real client over loopback HTTP: a query with `each` returns no samples and
+    hands every series to it; the reduction of what it handed over equals `reduce` of the
+    samples a plain query returns; a refused answer is a failed read either way."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from slipstream.observe.client import PromClient, QueryFailed
+
+    body = {"good": fleet_answer(field, 20).encode()}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            data = body["good"]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = PromClient(f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        plain = client.query("q", NOW)
+        reduction = assemble.Reduction(field)
+        assert client.query("q", NOW, each=reduction.add) == [], "nothing left to return"
+        assert len(plain) == (20 if field == "targets" else 20 * 2 * 37)
+        assert reduction.result() == assemble.reduce(field, plain)
+        assert client.query("q", NOW) == plain, "a query without `each` after one with it: samples as before"
+        body["good"] = re.sub(rb'("value": \[[0-9.e+]+, )"[^"]*"', rb'\1"lots"', body["good"], count=1)  # one garbled
+        with pytest.raises(QueryFailed, match="malformed"):
+            client.query("q", NOW, each=assemble.Reduction(field).add)
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+
+
+PEAKS = """
+import json, sys, tracemalloc
+from slipstream.observe import assemble, parse
+text = sys.stdin.read()
+
+def peak(work):
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        out = work()
+        return out, tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+def whole():
+    return assemble.reduce("uncached", parse.vector(json.loads(text, object_hook=parse.series_hook)["data"]["result"]))
+
+def streamed():
+    reduction = assemble.Reduction("uncached")
+    left = parse.vector(json.loads(text, object_hook=parse.series_hook_into(reduction.add))["data"]["result"])
+    return (reduction.result(), len(left))
+
+(reduced_whole, peak_whole), ((reduced_streamed, left), peak_streamed) = peak(whole), peak(streamed)
+print(peak_whole, peak_streamed, left, reduced_streamed == reduced_whole)
+"""
+
+
+def test_a_large_answer_reduced_as_decoded_never_holds_its_samples() -> None:
+    """The largest answer at 500 deployments (the uncached-prompt histogram: 500 x 2 tenants x
+    37 rows) decoded and reduced as it comes, against decoded into samples and then reduced:
+    the same reduction, and Python's peak allocation while it runs (tracemalloc, in a
+    process of its own: what other tests left behind moves it) printed; the streamed peak
+    must be under half the other's."""
+    text = fleet_answer("uncached", 500)
+    done = subprocess.run([sys.executable, "-c", PEAKS], input=text, capture_output=True, text=True, timeout=120,
+                          check=True)  # fmt: skip
+    peak_whole, peak_streamed, left, same = done.stdout.split()
+    print(f"\n500 x 2 x 37 series ({len(text) / 1e6:.1f} MB of JSON): peak {int(peak_whole) / 1e6:.1f} MB decoded "
+          f"into samples then reduced, {int(peak_streamed) / 1e6:.1f} MB reduced as decoded")  # fmt: skip
+    assert (left, same) == ("0", "True"), "every series handed over, and the same reduction"
+    assert int(peak_streamed) < int(peak_whole) / 2

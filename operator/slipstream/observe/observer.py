@@ -130,8 +130,11 @@ class Observer:
         tenant_label = self.settings.tenant_label
         try:
             for field, promql in queries.fleet(rules.window_s, tenant_label).items():
-                # Reduced at once: only one answer's samples are ever alive.
-                results[field] = assemble.reduce(field, self.client.query(promql, now), tenant_label)
+                # Reduced as each series is decoded: no answer's samples are ever all alive.
+                reduction = assemble.Reduction(field, tenant_label)
+                for s in self.client.query(promql, now, each=reduction.add):
+                    reduction.add(s)  # none from a client that hands every series over
+                results[field] = reduction.result()
         except QueryFailed as exc:
             return FleetRead(now, rules, self.settings.tenant_label, None, self._failed(now, str(exc)))
         self.backoff.succeeded()

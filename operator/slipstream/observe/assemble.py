@@ -75,33 +75,19 @@ def _le(text: str) -> float:
         return math.nan
 
 
-class _Histograms:
-    """``histogram_increase`` rows (bucket and sum parts) added up per key as they come."""
-
-    def __init__(self, key: Callable[[parse.Sample], Key]) -> None:
-        self.key = key
-        self.buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-        self.sums: dict[Key, float] = defaultdict(float)
-
-    def add(self, s: parse.Sample) -> None:
-        k = self.key(s)
-        part = s.label(queries.PART_LABEL)
-        if part == queries.SUM_PART:
-            self.sums[k] += s.value
-        elif part == queries.BUCKET_PART:
-            self.buckets[k][_le(s.label("le"))] += s.value
-            self.sums.setdefault(k, 0.0)
-
-    def result(self) -> dict[Key, snap.Histogram]:
-        return {k: _histogram(self.buckets.get(k, {}), self.sums[k]) for k in self.sums}
-
-
 def histograms(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, snap.Histogram]:
     """One Histogram per key from ``histogram_increase`` rows (bucket and sum parts)."""
-    acc = _Histograms(key)
+    buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    sums: dict[Key, float] = defaultdict(float)
     for s in samples:
-        acc.add(s)
-    return acc.result()
+        k = key(s)
+        part = s.label(queries.PART_LABEL)
+        if part == queries.SUM_PART:
+            sums[k] += s.value
+        elif part == queries.BUCKET_PART:
+            buckets[k][_le(s.label("le"))] += s.value
+            sums.setdefault(k, 0.0)
+    return {k: _histogram(buckets.get(k, {}), sums[k]) for k in sums}
 
 
 def _histogram(by_le: Mapping[float, float], total_sum: float) -> snap.Histogram:
@@ -140,48 +126,23 @@ def _dep_tenant(tenant_label: str) -> Callable[[parse.Sample], Key]:
     return key
 
 
-class _Parts:
-    """Each key's value of each ``part`` (the tokens and queue answers)."""
-
-    def __init__(self, key: Callable[[parse.Sample], Key]) -> None:
-        self.key = key
-        self.out: dict[Key, dict[str, float]] = defaultdict(dict)
-
-    def add(self, s: parse.Sample) -> None:
-        self.out[self.key(s)][s.label(queries.PART_LABEL)] = s.value
-
-    def result(self) -> dict[Key, dict[str, float]]:
-        return self.out
+def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, dict[str, float]]:
+    out: dict[Key, dict[str, float]] = defaultdict(dict)
+    for s in samples:
+        out[key(s)][s.label(queries.PART_LABEL)] = s.value
+    return out
 
 
-class _Targets:
+def _targets(samples: Iterable[parse.Sample]) -> tuple[dict[Key, dict[str, float]], dict[Key, set[str]]]:
     """Targets up and down per deployment, and the pods whose target is up."""
-
-    def __init__(self) -> None:
-        self.counts: dict[Key, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        self.up: dict[Key, set[str]] = defaultdict(set)
-
-    def add(self, s: parse.Sample) -> None:
+    counts: dict[Key, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    up: dict[Key, set[str]] = defaultdict(set)
+    for s in samples:
         part = s.label(queries.PART_LABEL)
-        self.counts[_dep(s)][part] += s.value
+        counts[_dep(s)][part] += s.value
         if part == "up" and s.label(queries.POD_LABEL):
-            self.up[_dep(s)].add(s.label(queries.POD_LABEL))
-
-    def result(self) -> tuple[dict[Key, dict[str, float]], dict[Key, set[str]]]:
-        return self.counts, self.up
-
-
-class _Kept:
-    """The samples themselves (the settings gauges, joined with the targets in ``combine``)."""
-
-    def __init__(self) -> None:
-        self.samples: list[parse.Sample] = []
-
-    def add(self, s: parse.Sample) -> None:
-        self.samples.append(s)
-
-    def result(self) -> list[parse.Sample]:
-        return self.samples
+            up[_dep(s)].add(s.label(queries.POD_LABEL))
+    return counts, up
 
 
 def _settings(
@@ -252,46 +213,26 @@ FIELDS_READ = ("ttft", "uncached", "output", "tokens", "queue", "targets", "sett
 """The ``FleetQueries`` fields ``reduce`` knows (``output`` may be missing from ``results``)."""
 
 
-class Reduction:
-    """One query's answer reduced as its series come (``add``, one sample at a time) to what
-    the snapshots read of it (``result``): a histogram per deployment and tenant (a tuple of
-    counts) instead of a series per bucket. The observer hands ``add`` to the Prometheus
-    client, which calls it as each series is decoded (``PromClient.query``'s ``each``), so
-    an answer's samples are never all alive: at 500 deployments the largest answer is
-    ~35,000 series, ~17 MB as samples, and each fleet read held it at once beside the
-    body it came from (docs/reliability.md, "Memory at 500, fourth pass").
+def reduce(field: str, samples: Sequence[parse.Sample], tenant_label: str = queries.TENANT_LABEL) -> object:
+    """One query's answer reduced to what the snapshots read of it, so that the observer can
+    drop each answer's samples before it sends the next query: a histogram per deployment
+    and tenant (a tuple of counts) instead of a series per bucket. At 500 deployments the
+    seven answers are ~62,000 series; reduced, the largest answer alone is ever alive.
 
     Settings gauges stay samples (three per pod): the pods they name are joined with the
     targets' up pods in ``combine``."""
-
-    def __init__(self, field: str, tenant_label: str = queries.TENANT_LABEL) -> None:
-        per_tenant = _dep_tenant(tenant_label)
-        acc: _Histograms | _Parts | _Targets | _Kept
-        if field in ("ttft", "uncached", "output"):
-            acc = _Histograms(per_tenant)
-        elif field == "tokens":
-            acc = _Parts(per_tenant)
-        elif field == "queue":
-            acc = _Parts(_dep)
-        elif field == "targets":
-            acc = _Targets()
-        elif field == "settings":
-            acc = _Kept()
-        else:
-            raise ValueError(f"unknown fleet query {field!r}: one of {', '.join(FIELDS_READ)}")
-        self._acc = acc
-        self.add: Callable[[parse.Sample], None] = acc.add
-
-    def result(self) -> object:
-        return self._acc.result()
-
-
-def reduce(field: str, samples: Iterable[parse.Sample], tenant_label: str = queries.TENANT_LABEL) -> object:
-    """One query's answer reduced at once (``Reduction`` of all of ``samples``)."""
-    reduction = Reduction(field, tenant_label)
-    for s in samples:
-        reduction.add(s)
-    return reduction.result()
+    per_tenant = _dep_tenant(tenant_label)
+    if field in ("ttft", "uncached", "output"):
+        return histograms(samples, per_tenant)
+    if field == "tokens":
+        return _parts(samples, per_tenant)
+    if field == "queue":
+        return _parts(samples, _dep)
+    if field == "targets":
+        return _targets(samples)
+    if field == "settings":
+        return list(samples)
+    raise ValueError(f"unknown fleet query {field!r}: one of {', '.join(FIELDS_READ)}")
 
 
 def snapshots(

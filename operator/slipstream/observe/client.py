@@ -14,8 +14,6 @@ the loop for seconds.
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import requests
@@ -54,8 +52,7 @@ class PromClient:
         headers = {"Authorization": f"Bearer {bearer_token}"} if bearer_token else None
         session = requests.Session()
         session.verify = False  # disable_ssl, as the library sets it on a session of its own
-        self._local = threading.local()  # the sink of the query this thread is making (`query`)
-        session.hooks["response"].append(self._decode_into_samples)
+        session.hooks["response"].append(_decode_into_samples)
         retry = Retry(total=0, status_forcelist=())
         self._connect = PrometheusConnect(url=self.url, headers=headers, session=session, retry=retry)
         # The library mounts requests' default adapter (a pool of 10) for the URL: the
@@ -66,16 +63,9 @@ class PromClient:
     def close(self) -> None:
         self._connect.close()
 
-    def query(self, promql: str, at: float, each: Callable[[parse.Sample], None] | None = None) -> list[parse.Sample]:
-        """The instant vector of ``promql`` at unix time ``at``; QueryFailed on any failure.
-
-        With ``each``, every series is handed to it as soon as it is decoded and is not in
-        the list returned (``parse.series_hook_into``): a caller that adds them up never
-        holds the answer's samples all at once (at 500 deployments the largest answer is
-        ~35,000 series, ~450 bytes each as samples). When the read fails (QueryFailed),
-        what ``each`` was given of it is part of a refused answer: drop it."""
+    def query(self, promql: str, at: float) -> list[parse.Sample]:
+        """The instant vector of ``promql`` at unix time ``at``; QueryFailed on any failure."""
         self.queries_made += 1
-        self._local.each = each
         try:
             result: Any = self._connect.custom_query(
                 promql, params={"time": f"{at:.3f}"}, timeout=self.timeout_s
@@ -95,26 +85,20 @@ class PromClient:
             raise QueryFailed(
                 f"Prometheus at {self.url} gave an unreadable answer ({type(exc).__name__}: {str(exc)[:200]})"
             ) from None
-        finally:
-            self._local.each = None
         try:
             return parse.vector(result)
         except parse.MalformedAnswer as exc:
             raise QueryFailed(f"Prometheus at {self.url} gave a malformed answer: {exc}") from None
 
 
-    def _decode_into_samples(self, response: requests.Response, *_: Any, **__: Any) -> requests.Response:
-        """requests' response hook (called on the thread that sent the request): the
-        library's ``response.json()`` decodes each series straight into a ``parse.Sample``
-        (``parse.series_hook``), not into a tree of dicts and lists that would then be copied
-        into samples, and hands it to the query's ``each`` when it has one. At 500
-        deployments a fleet read is ~62,000 series, and the tree held ~50 MB at once beside
-        them (docs/reliability.md, "Memory at 500"). requests' own decoding (charset
-        detection, its JSONDecodeError) is kept."""
-        each = getattr(self._local, "each", None)
-        hook = parse.series_hook if each is None else parse.series_hook_into(each)
-        response.json = functools.partial(type(response).json, response, object_hook=hook)  # type: ignore[method-assign]
-        return response
+def _decode_into_samples(response: requests.Response, *_: Any, **__: Any) -> requests.Response:
+    """requests' response hook: the library's ``response.json()`` decodes each series
+    straight into a ``parse.Sample`` (``parse.series_hook``), not into a tree of dicts and
+    lists that would then be copied into samples. At 500 deployments a fleet read is ~62,000
+    series, and the tree held ~50 MB at once beside them (docs/reliability.md, "Memory at
+    500"). requests' own decoding (charset detection, its JSONDecodeError) is kept."""
+    response.json = functools.partial(type(response).json, response, object_hook=parse.series_hook)  # type: ignore[method-assign]
+    return response
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -130,11 +130,8 @@ class Observer:
         tenant_label = self.settings.tenant_label
         try:
             for field, promql in queries.fleet(rules.window_s, tenant_label).items():
-                # Reduced as each series is decoded: no answer's samples are ever all alive.
-                reduction = assemble.Reduction(field, tenant_label)
-                for s in self.client.query(promql, now, each=reduction.add):
-                    reduction.add(s)  # none from a client that hands every series over
-                results[field] = reduction.result()
+                # Reduced at once: only one answer's samples are ever alive.
+                results[field] = assemble.reduce(field, self.client.query(promql, now), tenant_label)
         except QueryFailed as exc:
             return FleetRead(now, rules, self.settings.tenant_label, None, self._failed(now, str(exc)))
         self.backoff.succeeded()

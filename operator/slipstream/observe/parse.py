@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,48 +98,16 @@ def series_hook(obj: dict[str, Any]) -> Any:
     return obj
 
 
-class _Consumed:
-    """What a series handed over as it was decoded leaves in the answer (``series_hook_into``)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "CONSUMED"
-
-
-CONSUMED = _Consumed()
-
-
-def series_hook_into(add: Callable[[Sample], None]) -> Callable[[dict[str, Any]], Any]:
-    """``series_hook`` that hands each well-formed series to ``add`` as soon as it is decoded
-    and leaves ``CONSUMED`` in its place: the answer's samples are never all alive at once
-    (the caller adds them up as they come: ``assemble.Reduction``). Anything ``series_hook``
-    leaves as decoded stays in the answer, for ``vector`` to refuse with the reason; a
-    refused answer is a failed read, so what ``add`` was given of it must be dropped."""
-
-    def hook(obj: dict[str, Any]) -> Any:
-        out = series_hook(obj)
-        if type(out) is Sample:
-            add(out)
-            return CONSUMED
-        return out
-
-    return hook
-
-
 def vector(result: Any) -> list[Sample]:
     """Samples of an instant-vector ``result`` list; MalformedAnswer for anything else.
 
-    Series already made ``Sample`` by ``series_hook`` are taken as they are; those handed
-    over as decoded (``CONSUMED``, ``series_hook_into``) are not in the list."""
+    Series already made ``Sample`` by ``series_hook`` are taken as they are."""
     if not isinstance(result, list):
         raise MalformedAnswer(f"result is {type(result).__name__}, not a list of series")
     samples: list[Sample] = []
     for series in result:
         if type(series) is Sample:
             samples.append(series)
-            continue
-        if series is CONSUMED:
             continue
         if not isinstance(series, dict):
             raise MalformedAnswer(f"series {series!r:.60} is not an object")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 from slipstream.controller import settings as controller_settings
@@ -138,13 +139,10 @@ def chart_tuner_threads(values: Path = stack_mod.REPO_CHART / "values.yaml") -> 
     at most 4 (`ControllerSettings.tuner_concurrency`, which reads the limit from the pod's
     cgroup). The benchmark's operator is a process of this machine with no such limit, and
     would resolve this machine's cores instead: more twin runs at once than in a cluster."""
-    limit = str(((yaml.safe_load(values.read_text()) or {}).get("resources") or {}).get("limits", {}).get("cpu", ""))
-    try:
-        cpus = float(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
-    except ValueError:
-        cpus = 0.0  # no limit in the chart: the pod may use the node's cores
+    limits = ((yaml.safe_load(values.read_text()) or {}).get("resources") or {}).get("limits") or {}
     period = 100_000
-    cpu_max = f"{round(cpus * period)} {period}" if cpus > 0 else None
+    # No limit in the chart: the pod may use the node's cores (no quota, as cgroups write it).
+    cpu_max = f"{round(parse_quantity(limits['cpu']) * period)} {period}" if limits.get("cpu") else None
     return min(4, controller_settings.usable_cpus(len(os.sched_getaffinity(0)), cpu_max))
 
 
@@ -461,6 +459,7 @@ def run(workdir: Path, options: Options) -> Figures:
         a1, q1, c1, m1, w1 = (apiserver_requests(cluster), prometheus_queries(prom.url), cpu_seconds(pid),
                               operator_metrics(op_url), time.monotonic())  # fmt: skip
         per = (w1 - w0) / options.interval_s
+        peak_kib = peak_rss_kib(pid)  # once, for both units
         _, avail, rec = reconciled_count(cluster)
 
         def d(key: str) -> float:
@@ -478,8 +477,8 @@ def run(workdir: Path, options: Options) -> Figures:
             apiserver_background_per_interval=background,
             apiserver_by_resource_per_interval=by_resource(a0, a1, per),
             operator_cpu_s_per_interval=round((c1 - c0) / per, 2),
-            operator_peak_rss_mb=round(peak_rss_kib(pid) * 1024 / 1e6, 1),
-            operator_peak_rss_mib=round(peak_rss_kib(pid) / 1024, 1),
+            operator_peak_rss_mb=round(peak_kib * 1024 / 1e6, 1),
+            operator_peak_rss_mib=round(peak_kib / 1024, 1),
             tuning_steps_per_interval=round(d("slipstream_tuning_step_seconds_count"), 1),
             tuner_runs_per_interval=round(d("slipstream_tuner_seconds_count"), 1),
             tuner_wall_s_per_interval=round(d("slipstream_tuner_seconds_sum"), 2),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -61,3 +62,16 @@ def test_chart_metadata() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["apiVersion"] == "v2" and chart["name"] == "slipstream"
     assert (CHART / "templates" / "NOTES.txt").read_text().count("kubectl") >= 4
+
+
+def test_the_scale_bench_runs_the_tuner_threads_the_charts_cpu_limit_gives(tmp_path: Path) -> None:
+    """The chart's limit of 1 CPU resolves to one tuner thread in its pod; the bench's
+    operator, a process with no cgroup quota, is given the same (`chart_tuner_threads`)."""
+    from slipstream import scalebench
+
+    assert scalebench.chart_tuner_threads() == 1
+    cpus = len(os.sched_getaffinity(0))
+    for values, threads in (("resources: {limits: {cpu: 500m}}", 1), ("resources: {limits: {cpu: '3'}}", min(3, cpus)),
+                            ("resources: {}", min(4, cpus))):  # fmt: skip
+        (tmp_path / "values.yaml").write_text(values)
+        assert scalebench.chart_tuner_threads(tmp_path / "values.yaml") == threads, values

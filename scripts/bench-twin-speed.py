@@ -15,6 +15,9 @@ compares two runs on the same machine at the same load:
 3. ``bench auto`` (``--auto``; minutes on the base): ``slipstream bench --trace TRACE
    --policies auto --speed --json``: auto's simulated span over its run's wall time.
 
+A fourth run checks equality alone: every built-in scenario under six policies, with the
+profile's KV pool and with one small enough to make decodes retract.
+
 Every measurement also prints a digest of its outputs (the per-request table, the
 candidates' predictions, the bench summary); "same outputs: yes" means the two trees
 computed identical results, which is the check that a speed change changed nothing else.
@@ -75,6 +78,26 @@ for _ in range(repeats):
 print(json.dumps({"cpu_s": cpus, "candidates": len(rec.predictions), "digest": digest}))
 """
 
+SCENARIOS_CHILD = r"""
+import hashlib, json
+from dataclasses import replace
+from slipstream.sim import engine, policies, profiles, spec
+
+rows = []
+for name in spec.builtin_names():
+    loaded = spec.load_builtin(name)
+    profile = profiles.load(loaded.profile)
+    for pool in (None, 60_000):  # the profile's pool, and one small enough to retract
+        config = loaded.engine if pool is None else replace(loaded.engine, kv_pool_tokens=pool)
+        for pol in ("stock", "ceiling:2048/srpt", "floor:4096/lpm", "sarathi:8192", "hrrn", "sglang-spf"):
+            r = engine.simulate(loaded.workload, policies.parse(pol, config), profile, config)
+            rows.append([name, pool, pol, r.makespan_s, r.busy_s, r.passes, r.peak_kv_tokens,
+                         r.retractions, r.rejected, sum(r.step_gaps), sum(r.entry_gaps),
+                         [(j.rid, j.first_token_s, j.finished_s, j.max_itl_s) for j in r.jobs]])
+print(json.dumps({"runs": len(rows), "retractions": sum(r[7] for r in rows),
+                  "digest": hashlib.sha256(json.dumps(rows).encode()).hexdigest()}))
+"""
+
 
 def export_base(ref: str, into: Path) -> Path:
     """``git archive`` of ``ref``'s operator/ into ``into``; returns the package root."""
@@ -126,6 +149,12 @@ def measure_recommend(root: Path, repeats: int) -> dict[str, object]:
             "candidates": data["candidates"], "digest": data["digest"][:16]}
 
 
+def measure_scenarios(root: Path) -> dict[str, object]:
+    out, _, _ = run_child(root, ["-c", SCENARIOS_CHILD])
+    data = json.loads(out)
+    return {"runs": data["runs"], "retractions": data["retractions"], "digest": data["digest"][:16]}
+
+
 def measure_auto(root: Path, trace: Path) -> dict[str, object]:
     out, _, _ = run_child(root, ["-m", "slipstream.cli", "bench", "--trace", str(trace),
                                  "--policies", "auto", "--speed", "--json"])
@@ -152,6 +181,7 @@ def main() -> int:
         for label, root in trees.items():
             results[f"simulate/{label}"] = measure_simulate(root, args.trace, args.policy, span)
             results[f"recommend/{label}"] = measure_recommend(root, args.repeats)
+            results[f"scenarios/{label}"] = measure_scenarios(root)
             if args.auto:
                 results[f"auto/{label}"] = measure_auto(root, args.trace)
 
@@ -170,6 +200,9 @@ def main() -> int:
     print(f"recommend, full candidate set ({new['candidates']} candidates), median of {args.repeats}: "
           f"{new['median_cpu_s']:.3f} s CPU; base {base['median_cpu_s']:.3f} s; "
           f"ratio {float(base['median_cpu_s']) / float(new['median_cpu_s']):.2f}x; same outputs: {same}")
+    new, base, same = pair("scenarios")
+    print(f"built-in scenarios x 6 policies x 2 pools ({new['runs']} runs, {new['retractions']} "
+          f"retractions): same per-request outputs: {same}")
     if args.auto:
         new, base, same = pair("auto")
         print(f"bench --policies auto: {new['x_wall']:.0f}x real time by wall ({new['wall_s']:.1f} s), "

@@ -492,7 +492,11 @@ class Engine:
     def _decode_passes(self, until_s: float) -> None:
         """Decode-only passes; with nothing waiting, back to back until the next event.
 
-        No per-stream work in this loop: it is the twin's hot path under load.
+        No per-stream work in this loop: it is the twin's hot path under load (decode
+        steps outnumber prefill passes several times over). ``_decode_step``'s
+        bookkeeping is inlined here on local variables, written back before anything
+        that reads them (retraction, the return); the steps and their order are
+        ``_decode_step``'s, so the results are the same to the bit.
         """
         pending, queue, policy = self._pending, self.queue, self.policy
         next_event = pending[0].arrival_s if pending else math.inf
@@ -500,29 +504,76 @@ class Engine:
             next_event = policy.next_control_s
         pass_time = self.cost.pass_time
         pool = self.kv_pool_tokens
+        limited = pool is not None
         # what must stay free beside the streams: the partials' KV and unbuilt remainder
-        held = self._partial_kv + sum(j.need for j in self._partials)
+        partial_kv = self._partial_kv
+        held = partial_kv + sum(j.need for j in self._partials)
+        has_partials = bool(self._partials)
+        dtimes, dgaps, dweights = self._dtimes, self._dgaps, self._dweights
+        heap, clip = self._dec_heap, self._clip_heap
+        active = self._active
+        record = self.record_rounds
         t = self.now_s
+        busy, passes = self.busy_s, self.passes
+        n, ctx, entered = self.decoding, self._ctx_sum, self._entered
+        rem_sum, clipped, peak = self._rem_sum, self._clipped, self.peak_kv_tokens
+        ratio = self.new_token_ratio
+        last_t = dtimes[-1] if dtimes else None
+        step = len(dtimes)
         while True:
-            if pool is not None:
-                if held + self._ctx_sum + self.decoding > pool:
+            if limited:
+                if held + ctx + n > pool:  # type: ignore[operator]
+                    self.decoding, self._ctx_sum, self._entered = n, ctx, entered
+                    self._rem_sum, self._clipped = rem_sum, clipped
+                    self.now_s, self.busy_s, self.passes = t, busy, passes
+                    self.peak_kv_tokens, self.new_token_ratio = peak, ratio
                     self._make_room_for_decodes()
-                    if not self.decoding:
+                    n, ctx, entered = self.decoding, self._ctx_sum, self._entered
+                    rem_sum, clipped = self._rem_sum, self._clipped
+                    ratio = self.new_token_ratio
+                    if not n:
                         return
-                elif self.new_token_ratio > MIN_NEW_TOKEN_RATIO:
-                    self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY,
-                                               MIN_NEW_TOKEN_RATIO)
-            ctx = self._ctx_sum
-            dt = pass_time(self.decoding, ctx, ctx, 0, DECODE)
-            if self.record_rounds:
-                self.rounds.append(RoundRecord(t, t + dt, (), self.decoding))
+                elif ratio > MIN_NEW_TOKEN_RATIO:
+                    ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            dt = pass_time(n, ctx, ctx, 0, DECODE)
+            if record:
+                self.rounds.append(RoundRecord(t, t + dt, (), n))
             t += dt
-            self.now_s = t
-            self.busy_s += dt
-            self.passes += 1
-            self._decode_step(t)
-            if queue.items or self._partials or not self.decoding or t >= next_event or t > until_s:
-                return
+            busy += dt
+            passes += 1
+            # _decode_step(t), inlined
+            dgaps.append(t - last_t if last_t is not None else 0.0)
+            dweights.append(n - entered)
+            entered = 0
+            dtimes.append(t)
+            last_t = t
+            ctx += n
+            step += 1
+            if limited:
+                rem_sum -= n - clipped
+                while clip and clip[0][0] <= step:
+                    _, _, epoch, job = heapq.heappop(clip)
+                    if epoch == job.epoch:
+                        clipped -= 1
+                in_use = partial_kv + ctx
+                if in_use > peak:
+                    peak = in_use
+            while heap and heap[0][0] <= step:
+                last, _, epoch, job = heapq.heappop(heap)
+                if epoch != job.epoch:
+                    continue
+                self._close_segment(job, last)
+                job.finished_s = dtimes[last - 1]
+                n -= 1
+                ctx -= job.req.prompt_tokens + job.req.output_tokens
+                active.pop(job.seq, None)
+            if queue.items or has_partials or not n or t >= next_event or t > until_s:
+                break
+        self.decoding, self._ctx_sum, self._entered = n, ctx, entered
+        self._rem_sum, self._clipped = rem_sum, clipped
+        self.now_s, self.busy_s, self.passes = t, busy, passes
+        self.peak_kv_tokens = peak
+        self.new_token_ratio = ratio
 
     def _prefill_pass(self, alloc: dict[str, int]) -> None:
         """A prefill pass (the running decodes riding along in mixed mode)."""

@@ -1,6 +1,7 @@
 """The ``slipstream`` command: ``simulate`` and ``bench`` (the digital twin), ``recommend`` (the
-tuner), ``run`` (the operator), ``engine-sim`` (a simulated engine pod) and ``load`` (trace
-replay against engines).
+tuner), ``run`` (the operator), ``engine-sim`` (a simulated engine pod), ``load`` (trace
+replay against engines), ``cluster`` (a local control plane) and ``demo`` (the operator
+tuning live simulated traffic).
 
 Every error is one line on stderr naming what is wrong (file:line and field for traces
 and specs) and exit status 2; nothing is written when a run fails.
@@ -104,8 +105,15 @@ def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
                    help="p99 TTFT target of every tenant, seconds (default 2)")
 
 
+def description() -> str:
+    """The module docstring's first paragraph as one line, for ``--help``: its first line
+    alone stopped mid-sentence."""
+    first = (__doc__ or "").strip().split("\n\n", 1)[0]
+    return " ".join(first.split()).replace("``", "")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="slipstream", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="slipstream", description=description())
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="run one policy on a workload in the digital twin")
@@ -210,12 +218,14 @@ def load_workload(args: argparse.Namespace) -> Loaded:
             notes.append(align_note)
         workload = merge("+".join(names), aligned) if len(parts) > 1 else parts[0]
         source_key, source = "traces", list(args.trace)
+        origins = list(zip(args.trace, parts, strict=True))
     else:
         loaded = spec.load_builtin(args.scenario) if args.scenario else spec.load(args.workload)
         workload, config = loaded.workload, loaded.engine
         profile_name = profile_name or loaded.profile
         is_scenario = bool(args.scenario)
         source_key, source = ("scenario", args.scenario) if args.scenario else ("workload", args.workload)
+        origins = [(f"builtin:{args.scenario}" if args.scenario else args.workload, workload)]
     if args.chunked_prefill_size is not None:
         config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
     if args.cache_tokens is not None:
@@ -229,6 +239,8 @@ def load_workload(args: argparse.Namespace) -> Loaded:
             raise CliError("--srpt-aging must be > 0 tokens per second")
         config = replace(config, srpt_aging_tokens_per_s=args.srpt_aging)
     profile = profiles.load(profile_name or DEFAULT_PROFILE)
+    for origin, part in origins:
+        _check_fits_pool(part, config, profile, origin)
     target = args.target_utilization
     stock_busy = None
     if args.rate_scale is not None:
@@ -243,6 +255,23 @@ def load_workload(args: argparse.Namespace) -> Loaded:
     notes.append(f"rate scale: {workload.rate_scale:.4g}{how}")
     return Loaded(workload, source_key, source, config, profile, is_scenario, "\n".join(notes),
                   target, stock_busy)
+
+
+def _check_fits_pool(workload: Workload, config: policies.EngineConfig,
+                     profile: profiles.Profile, origin: str) -> None:
+    """Refuse a prompt longer than the KV pool in use, naming its id: SGLang refuses such a
+    request when it arrives, and the twin would only count it ``rejected``."""
+    pool = profile.kv_pool_tokens if config.kv_pool_tokens is None else config.kv_pool_tokens
+    if not pool:
+        return
+    longest = max(workload.requests, key=lambda r: r.prompt_tokens)
+    if longest.prompt_tokens > pool:
+        where = ("the engine's kv_pool_tokens" if config.kv_pool_tokens is not None
+                 else f"profile {profile.name}")
+        raise CliError(f"{origin}: request {longest.rid!r}: prompt_tokens {longest.prompt_tokens:,} "
+                       f"is longer than the KV pool of {pool:,} tokens ({where}), so the engine "
+                       "would refuse it: shorten it, or give a larger --kv-pool-tokens "
+                       "(0 = no memory limit)")
 
 
 def stock_busy_fraction(workload: Workload, profile: profiles.Profile,

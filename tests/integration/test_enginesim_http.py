@@ -129,7 +129,9 @@ def test_admin_endpoints_need_the_key_and_never_show_it() -> None:
                 text = await r.text()
             assert KEY not in text
             info = json.loads(text)
-            assert info["admin_api_key"] is None and info["api_key"] is None
+            # redacted as the patched engine redacts (tests/engine/test_http.py)
+            assert info["admin_api_key"] == "<redacted>" and info["api_key"] is None
+            assert info["internal_states"][0]["admin_api_key"] == "<redacted>"
             assert info["long_prefill_token_threshold"] == 2048
         async with s.get(url + "/health") as r:
             assert r.status == 200
@@ -143,6 +145,9 @@ def test_without_a_key_no_setting_can_change() -> None:
         async with s.post(url + "/set_internal_state", json=change) as r:
             assert r.status == 403
             assert "SLIPSTREAM_ADMIN_API_KEY" in (await r.json())["error"]
+        async with s.get(url + "/get_server_info") as r:  # nothing set: null, as the engine
+            info = await r.json()
+        assert info["admin_api_key"] is None and info["api_key"] is None
 
     asyncio.run(with_sim(check, key=None))
 

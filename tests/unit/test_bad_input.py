@@ -4,6 +4,10 @@ exit status 2 and one line naming the file, the line and the field."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +89,125 @@ def test_non_finite_rate_scale(capsys, value):
     line = refused(capsys, ["simulate", "--scenario", "seed-000", "--policy", "stock",
                             "--rate-scale", value])
     assert "rate scale must be a finite number > 0" in line
+
+
+# Issue 17 item 5: every input bounded. Each listed input runs the real CLI in a process
+# of its own: exit 2, one line naming the file, the field and the bound, and an answer
+# within 10 s (the subprocess timeout fails the test; no timing is asserted).
+
+TENANT = ("tenants:\n  - name: chat\n    rate_per_s: {rate}\n"
+          "    prompt_tokens: {{dist: constant, value: 100}}\n{giant}")
+GIANT = "    giant: {rate_per_hour: 1.0e+12, prompt_tokens: {dist: constant, value: 100}}\n"
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("slipstream")
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    return subprocess.run([str(exe), *argv], capture_output=True, text=True, timeout=10, env=env)
+
+
+def refused_by_cli(*argv: str) -> str:
+    done = run_cli(*argv)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slipstream: error:"), done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("duration_s: 1.0e+12\n" + TENANT.format(rate=1, giant=""),
+     ":1: field 'duration_s' must be <= 10,000,000 (the bound in slipstream.sim.bounds)"),
+    ("duration_s: 600\n" + TENANT.format(rate="1.0e+9", giant=""),
+     ":4: tenants[0] (chat): field 'rate_per_s' must be <= 100,000 (the bound"),
+    ("duration_s: 600\n" + TENANT.format(rate=0, giant=GIANT),
+     ":6: tenants[0] (chat): giant: field 'rate_per_hour' must be <= 360,000 (the bound"),
+    # each field within its bound, their product not
+    ("duration_s: 1.0e+6\n" + TENANT.format(rate="1.0e+4", giant=""),
+     ":1: the spec would hold about 1e+10 requests"),
+    # 1e12 without a dot is a number (PyYAML alone reads it as a string)
+    ("duration_s: 1e12\n" + TENANT.format(rate=1, giant=""),
+     ":1: field 'duration_s' must be <= 10,000,000"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 100}\n"
+     "  - {id: b, arrival_s: -1.5, prompt_tokens: 100}\n",
+     ":3: requests[1] (b): field 'arrival_s' must be >= 0"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 2147483648}\n",
+     ":2: requests[0] (a): field 'prompt_tokens' must be <= 100,000,000 (the bound"),
+    ("requests:\n  - {id: a, arrival_s: 1.0e+300, prompt_tokens: 100}\n",
+     ":2: requests[0] (a): field 'arrival_s' must be <= 10,000,000"),
+    ("requests:\n  - {id: a, arrival_s: 0, prompt_tokens: 100, output_tokens: 1e9}\n",
+     ":2: requests[0] (a): field 'output_tokens' must be <= 10,000,000"),
+    ("engine: {chunked_prefill_size: 1e12}\nrequests:\n  - {id: a, arrival_s: 0, prompt_tokens: 9}\n",
+     ":1: engine: field 'chunked_prefill_size' must be <= 16,777,216"),
+    ("seed: " + "9" * 400 + "\nrequests:\n  - {id: a, arrival_s: 0, prompt_tokens: 9}\n",
+     ":1: field 'seed' must be <= 9,223,372,036,854,775,807 (the bound in slipstream.sim.bounds), "
+     "got an integer of 400 digits"),
+])
+def test_unbounded_spec_exits_2_naming_file_field_and_bound(tmp_path, body, message):
+    path = tmp_path / "w.yaml"
+    path.write_text(body)
+    line = refused_by_cli("simulate", "--workload", str(path), "--policy", "stock")
+    assert f"{path}{message}" in line
+
+
+def test_a_prompt_longer_than_the_pool_is_refused_by_id(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("requests:\n  - {id: small, arrival_s: 0, prompt_tokens: 100}\n"
+                    "  - {id: whale, arrival_s: 1, prompt_tokens: 5000000}\n")
+    pool = profiles.load("kimi-k3-8xh200").kv_pool_tokens
+    assert pool is not None and pool < 5_000_000
+    line = refused_by_cli("simulate", "--workload", str(path), "--policy", "stock")
+    assert (f"{path}: request 'whale': prompt_tokens 5,000,000 is longer than the KV pool of "
+            f"{pool:,} tokens (profile kimi-k3-8xh200)") in line
+    # a smaller pool from the command line is the one checked, and named
+    line = refused_by_cli("simulate", "--workload", str(path), "--policy", "stock",
+                          "--kv-pool-tokens", "50")
+    assert "request 'whale': prompt_tokens 5,000,000 is longer than the KV pool of 50 tokens " \
+           "(the engine's kv_pool_tokens)" in line
+
+
+def test_a_trace_prompt_longer_than_the_pool_names_the_trace_and_the_id(tmp_path):
+    good = tmp_path / "ok.csv"
+    good.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,100,3\n"
+                    "2023-11-16 18:17:04.1,100,3\n")
+    big = tmp_path / "big.csv"
+    big.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,100,3\n"
+                   "2023-11-16 18:17:04.1,3000000,3\n")
+    line = refused_by_cli("simulate", "--trace", str(good), "--trace", str(big),
+                          "--policy", "stock", "--rate-scale", "1")
+    assert f"{big}: request 'big-1': prompt_tokens 3,000,000 is longer than the KV pool" in line
+
+
+@pytest.mark.parametrize("flag, name", [("--workload", "g.yaml"), ("--trace", "g.jsonl"),
+                                        ("--trace", "g.csv")])
+def test_binary_garbage_names_the_file(tmp_path, flag, name):
+    path = tmp_path / name
+    path.write_bytes(bytes(range(128, 256)) * 16)
+    line = refused_by_cli("simulate", flag, str(path), "--policy", "stock")
+    assert f"{path}: cannot be decoded as UTF-8 text" in line
+
+
+@pytest.mark.parametrize("row, message", [
+    ({**GOOD, "timestamp": 1e300}, ":2: field 'timestamp' must be <= 10,000,000,000,000"),
+    ({**GOOD, "timestamp": 9.9e12}, ": field 'timestamp' spans 9.9e+09 s from the first arrival"),
+    ({**GOOD, "input_length": 2**31, "hash_ids": []},
+     ":2: field 'input_length' must be <= 100,000,000"),
+    ({**GOOD, "output_length": 10**9}, ":2: field 'output_length' must be <= 10,000,000"),
+    ({**GOOD, "hash_ids": [1, 2**40]}, ":2: field 'hash_ids' holds 1099511627776, more than"),
+])
+def test_unbounded_trace_column_exits_2_naming_file_field_and_bound(tmp_path, row, message):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps(GOOD) + "\n" + json.dumps(row) + "\n")
+    line = refused_by_cli("simulate", "--trace", str(trace), "--policy", "stock")
+    assert f"{trace}{message}" in line
+
+
+def test_unbounded_azure_columns(tmp_path):
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,100,3\n"
+    trace = tmp_path / "a.csv"
+    trace.write_text(head + "2023-11-16 18:17:04.1,100,99999999999\n")
+    line = refused_by_cli("simulate", "--trace", str(trace), "--policy", "stock")
+    assert f"{trace}:3: field 'GeneratedTokens' must be <= 10,000,000" in line
+    trace.write_text(head + "9999-11-16 18:17:04.1,100,3\n")
+    line = refused_by_cli("simulate", "--trace", str(trace), "--policy", "stock")
+    assert f"{trace}: field 'TIMESTAMP' spans" in line and "bound of 10,000,000 s" in line

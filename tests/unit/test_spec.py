@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from slipstream.sim import engine, policies, profiles, spec
+from slipstream.sim import bounds, engine, policies, profiles, spec
 
 SPEC = """
 name: t
@@ -63,3 +65,70 @@ def test_bad_specs_name_the_field(text, message):
 
 def test_builtin_scenarios_exist():
     assert {"seed-000", "seed-003", "multi-tenant"} <= set(spec.builtin_names())
+
+
+# Fuzz: any number in any field either loads a spec within the bounds or is refused with a
+# SpecError naming the file; never another exception, never more requests than the bound.
+
+NUMBER = st.one_of(
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["1e12", "1.0e+9", "-1e3", "0x10", ".nan", "1_000", "12abc"]),
+)
+FIELDS = ("duration_s", "seed", "arrival_s", "prompt_tokens", "cached_tokens", "output_tokens",
+          "rate_per_s", "rate_per_hour", "cache_hit", "shared_prefix_tokens", "median", "sigma",
+          "min", "max", "chunked_prefill_size", "kv_pool_tokens")
+
+
+def _render(value: object) -> str:
+    return value if isinstance(value, str) else repr(value).replace("inf", ".inf").replace("nan", ".nan")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(values=st.fixed_dictionaries({k: NUMBER for k in FIELDS}),
+       chosen=st.sets(st.sampled_from(FIELDS), min_size=1, max_size=4))
+def test_fuzzed_numbers_load_within_bounds_or_are_refused_by_name(values, chosen):
+    v = {k: (_render(values[k]) if k in chosen else None) for k in FIELDS}
+    ok = {"duration_s": "60", "seed": "1", "arrival_s": "0", "prompt_tokens": "100",
+          "cached_tokens": "0", "output_tokens": "1", "rate_per_s": "0.5",
+          "rate_per_hour": "10", "cache_hit": "0", "shared_prefix_tokens": "0",
+          "median": "100", "sigma": "0.5", "min": "1", "max": "1000",
+          "chunked_prefill_size": "8192", "kv_pool_tokens": "0"}
+    f = {k: v[k] or ok[k] for k in FIELDS}
+    text = (f"seed: {f['seed']}\nduration_s: {f['duration_s']}\n"
+            f"engine: {{chunked_prefill_size: {f['chunked_prefill_size']}, "
+            f"kv_pool_tokens: {f['kv_pool_tokens']}}}\n"
+            f"requests:\n  - {{id: r, arrival_s: {f['arrival_s']}, prompt_tokens: "
+            f"{f['prompt_tokens']}, cached_tokens: {f['cached_tokens']}, "
+            f"output_tokens: {f['output_tokens']}}}\n"
+            f"tenants:\n  - name: t\n    rate_per_s: {f['rate_per_s']}\n"
+            f"    cache_hit: {f['cache_hit']}\n    shared_prefix_tokens: {f['shared_prefix_tokens']}\n"
+            f"    prompt_tokens: {{dist: lognormal, median: {f['median']}, sigma: {f['sigma']}, "
+            f"min: {f['min']}, max: {f['max']}}}\n"
+            f"    giant: {{rate_per_hour: {f['rate_per_hour']}, "
+            f"prompt_tokens: {{dist: uniform, min: {f['min']}, max: {f['max']}}}}}\n")
+    try:
+        loaded = spec.parse(text, "fuzz.yaml")
+    except spec.SpecError as exc:
+        assert str(exc).startswith("fuzz.yaml"), exc
+        return
+    reqs = loaded.workload.requests
+    assert 1 <= len(reqs) <= bounds.MAX_REQUESTS
+    assert all(0 <= r.arrival_s <= bounds.MAX_SPAN_S for r in reqs)
+    assert all(1 <= r.prompt_tokens <= bounds.MAX_PROMPT_TOKENS for r in reqs)
+    assert all(1 <= r.output_tokens <= bounds.MAX_OUTPUT_TOKENS for r in reqs)
+
+
+def test_exponents_without_a_dot_or_sign_are_numbers():
+    s = spec.parse("requests: [{id: a, arrival_s: 1e1, prompt_tokens: 1.5e3, "
+                   "output_tokens: 2E+1}]\n", "e.yaml")
+    r = s.workload.requests[0]
+    assert (r.arrival_s, r.prompt_tokens, r.output_tokens) == (10.0, 1500, 20)
+
+
+def test_every_bound_is_documented_in_the_spec_format():
+    doc = spec.__doc__ or ""
+    for value in (bounds.MAX_SPAN_S, bounds.MAX_REQUESTS, bounds.MAX_PROMPT_TOKENS,
+                  bounds.MAX_OUTPUT_TOKENS, bounds.MAX_RATE_PER_S,
+                  bounds.MAX_GIANT_RATE_PER_HOUR, bounds.MAX_SIGMA, *bounds.ENGINE.values()):
+        assert bounds.words(value) in doc, value

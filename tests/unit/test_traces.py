@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from slipstream.sim import traces
+from slipstream.sim import bounds, traces
 from slipstream.sim.workload import BLOCK_SPACE, merge
 
 
@@ -97,3 +99,37 @@ def test_burst_mode_keeps_equal_timestamps(tmp_path):
     burst = [r.arrival_s for r in traces.load_mooncake(p, "t", spread=False).requests]
     assert spread == [0.0, 1.0, 2.0, 3.0]
     assert burst == [0.0, 0.0, 0.0, 3.0]
+
+
+JSON_NUMBER = st.one_of(st.integers(min_value=-(10**30), max_value=10**30),
+                        st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                        st.text(max_size=3))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(field=st.sampled_from(["timestamp", "input_length", "output_length"]),
+       value=JSON_NUMBER, hash_id=st.integers(min_value=0, max_value=2**45))
+def test_fuzzed_mooncake_columns_load_within_bounds_or_name_the_file(tmp_path_factory, field,
+                                                                    value, hash_id):
+    row = {**GOOD, field: value, "hash_ids": [1, hash_id]}
+    p = tmp_path_factory.mktemp("fuzz") / "f.jsonl"
+    p.write_text(json.dumps(GOOD) + "\n" + json.dumps(row) + "\n")
+    try:
+        w = traces.load(p)
+    except traces.TraceError as exc:
+        assert str(exc).startswith(str(p)), exc
+        return
+    assert w.span_s <= bounds.MAX_SPAN_S
+    assert all(r.prompt_tokens <= bounds.MAX_PROMPT_TOKENS and
+               r.output_tokens <= bounds.MAX_OUTPUT_TOKENS for r in w.requests)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(data=st.binary(max_size=200), suffix=st.sampled_from([".jsonl", ".csv"]))
+def test_fuzzed_bytes_load_or_name_the_file(tmp_path_factory, data, suffix):
+    p = tmp_path_factory.mktemp("bytes") / f"b{suffix}"
+    p.write_bytes(data)
+    try:
+        traces.load(p)
+    except traces.TraceError as exc:
+        assert str(exc).startswith(str(p)), exc

@@ -20,8 +20,15 @@ from slipstream.enginesim.bodies import BodyError
 LONG_PREFILL_KEYS = ("long_prefill_token_threshold", "long_prefill_mode", "schedule_policy",
                      "max_partial_prefills")
 """What /set_internal_state changes in place (the tuned triple and the partials cap)."""
-REDACTED_KEYS = ("admin_api_key", "api_key")
-"""Secrets an info endpoint shows as null (INTERFACES C)."""
+REDACTED = "<redacted>"
+"""What an info endpoint shows for a secret that is set, as the patched engine does
+(engine_image/patches: ``secrets_redaction.redact_secrets``); an unset one stays null."""
+
+
+def redacted_secrets(cfg: flags.SimConfig) -> dict[str, str | None]:
+    """``admin_api_key`` and ``api_key`` as the patched engine's info endpoints show them
+    (the simulator takes no ``--api-key``, so that one is always null)."""
+    return {"admin_api_key": REDACTED if cfg.admin_api_key else None, "api_key": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +139,9 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         "tokenizer_metrics_allowed_custom_labels": list(cfg.allowed_labels) or None,
         "enable_metrics": cfg.enable_metrics,
         "admin_api_key_file": cfg.admin_api_key_file,
-        **dict.fromkeys(REDACTED_KEYS),
+        **redacted_secrets(cfg),
         **state,
-        "internal_states": [dict(state)],
+        "internal_states": [{**state, **redacted_secrets(cfg)}],
         "version": "0.5.18+slipstream-engine-sim",
         "engine_sim": extra,
     }

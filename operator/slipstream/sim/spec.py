@@ -24,13 +24,33 @@ or both::
 request arrives (``Request.warm_blocks``), so the hit survives only if the cache
 keeps it. Errors name the file, the line and the field (``spec.yaml:12: requests[3]
 (cold): field 'arrival_s' must be a finite number``); numbers must be finite (``.nan`` and
-``.inf`` are refused) and request ids unique.
+``.inf`` are refused) and request ids unique. ``1e12`` (no dot) is a number, as in YAML 1.2.
+
+Bounds (``slipstream.sim.bounds``; a value above one is refused, naming file, field and
+bound, before anything is generated):
+
+- ``duration_s`` and every ``arrival_s``: <= 10,000,000 s; ``arrival_s`` >= 0 (only the
+  built-in seed-003 starts streams before 0);
+- requests in all: <= 2,000,000, counting explicit ones plus the tenants' expected
+  ``(rate_per_s + giant.rate_per_hour / 3600) x duration_s``;
+- ``prompt_tokens``, ``cached_tokens``, ``shared_prefix_tokens`` and the prompt
+  distributions' ``value``/``median``/``min``/``max``: <= 100,000,000 tokens; the CLI also
+  refuses a prompt longer than the KV pool in use, naming its id;
+- ``output_tokens`` and the output distributions' parameters: <= 10,000,000 tokens;
+- ``rate_per_s`` <= 100,000; ``giant.rate_per_hour`` <= 360,000; ``sigma`` <= 10;
+  ``cache_hit`` < 1; ``seed`` <= 2^63 - 1;
+- ``engine:`` ``chunked_prefill_size`` <= 16,777,216, ``page_size`` <= 65,536,
+  ``max_prefill_tokens`` <= 100,000,000, ``cache_tokens`` and ``kv_pool_tokens`` <=
+  10,000,000,000, ``host_cache_tokens`` <= 100,000,000,000, ``max_running_requests`` <=
+  1,000,000, ``max_partial_prefills`` <= 4,096, ``srpt_aging_tokens_per_s`` <=
+  1,000,000,000,000.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -38,6 +58,7 @@ from typing import Any
 
 import yaml
 
+from slipstream.sim import bounds
 from slipstream.sim.policies import EngineConfig
 from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
 
@@ -67,6 +88,13 @@ def _construct_map(loader: _Loader, node: yaml.MappingNode) -> _Map:
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_map)
+# PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent: ``1e12`` and
+# ``1.0e12`` would be strings. YAML 1.2 (and JSON) read them as numbers, and so does a spec.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def _fail(where: str, obj: Any, key: str | None, message: str) -> SpecError:
@@ -109,14 +137,23 @@ def load_builtin(name: str) -> Spec:
     if name not in builtin_names():
         raise SpecError(f"unknown scenario {name!r}: use one of {', '.join(builtin_names())}")
     text = (resources.files("slipstream.sim") / "scenarios" / f"{name}.yaml").read_text()
-    return parse(text, origin=f"builtin:{name}", tenant_base=0)
+    # seed-003 starts its streams 5 s before t = 0, the prompt's arrival, as the seed's
+    # explainer states it; only the built-in scenarios may place requests before 0.
+    return parse(text, origin=f"builtin:{name}", tenant_base=0, negative_arrivals=True)
 
 
 def load_file(path: str | Path, tenant_base: int = 0) -> Spec:
     p = Path(path)
     if not p.is_file():
         raise SpecError(f"{p}: workload spec does not exist")
-    return parse(p.read_text(), origin=str(p), tenant_base=tenant_base)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{p}: cannot be decoded as UTF-8 text (byte {exc.start}: a binary "
+                        "file?); a workload spec is a YAML file") from None
+    except OSError as exc:
+        raise SpecError(f"{p}: cannot read the workload spec ({exc.strerror})") from None
+    return parse(text, origin=str(p), tenant_base=tenant_base)
 
 
 def load(ref: str, tenant_base: int = 0) -> Spec:
@@ -128,10 +165,11 @@ def load(ref: str, tenant_base: int = 0) -> Spec:
     return load_file(ref, tenant_base)
 
 
-def parse(text: str, origin: str, tenant_base: int = 0) -> Spec:
+def parse(text: str, origin: str, tenant_base: int = 0, negative_arrivals: bool = False) -> Spec:
+    """The spec in ``text``; ``origin`` (a file name) prefixes every error."""
     try:
         doc = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an int of > 4,300 digits
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise SpecError(f"{origin}{line}: not valid YAML") from None
@@ -141,7 +179,7 @@ def parse(text: str, origin: str, tenant_base: int = 0) -> Spec:
     _no_unknown(doc, known, origin)
     name = str(doc.get("name") or Path(origin).stem)
     engine = _engine(doc.get("engine") or {}, f"{origin}: engine")
-    rng = random.Random(_num(doc, "seed", origin, int, 0))
+    rng = random.Random(_num(doc, "seed", origin, int, 0, bounds.MAX_SEED))
     requests: list[Request] = []
     next_block = tenant_base * BLOCK_SPACE
     seen: dict[str, str] = {}
@@ -150,14 +188,17 @@ def parse(text: str, origin: str, tenant_base: int = 0) -> Spec:
         raise _fail(origin, doc, "requests", "field 'requests' must be a list of mappings")
     for idx, item in enumerate(items):
         where = f"{origin}: requests[{idx}]"
-        req, next_block = _explicit(item, where, next_block)
+        req, next_block = _explicit(item, where, next_block, negative_arrivals)
         _unique(req.rid, f"{where} ({req.rid})", item, "id", seen)
         requests.append(req)
     tenants = doc.get("tenants") or []
+    if not isinstance(tenants, list):
+        raise _fail(origin, doc, "tenants", "field 'tenants' must be a list of mappings")
     if tenants:
-        duration = _num(doc, "duration_s", origin, float, None)
+        duration = _num(doc, "duration_s", origin, float, None, bounds.MAX_SPAN_S)
         if duration is None or duration <= 0:
             raise _fail(origin, doc, "duration_s", "field 'duration_s' (> 0) is required with 'tenants'")
+        _check_expected_requests(doc, tenants, origin, duration, len(requests))
         for idx, tenant in enumerate(tenants):
             base = (tenant_base + idx + 1) * BLOCK_SPACE
             where = f"{origin}: tenants[{idx}]"
@@ -187,16 +228,46 @@ def _unique(rid: str, where: str, obj: Any, key: str, seen: dict[str, str]) -> N
     seen[rid] = where
 
 
-def _num(obj: dict[str, Any], key: str, where: str, kind: type, default: Any) -> Any:
+def _check_expected_requests(doc: dict[str, Any], tenants: list[Any], origin: str,
+                             duration: float, explicit: int) -> None:
+    """Refuse, before generating anything, a spec whose tenants would generate more than
+    ``bounds.MAX_REQUESTS`` requests on average: each rate is bounded alone, but their
+    product with ``duration_s`` is what the generator's loop and memory pay for."""
+    per_s = 0.0
+    for idx, tenant in enumerate(tenants):
+        if not isinstance(tenant, dict):
+            continue  # _generate names it
+        where = f"{origin}: tenants[{idx}] ({tenant.get('name')})"
+        # a negative rate is refused by _generate; it must not offset another tenant's here
+        per_s += max(0.0, _num(tenant, "rate_per_s", where, float, 0.0, bounds.MAX_RATE_PER_S))
+        giant = tenant.get("giant")
+        if isinstance(giant, dict):
+            per_s += max(0.0, _num(giant, "rate_per_hour", f"{where}: giant", float, 0.0,
+                                   bounds.MAX_GIANT_RATE_PER_HOUR)) / 3600.0
+    expected = explicit + per_s * duration
+    if expected > bounds.MAX_REQUESTS:
+        raise _fail(origin, doc, "duration_s",
+                    f"the spec would hold about {expected:.3g} requests (requests + the sum of "
+                    f"(rate_per_s + giant.rate_per_hour / 3600) x duration_s {duration:g}), "
+                    f"more than the bound of {bounds.words(bounds.MAX_REQUESTS)}: shorten "
+                    "duration_s or lower the rates")
+
+
+def _num(obj: dict[str, Any], key: str, where: str, kind: type, default: Any,
+         bound: float) -> Any:
+    """Field ``key`` of ``obj`` as ``kind``, finite and at most ``bound``; absent: ``default``."""
     if key not in obj or obj[key] is None:
         return default
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _fail(where, obj, key, f"field '{key}' must be a number, got {value!r}")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise _fail(where, obj, key, f"field '{key}' must be a finite number, got {value!r}")
     if kind is int and value != int(value):
         raise _fail(where, obj, key, f"field '{key}' must be an integer, got {value!r}")
+    if value > bound:
+        raise _fail(where, obj, key, f"field '{key}' must be <= {bounds.words(bound)} "
+                    f"(the bound in slipstream.sim.bounds), got {bounds.shown(value)}")
     return kind(value)
 
 
@@ -204,7 +275,7 @@ def _engine(obj: Any, where: str) -> EngineConfig:
     if not isinstance(obj, dict):
         raise _fail(where, obj, None, "field 'engine' must be a mapping")
     _no_unknown(obj, set(_ENGINE_FIELDS), where)
-    kwargs = {k: _num(obj, k, where, t, None) for k, t in _ENGINE_FIELDS.items()}
+    kwargs = {k: _num(obj, k, where, t, None, bounds.ENGINE[k]) for k, t in _ENGINE_FIELDS.items()}
     try:
         return EngineConfig(**{k: v for k, v in kwargs.items() if v is not None})
     except (TypeError, ValueError) as exc:
@@ -216,7 +287,8 @@ def _engine(obj: Any, where: str) -> EngineConfig:
 _REQUEST_FIELDS = {"id", "tenant", "arrival_s", "prompt_tokens", "cached_tokens", "output_tokens"}
 
 
-def _explicit(item: Any, where: str, next_block: int) -> tuple[Request, int]:
+def _explicit(item: Any, where: str, next_block: int,
+              negative_arrivals: bool = False) -> tuple[Request, int]:
     if not isinstance(item, dict):
         raise _fail(where, item, None, "each request is a mapping")
     rid = item.get("id")
@@ -224,17 +296,20 @@ def _explicit(item: Any, where: str, next_block: int) -> tuple[Request, int]:
         raise _fail(where, item, "id", "field 'id' (a string) is required")
     where = f"{where} ({rid})"
     _no_unknown(item, _REQUEST_FIELDS, where)
-    arrival = _num(item, "arrival_s", where, float, None)
-    prompt = _num(item, "prompt_tokens", where, int, None)
+    arrival = _num(item, "arrival_s", where, float, None, bounds.MAX_SPAN_S)
+    prompt = _num(item, "prompt_tokens", where, int, None, bounds.MAX_PROMPT_TOKENS)
     if arrival is None:
         raise _fail(where, item, "arrival_s", "field 'arrival_s' is required")
+    if arrival < 0 and not negative_arrivals:
+        raise _fail(where, item, "arrival_s", f"field 'arrival_s' must be >= 0 (seconds from "
+                    f"the workload's start), got {arrival:g}")
     if prompt is None or prompt <= 0:
         raise _fail(where, item, "prompt_tokens", "field 'prompt_tokens' must be > 0")
-    cached = _num(item, "cached_tokens", where, int, 0)
+    cached = _num(item, "cached_tokens", where, int, 0, bounds.MAX_PROMPT_TOKENS)
     if not 0 <= cached < prompt:
         raise _fail(where, item, "cached_tokens",
                     f"field 'cached_tokens' must be >= 0 and < prompt_tokens ({prompt})")
-    output = _num(item, "output_tokens", where, int, 1)
+    output = _num(item, "output_tokens", where, int, 1, bounds.MAX_OUTPUT_TOKENS)
     if output < 1:
         raise _fail(where, item, "output_tokens", "field 'output_tokens' must be >= 1")
     tenant = str(item.get("tenant") or rid)
@@ -269,25 +344,26 @@ def _dist(obj: Any, where: str) -> dict[str, Any]:
     return obj
 
 
-def _draw(d: dict[str, Any], where: str, rng: random.Random) -> int:
+def _draw(d: dict[str, Any], where: str, rng: random.Random, bound: float) -> int:
+    """One length from ``d``, every parameter at most ``bound`` (tokens), as is the draw."""
     kind = d["dist"]
     if kind == "constant":
-        value = _num(d, "value", where, float, None)
+        value = _num(d, "value", where, float, None, bound)
         if value is None:
             raise _fail(where, d, None, "field 'value' is required for dist: constant")
     elif kind == "uniform":
-        lo, hi = _num(d, "min", where, float, None), _num(d, "max", where, float, None)
+        lo, hi = _num(d, "min", where, float, None, bound), _num(d, "max", where, float, None, bound)
         if lo is None or hi is None or lo > hi:
             raise _fail(where, d, "min", "fields 'min' <= 'max' are required for dist: uniform")
         value = rng.uniform(lo, hi)
     else:
-        median = _num(d, "median", where, float, None)
-        sigma = _num(d, "sigma", where, float, None)
+        median = _num(d, "median", where, float, None, bound)
+        sigma = _num(d, "sigma", where, float, None, bounds.MAX_SIGMA)
         if median is None or median <= 0 or sigma is None or sigma < 0:
             raise _fail(where, d, "median", "fields 'median' > 0 and 'sigma' >= 0 are required for lognormal")
         value = rng.lognormvariate(math.log(median), sigma)
-    lo = _num(d, "min", where, float, 1)
-    hi = _num(d, "max", where, float, math.inf)
+    lo = _num(d, "min", where, float, 1, bound)
+    hi = _num(d, "max", where, float, bound, bound)
     return int(max(lo, min(hi, max(1.0, round(value)))))
 
 
@@ -300,13 +376,13 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
     known = {"name", "rate_per_s", "prompt_tokens", "output_tokens", "cache_hit",
              "shared_prefix_tokens", "giant"}
     _no_unknown(tenant, known, where)
-    rate = _num(tenant, "rate_per_s", where, float, 0.0)
+    rate = _num(tenant, "rate_per_s", where, float, 0.0, bounds.MAX_RATE_PER_S)
     if rate < 0:
         raise _fail(where, tenant, "rate_per_s", "field 'rate_per_s' must be >= 0")
-    hit = _num(tenant, "cache_hit", where, float, 0.0)
+    hit = _num(tenant, "cache_hit", where, float, 0.0, 1.0)
     if not 0.0 <= hit < 1.0:
         raise _fail(where, tenant, "cache_hit", "field 'cache_hit' must be in [0, 1)")
-    shared_tokens = _num(tenant, "shared_prefix_tokens", where, int, 0)
+    shared_tokens = _num(tenant, "shared_prefix_tokens", where, int, 0, bounds.MAX_PROMPT_TOKENS)
     shared = (base, shared_tokens) if shared_tokens > 0 else None
     next_block = base + 1
     out: list[Request] = []
@@ -317,7 +393,8 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
     if giant is not None:
         if not isinstance(giant, dict):
             raise _fail(where, tenant, "giant", "field 'giant' must be a mapping")
-        per_hour = _num(giant, "rate_per_hour", f"{where}: giant", float, 0.0)
+        per_hour = _num(giant, "rate_per_hour", f"{where}: giant", float, 0.0,
+                        bounds.MAX_GIANT_RATE_PER_HOUR)
         if per_hour > 0:
             streams.append((per_hour / 3600.0,
                             _dist(giant.get("prompt_tokens"), f"{where}: giant: prompt_tokens"), 0.0))
@@ -327,9 +404,9 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
         t = rng.expovariate(lam)
         n = 0
         while t < duration:
-            prompt = _draw(prompt_dist, f"{where}: prompt_tokens", rng)
+            prompt = _draw(prompt_dist, f"{where}: prompt_tokens", rng, bounds.MAX_PROMPT_TOKENS)
             cached = int(prompt * stream_hit)
-            output = _draw(out_dist, f"{where}: output_tokens", rng)
+            output = _draw(out_dist, f"{where}: output_tokens", rng, bounds.MAX_OUTPUT_TOKENS)
             rid = f"{name}-{'g' if s_idx else ''}{n}"
             req, next_block = _request(rid, name, t, prompt, cached, output, next_block,
                                        shared if s_idx == 0 else None)

@@ -10,6 +10,7 @@ and specs) and exit status 2; nothing is written when a run fails.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -52,7 +53,9 @@ class Loaded:
     target: float | None = None
     """--target-utilization in effect (None: --rate-scale or the workload's own clock)."""
     stock_busy: float | None = None
-    """Stock's simulated prefill busy fraction at the chosen scale, when it was fitted."""
+    """Stock's busy fraction (decodes included) over the fit's slice samples, when fitted."""
+    load: dict[str, object] | None = None
+    """The fitted rate scale, how it was fitted and each slice's load (``rate.SliceFit``)."""
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -81,9 +84,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     scale.add_argument("--rate-scale", type=float, metavar="X",
                        help="make arrivals X times as dense")
     scale.add_argument("--target-utilization", type=float, metavar="U",
-                       help="pick the rate scale at which stock's simulated prefill busy fraction "
-                       f"is U (default {DEFAULT_UTILIZATION} for traces), found by running stock")
-    p.add_argument("--utilization-tolerance", type=float, default=rate.DEFAULT_TOLERANCE,
+                       help="pick the rate scale at which stock's simulated busy fraction, decodes "
+                       f"included, is U (default {DEFAULT_UTILIZATION} for traces) and its KV peak "
+                       "stays below the pool, found by running stock on short slices")
+    p.add_argument("--utilization-tolerance", type=float, default=rate.UTILIZATION_TOLERANCE,
                    metavar="D", help="how close --target-utilization must come (default %(default)s)")
 
 
@@ -243,18 +247,19 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         _check_fits_pool(part, config, profile, origin)
     target = args.target_utilization
     stock_busy = None
+    load = None
     if args.rate_scale is not None:
         workload = workload.scaled(args.rate_scale)
         how = " (--rate-scale)"
     elif target is not None or args.trace:
         target = DEFAULT_UTILIZATION if target is None else target
-        workload, stock_busy, how = _fit_rate(workload, profile, config, target,
-                                              args.utilization_tolerance)
+        workload, stock_busy, how, load = _fit_rate(workload, profile, config, target,
+                                                    args.utilization_tolerance)
     else:
         how = " (the workload's own clock)"
     notes.append(f"rate scale: {workload.rate_scale:.4g}{how}")
     return Loaded(workload, source_key, source, config, profile, is_scenario, "\n".join(notes),
-                  target, stock_busy)
+                  target, stock_busy, load)
 
 
 def _check_fits_pool(workload: Workload, config: policies.EngineConfig,
@@ -274,28 +279,32 @@ def _check_fits_pool(workload: Workload, config: policies.EngineConfig,
                        "(0 = no memory limit)")
 
 
-def stock_busy_fraction(workload: Workload, profile: profiles.Profile,
-                        config: policies.EngineConfig) -> float:
-    """Stock's simulated prefill busy fraction: prefill pass time over the makespan."""
-    result = engine.simulate(workload, policies.parse("stock", config), profile, config)
-    return result.prefill_busy_s / result.makespan_s if result.makespan_s > 0 else 0.0
-
-
 def _fit_rate(workload: Workload, profile: profiles.Profile, config: policies.EngineConfig,
-              target: float, tolerance: float) -> tuple[Workload, float, str]:
-    """The workload at the scale where stock's simulated busy fraction meets the target."""
+              target: float, tolerance: float) -> tuple[Workload, float, str, dict[str, object]]:
+    """The workload at the scale where stock's busy fraction (decodes included) meets the
+    target on slice samples, with the fit's report."""
     start = time.perf_counter()
-    guess = rate.scale_for_utilization(workload, profile, config, target)
-    fit = rate.fit_scale(target, guess,
-                         lambda x: stock_busy_fraction(workload.scaled(x), profile, config),
-                         tolerance)
+    try:
+        fit = rate.fit_by_slices(workload, profile, config, target, tolerance)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     wall = time.perf_counter() - start
-    runs = len(fit.runs)
-    how = (f" (target utilization {target:.2f} +- {tolerance:g}: stock's simulated prefill busy "
-           f"fraction {fit.busy:.3f}; {runs} stock run{'s' if runs > 1 else ''}, {wall:.1f} s)")
-    if not fit.converged:
-        how += f"; NOT within the tolerance after {runs} runs: the closest is used"
-    return workload.scaled(fit.scale), fit.busy, how
+    runs = len(fit.fit.runs)
+    how = (f" (target utilization {target:.2f} +- {tolerance:g}: stock's simulated busy fraction "
+           f"with decodes {fit.fit.busy:.3f} over slice samples; {fit.method}; {wall:.1f} s)")
+    if not fit.fit.converged:
+        how += f"; NOT within the tolerance after {runs} sample sets: the closest is used"
+    if fit.kv_limited:
+        how += "; lowered below the target to keep stock's KV peak below the pool"
+    if fit.overload:
+        how += "; OVERLOAD: some slices' own offered work exceeds capacity (see load.slices)"
+    load = {"rate_scale": fit.scale, "target_utilization": target, "tolerance": tolerance,
+            "method": fit.method, "sampled_busy_fraction": fit.fit.busy,
+            "fit_steps": [{"rate_scale": x, "sampled_busy_fraction": b} for x, b in fit.fit.runs],
+            "converged": fit.fit.converged, "kv_limited": fit.kv_limited,
+            "overload": fit.overload, "fit_wall_s": wall,
+            "slices": [dataclasses.asdict(s) for s in fit.slices]}
+    return workload.scaled(fit.scale), fit.fit.busy, how, load
 
 
 def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
@@ -393,6 +402,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         out = report.simulate_json(result, loaded.source_key, loaded.source)
         if tuner is not None:
             out["tuner"] = _tuner_json(tuner)
+        if loaded.load is not None:
+            out["load"] = loaded.load
         print(json.dumps(out, indent=1))
     else:
         print(f"{loaded.workload.name} under {result.policy} ({loaded.profile.name}, "
@@ -436,6 +447,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             out["tuner"] = {name: _tuner_json(t) for name, t in tuners.items()}
         out["target_utilization"] = loaded.target
         out["stock_busy_fraction"] = loaded.stock_busy
+        if loaded.load is not None:
+            out["load"] = loaded.load
         if args.speed:
             out["speed"] = _speed_rows(loaded.workload, walls)
         print(json.dumps(out, indent=1))
@@ -534,8 +547,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 def _load_words(loaded: Loaded) -> str:
     if loaded.target is None or loaded.stock_busy is None:
         return ""
-    return (f" (target utilization {loaded.target:.2f}, stock's simulated prefill busy "
-            f"fraction {loaded.stock_busy:.3f})")
+    return (f" (target utilization {loaded.target:.2f}, stock's simulated busy fraction with "
+            f"decodes {loaded.stock_busy:.3f} over slice samples)")
 
 
 def _prediction_json(p: recommend.Prediction) -> dict[str, object]:

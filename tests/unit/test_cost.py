@@ -56,14 +56,19 @@ def test_every_shipped_profile_says_where_each_overhead_and_the_pool_come_from()
         assert p.kv_pool_tokens and p.kv_pool_tokens > 100_000
 
 
-def test_a_decode_step_on_kimi_costs_tens_of_ms_and_a_prefill_pass_keeps_its_fitted_overhead():
+def test_a_decode_step_on_kimi_grows_with_batch_and_a_prefill_pass_keeps_its_fitted_overhead():
     model = CostModel(profiles.load("kimi-k3-8xh200"))
-    # 64 streams at 4K context each: one decode step
-    step = model.pass_time(64, 64 * 4096, 64 * 4096, 0, DECODE)
-    assert 0.02 <= step <= 0.05
-    assert model.pass_time(64, 64 * 4096, 64 * 4096, 0, PREFILL) - step == pytest.approx(0.09 - 0.012)
-    assert model.pass_time(64, 64 * 4096, 64 * 4096, 0, MIXED) == model.pass_time(
-        64, 64 * 4096, 64 * 4096, 0, PREFILL)
+    step = {b: model.pass_time(b, b * 4096, b * 4096, 0, DECODE) for b in (1, 8, 64)}
+    assert step[1] < step[8] < step[64]  # more experts read, more KV
+    assert 0.02 <= step[64] <= 0.05
+    # a pass big enough to touch every expert: the kinds differ by their overheads only
+    big = model.pass_time(8192, 0, 0, 0, PREFILL)
+    assert big - model.pass_time(8192, 0, 0, 0, DECODE) == pytest.approx(0.09 - 0.0045)
+    assert model.pass_time(8192, 0, 0, 0, MIXED) == model.pass_time(8192, 0, 0, 0, DECODE)
+
+
+def test_a_dense_model_reads_every_weight_whatever_the_batch(llama):
+    assert llama.pass_time(1, 0, 0, 0, DECODE) == llama.pass_time(64, 0, 0, 0, DECODE)
 
 
 def test_a_profile_with_one_overhead_charges_it_to_every_kind_of_pass(tmp_path):

@@ -59,6 +59,18 @@ class Profile:
     parallelism keeps a full copy on every device); absent = ``kv_bytes_per_token``."""
     memory_source: str = ""
     """Where the KV pool's numbers come from."""
+    routed_expert_bytes: float = 0.0
+    """Bytes of ``weight_bytes`` held by routed (mixture-of-experts) experts: a pass reads
+    only the experts its tokens route to, which is why a small decode batch is cheap."""
+    routed_experts: float = 0.0
+    """Routed experts per MoE layer (0 = a dense model)."""
+    experts_per_token: float = 0.0
+    """Routed experts each token is sent to, per MoE layer."""
+    mem_efficiency: float = 1.0
+    """Share of ``mem_bandwidth`` a pass's weight and KV reads reach (fitted to published
+    decode step times; 1.0 = the roofline)."""
+    decode_source: str = ""
+    """The published decode figures the decode terms are fitted to, and the fit."""
 
     def __post_init__(self) -> None:
         for name in ("decode_overhead_s", "mixed_overhead_s"):
@@ -70,9 +82,17 @@ class Profile:
             value = getattr(self, f.name)
             if isinstance(value, float | int) and value < 0:
                 raise ValueError(f"profile {self.name!r}: {f.name} must be >= 0, got {value}")
-        for name in ("flops_per_token", "peak_flops", "mem_bandwidth"):
+        for name in ("flops_per_token", "peak_flops", "mem_bandwidth", "mem_efficiency"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be > 0")
+        if self.mem_efficiency > 1:
+            raise ValueError(f"profile {self.name!r}: mem_efficiency must be <= 1 (a share of "
+                             f"mem_bandwidth), got {self.mem_efficiency}")
+        if self.routed_expert_bytes > self.weight_bytes:
+            raise ValueError(f"profile {self.name!r}: routed_expert_bytes must be <= weight_bytes")
+        if self.routed_expert_bytes and not 0 < self.experts_per_token <= self.routed_experts:
+            raise ValueError(f"profile {self.name!r}: experts_per_token must be in "
+                             f"(0, routed_experts] when routed_expert_bytes is set")
         if self.attn_flops_per_pair > 0 and self.attn_flops_per_s <= 0:
             raise ValueError(
                 f"profile {self.name!r}: attn_flops_per_s must be > 0 when attn_flops_per_pair is set"

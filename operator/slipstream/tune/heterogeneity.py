@@ -68,6 +68,8 @@ def heterogeneity(hist: Histogram | None, profile: Profile | None = None,
         return math.nan
     cost = prefill_cost(profile, chunked_prefill_size)
     weighted = [(cost(tokens), n) for tokens, n in representative_lengths(hist)]
+    if len({s for s, _ in weighted}) == 1:
+        return 0.0  # one cost: exactly uniform (the formula below rounds to ~1e-16)
     total = sum(n for _, n in weighted)
     mean = sum(s * n for s, n in weighted) / total
     mean_sq = sum(s * s * n for s, n in weighted) / total

@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the engine-test environment and the patched copy of sglang.
 #
-#   engine_image/test-env/setup.sh      -> prints the environment's directory on stdout
+#   [SGLANG_VERSION=0.5.23] engine_image/test-env/setup.sh   -> prints the environment's directory
 #
-# The environment lives outside the repository, in
-#   ${SLIPSTREAM_CACHE:-~/.cache/slipstream}/engine-env-<hash of requirements.txt + python>/
-# and is reused while requirements.txt is unchanged. Inside it:
-#   bin/python                 the interpreter (pristine sglang 0.5.18 in its site-packages)
+# SGLANG_VERSION (default 0.5.18) picks the lock: requirements.txt for 0.5.18,
+# requirements-<version>.txt for the others (0.5.23). The environment lives outside the
+# repository, in
+#   ${SLIPSTREAM_CACHE:-~/.cache/slipstream}/engine-env-<hash of the lock + python>/
+# (one per version, since each lock pins its sglang) and is reused while the lock is
+# unchanged. Inside it:
+#   bin/python                 the interpreter (pristine sglang <version> in its site-packages)
 #   patched-<patch hash>/      a copy of the installed sglang package with
-#                              engine_image/patches/sglang-0.5.18-long-prefill.patch applied
+#                              engine_image/patches/sglang-<version>-long-prefill.patch applied
 #   patched -> patched-<hash>  the copy for the current patch
+# A version with no patch file yet (0.5.23 today) gets a pristine-only environment: the
+# patch step is skipped (said on stderr) and there is no patched/ link.
 # Progress goes to stderr. A patch that does not apply fails the script (exit 1).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-req="$here/requirements.txt"
-patch_file="$repo/engine_image/patches/sglang-0.5.18-long-prefill.patch"
+version="${SGLANG_VERSION:-0.5.18}"
+if [[ "$version" == 0.5.18 ]]; then
+    req="$here/requirements.txt"
+else
+    req="$here/requirements-$version.txt"
+fi
+if [[ ! -f "$req" ]]; then
+    supported="0.5.18 $(cd "$here" && ls requirements-*.txt 2>/dev/null | sed 's/^requirements-//; s/\.txt$//' | tr '\n' ' ')"
+    echo "ERROR: SGLANG_VERSION=$version: no lock file $req (supported: $supported)" >&2
+    exit 2
+fi
+if ! grep -qx "sglang==$version" "$req"; then
+    echo "ERROR: $req does not pin sglang==$version (SGLANG_VERSION=$version)" >&2
+    exit 2
+fi
+patch_file="$repo/engine_image/patches/sglang-$version-long-prefill.patch"
 python="${ENGINE_TEST_PYTHON:-python3}"
 cache="${SLIPSTREAM_CACHE:-$HOME/.cache/slipstream}"
 
@@ -30,7 +49,7 @@ mkdir -p "$cache"
 if [[ -f "$env_dir/.complete" ]]; then
     say "reusing $env_dir"
 else
-    say "creating $env_dir (python $pyver); first run downloads ~3 GB (torch and its CUDA runtime wheels)"
+    say "creating $env_dir (sglang $version, python $pyver); first run downloads ~3 GB (torch and its CUDA runtime wheels)"
     start=$(date +%s)
     rm -rf "$env_dir"
     "$python" -m venv "$env_dir"
@@ -44,8 +63,20 @@ for m in ("torch", "sglang.srt.managers.schedule_policy", "sglang.srt.managers.s
 import torch, sglang
 print(f"torch {torch.__version__}, sglang {sglang.__version__}: scheduler modules import")
 EOF
+    installed="$("$env_dir/bin/python" -c 'import sglang; print(sglang.__version__)')"
+    if [[ "$installed" != "$version" ]]; then
+        echo "ERROR: $env_dir has sglang $installed, not $version" >&2
+        exit 1
+    fi
     touch "$env_dir/.complete"
     say "environment ready in $(( $(date +%s) - start )) s"
+fi
+
+if [[ ! -f "$patch_file" ]]; then
+    say "no patch for sglang $version ($(basename "$patch_file") is missing): patch step skipped; pristine-only environment (no patched/)"
+    rm -f "$env_dir/patched"
+    echo "$env_dir"
+    exit 0
 fi
 
 site="$("$env_dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"

@@ -1,10 +1,12 @@
-"""Engine tests: real sglang 0.5.18 scheduler code on CPU (see harness.py).
+"""Engine tests: real sglang 0.5.18 (and 0.5.23) scheduler code on CPU (see harness.py).
 
 Run through `tests/engine/run.sh` (or `make engine-test`): it builds the engine
 environment (engine_image/test-env/setup.sh) and runs pytest with that environment's
 python, the patched sglang copy first on sys.path (SLIPSTREAM_PATCHED_SGLANG) and our
 package (operator/) importable. The main test run ignores this folder
 (`pytest --ignore=tests/engine`); run any other way, the folder collects nothing.
+`SGLANG_VERSION=0.5.23 tests/engine/run.sh` has no patched copy yet: it collects only
+PRISTINE_ONLY; the 0.5.18 run leaves out the 0.5.23-only files (VERSION_FILES).
 """
 
 from __future__ import annotations
@@ -21,11 +23,21 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PATCHED = os.environ.get("SLIPSTREAM_PATCHED_SGLANG")
+VERSION = os.environ.get("SLIPSTREAM_SGLANG_VERSION", "0.5.18")
+"""The sglang version of the environment run.sh chose (SGLANG_VERSION)."""
 
-if not PATCHED:
+PRISTINE_ONLY = ["test_upstream_orders.py"]
+"""Tests that need only the pristine sglang: all a version without a patch (0.5.23) runs."""
+VERSION_FILES = {"test_upstream_orders.py": ("0.5.23",)}
+"""Tests that drive code only some versions have (0.5.23's shortest-prefill-first, hrrn)."""
+
+if not os.environ.get("SLIPSTREAM_ENGINE_ENV"):
     collect_ignore_glob = ["test_*.py"]
 else:
-    sys.path.insert(0, PATCHED)
+    collect_ignore = [name for name, versions in VERSION_FILES.items() if VERSION not in versions]
+    if not PATCHED:
+        collect_ignore_glob = [p.name for p in HERE.glob("test_*.py") if p.name not in PRISTINE_ONLY]
+    sys.path.insert(0, PATCHED or str(HERE))
     sys.path.insert(1, str(HERE))
     sys.path.insert(2, str(REPO / "operator"))
 

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Engine tests: real sglang 0.5.18 scheduler code on CPU, patched and pristine.
-#   tests/engine/run.sh [pytest args]
-# Sets up (or reuses) the engine environment, then runs pytest tests/engine with it.
+# Engine tests: real sglang scheduler code on CPU, patched and pristine.
+#   [SGLANG_VERSION=0.5.23] tests/engine/run.sh [pytest args]
+# Sets up (or reuses) the engine environment of SGLANG_VERSION (default 0.5.18; see
+# engine_image/test-env/setup.sh), then runs pytest tests/engine with it. A version with no
+# patch yet (0.5.23) has a pristine-only environment: only the tests that need pristine
+# code alone run there (PRISTINE_ONLY in tests/engine/conftest.py: test_upstream_orders.py),
+# and the run says so.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export SGLANG_VERSION="${SGLANG_VERSION:-0.5.18}"
 env_dir="$(bash "$repo/engine_image/test-env/setup.sh")"
-export SLIPSTREAM_PATCHED_SGLANG="$env_dir/patched"
 export SLIPSTREAM_ENGINE_ENV="$env_dir"
+export SLIPSTREAM_SGLANG_VERSION="$SGLANG_VERSION"
 export PYTHONDONTWRITEBYTECODE=1
-echo "==> [engine-test] $env_dir/bin/python -m pytest tests/engine (patched sglang: $SLIPSTREAM_PATCHED_SGLANG)" >&2
+if [[ -d "$env_dir/patched" ]]; then
+    export SLIPSTREAM_PATCHED_SGLANG="$env_dir/patched"
+    echo "==> [engine-test] sglang $SGLANG_VERSION: $env_dir/bin/python -m pytest tests/engine (patched sglang: $SLIPSTREAM_PATCHED_SGLANG)" >&2
+else
+    unset SLIPSTREAM_PATCHED_SGLANG
+    echo "==> [engine-test] sglang $SGLANG_VERSION has no patch: pristine-only tests (tests/engine/conftest.py PRISTINE_ONLY)" >&2
+fi
 cd "$repo"
 exec "$env_dir/bin/python" -m pytest -p no:cacheprovider -W ignore::UserWarning \
     -W ignore::DeprecationWarning tests/engine "$@"

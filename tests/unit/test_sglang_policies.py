@@ -29,6 +29,7 @@ class J:
     arrival_s: float
     need: int
     cached_est: int = 0
+    redo: int = 0
 
 
 def ids(q: WaitQueue) -> list[int]:
@@ -74,9 +75,12 @@ def test_spf_order_is_uncached_work_then_arrival_without_fallback():
     q: WaitQueue[J] = WaitQueue("spf", 1024)
     for k, need in enumerate([5000, 10, 300, 10]):
         q.push(J(k, float(k), need))
+    assert ids(q) == [0, 1, 2, 3]  # a push appends; the round sorts (calc_priority)
+    q.start_round(0)
     assert ids(q) == [1, 3, 2, 0]
     for k in range(4, LPM_FCFS_FALLBACK + 10):
         q.push(J(k, float(k), 7))
+    q.start_round(0)
     assert ids(q)[:2] == [4, 5]  # still shortest first past 128 waiting (SGLang has no fallback)
 
 

@@ -154,8 +154,18 @@ def _arrive(job: Job, cache: PrefixCache) -> None:
     req = job.req
     if req.warm_blocks:
         cache.insert(req.blocks[: req.warm_blocks], req.block_sizes[: req.warm_blocks])
+    _rematch(job, cache)
+
+
+def _rematch(job: Job, cache: PrefixCache) -> None:
+    """Look a waiting request's prefix up in the cache again: its cached and uncached tokens."""
+    req = job.req
     job.cached_est = cache.peek(req.blocks, req.block_sizes)
     job.need = req.prompt_tokens - usable_hit(req.prompt_tokens, job.cached_est)
+
+
+def _prefix(job: Job) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    return job.req.blocks, job.req.block_sizes
 
 
 def _admit(job: Job, cache: PrefixCache, cost: CostModel, budget: int) -> int:
@@ -242,6 +252,10 @@ class Engine:
         cache_tokens = cfg.cache_tokens if pool is None or not pool else min(cfg.cache_tokens, pool)
         self.cache = PrefixCache(cache_tokens, cfg.host_cache_tokens)
         self.queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
+        # SGLang 0.5.23's spf and hrrn re-match every waiting request each round
+        cache = self.cache
+        self.queue.rematch = lambda job: _rematch(job, cache)
+        self.queue.prefix = _prefix
         self.record_rounds = record_rounds
         self.progress = progress
         """Called with the number of requests arrived so far, every 1024."""
@@ -603,6 +617,8 @@ class Engine:
         self._partials = still
         self._partial_kv = sum(j.offset for j in still)
         self.prefill_tokens += tokens
+        # SGLang bumps processed_tokens_counter after each pass: later arrivals snapshot it
+        self.queue.processed = self.prefill_tokens
 
         n_dec = self.decoding
         decoding_here = self.policy.mixed and n_dec > 0
@@ -688,7 +704,7 @@ class Engine:
         job.cached_est = 0
         job.retractions += 1
         self.retractions += 1
-        self.queue.push(job)
+        self.queue.push(job, entry_s=self.now_s)
 
     def _close_segment(self, job: Job, end: int) -> None:
         """Record a decoding segment's gaps (and keep it for ``tokens_out``)."""

@@ -35,7 +35,8 @@ Sources, read for these models:
   one unfinished chunked request can be tracked"), ``SchedulePolicy._sort_by_hrrn`` (key:
   ``-(processed_tokens - arrival_processed_tokens) / uncached``), and
   ``SchedulePolicy._determine_active_policy`` (lpm and hrrn, not shortest-prefill-first,
-  fall back to fcfs past 128 waiting requests); ``sglang/srt/managers/scheduler.py``:
+  turn into fcfs past 128 waiting requests, which leaves the list in its last order);
+  ``sglang/srt/managers/scheduler.py``:
   ``get_new_batch_prefill`` (``adder.chunked_req_limit = shortest_prefill_chunk_limit(...)``
   before the chunked request is re-added) and ``run_batch`` (``processed_tokens_counter +=
   batch.extend_num_tokens``; each request snapshots it in ``_add_request_to_queue``).
@@ -52,12 +53,11 @@ Sources, read for these models:
   preemption, ``max_num_seqs`` and its 16-token KV blocks (the twin's prefix cache
   follows SGLang's last-token rule).
 
-What the twin does not model of SGLang's two orders: the in-batch prefix de-duplication
-(``temporary_deprioritized``: a waiting request sharing a prefix with another waiting one
-goes last), and re-matching every waiting request every round: the twin matches the head of
-the queue every round and the rest when they arrive. HRRN ties (all requests that arrived
-since the last prefill have ratio 0) fall to SGLang's rid, a random uuid; the twin breaks
-them by arrival.
+How the queue runs SGLang's two orders each round (``calc_priority``: every waiting request
+re-matched, in-batch prefix de-duplication, hrrn's last order kept past 128 waiting, ties by
+``wait_queue_entry_time`` for spf and by a random rid for hrrn) is ``sim/upstream_orders.py``,
+checked against SGLang 0.5.23's own ``SchedulePolicy.calc_priority`` in
+tests/engine/test_upstream_orders.py.
 """
 
 from __future__ import annotations

@@ -6,15 +6,19 @@ Orders (SGLang's ``--schedule-policy`` names):
   when more than 128 requests wait (matching every request each round is too dear).
 - ``srpt``: shortest remaining uncached prefill first, with aging: key
   ``arrival_s + need / aging`` (see ``admission.srpt_key`` for the bound it gives).
-- ``spf``: SGLang 0.5.23's ``shortest-prefill-first``: uncached work, then arrival
-  (``SchedulePolicy._sort_by_shortest_prefill``); no aging and no fcfs fallback.
+- ``spf``: SGLang 0.5.23's ``shortest-prefill-first``: uncached work, then queue entry
+  time (``SchedulePolicy._sort_by_shortest_prefill``); no aging and no fcfs fallback.
 - ``hrrn``: SGLang 0.5.23's highest response ratio next (``SchedulePolicy._sort_by_hrrn``):
-  ratio ``(P - P_arrival) / need`` with P the prefill tokens processed so far (the wait
-  counted in tokens, so it equals classic HRRN at constant throughput), highest first;
-  falls back to fcfs past 128 waiting requests, as lpm. The key moves with P, so the
-  engine calls ``start_round(P)`` before every round and the queue re-sorts.
+  ratio ``(P - P_entry) / uncached prompt`` with P the prefill tokens processed so far (the
+  wait counted in tokens, so it equals classic HRRN at constant throughput), highest first;
+  past 128 waiting requests the last order is kept and new requests queue behind it.
 
-Keys are computed when a request joins the queue (its cached prefix is looked up then);
+``spf`` and ``hrrn`` are kept as SGLang keeps its list: a push appends, and
+``start_round(P)``, which the engine calls before every round, re-orders the whole list
+the way ``SchedulePolicy.calc_priority`` does (``upstream_orders.calc_priority``: every
+waiting request re-matched, in-batch prefix de-duplication, SGLang's tie-breaks).
+
+For the other orders, keys are computed when a request joins the queue (its cached prefix is looked up then);
 the head of the queue is re-matched against the cache every round before admission, so
 what a request is charged is always current. Admission always takes a prefix of the
 sorted queue (the allocator stops at the first request it cannot place), so removal is
@@ -24,15 +28,21 @@ a slice at the front.
 from __future__ import annotations
 
 import bisect
+import random
+from collections.abc import Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
+from slipstream.sim import upstream_orders
 from slipstream.sim.admission import srpt_key
+from slipstream.sim.upstream_orders import UPSTREAM_ORDERS
 
 LPM_FCFS_FALLBACK = 128
 """SGLang switches lpm (and hrrn) to fcfs past this many waiting requests
 (``WAITING_QUEUE_PREFIX_MATCH_MAX``, schedule_policy.py)."""
+assert LPM_FCFS_FALLBACK == upstream_orders.WAITING_QUEUE_PREFIX_MATCH_MAX
 
-FALLBACK_ORDERS = ("lpm", "hrrn")
+FALLBACK_ORDERS = ("lpm",)
+"""Orders whose keys switch to arrival past the limit (hrrn keeps its last order instead)."""
 
 
 class Queued(Protocol):
@@ -40,6 +50,7 @@ class Queued(Protocol):
     arrival_s: float
     need: int
     cached_est: int
+    redo: int
 
 
 Q = TypeVar("Q", bound=Queued)
@@ -48,9 +59,10 @@ Q = TypeVar("Q", bound=Queued)
 class WaitQueue(Generic[Q]):
     """Jobs sorted by the active order's key, cheapest operations at the front."""
 
-    __slots__ = ("order", "aging", "items", "keys", "_lpm_active", "processed", "_arrival_processed")
+    __slots__ = ("order", "aging", "items", "keys", "_lpm_active", "processed", "_arrival_processed",
+                 "_entry_s", "tie", "_rng", "rematch", "prefix")
 
-    def __init__(self, order: str, aging_tokens_per_s: float) -> None:
+    def __init__(self, order: str, aging_tokens_per_s: float, seed: int = 0) -> None:
         self.order = order
         self.aging = aging_tokens_per_s
         self.items: list[Q] = []
@@ -59,6 +71,15 @@ class WaitQueue(Generic[Q]):
         self.processed = 0
         """Prefill tokens processed so far (hrrn's clock), as of the last ``start_round``."""
         self._arrival_processed: dict[int, int] = {}
+        self._entry_s: dict[int, float] = {}
+        """When each waiting job (last) joined the queue: SGLang's ``wait_queue_entry_time``."""
+        self.tie: dict[int, str] = {}
+        """hrrn's tie-break per job: a random hex id like SGLang's ``rid``, from ``_rng``."""
+        self._rng = random.Random(seed)
+        self.rematch: Callable[[Q], None] | None = None
+        """Refreshes a job's ``need`` and ``cached_est`` from the cache (set by the engine)."""
+        self.prefix: Callable[[Q], tuple[Sequence[int], Sequence[int]]] | None = None
+        """A job's prefix blocks and sizes, for in-batch de-duplication (set by the engine)."""
 
     def __len__(self) -> int:
         return len(self.items)
@@ -68,26 +89,36 @@ class WaitQueue(Generic[Q]):
             return (srpt_key(job.arrival_s, job.need, self.aging), job.arrival_s, job.seq)
         if self.order == "lpm" and self._lpm_active:
             return (-float(job.cached_est), job.arrival_s, job.seq)
-        if self.order == "spf":
-            return (float(max(1, job.need)), job.arrival_s, job.seq)
-        if self.order == "hrrn" and self._lpm_active:
-            if job.need <= 0:
-                return (-float("inf"), job.arrival_s, job.seq)
-            waited = self.processed - self._arrival_processed.get(job.seq, self.processed)
-            return (-max(0, waited) / job.need, job.arrival_s, job.seq)
+        if self.order in UPSTREAM_ORDERS:
+            return (0.0, 0.0, job.seq)  # list order is the order (``start_round``)
         return (job.arrival_s, 0.0, job.seq)
 
     def start_round(self, processed_tokens: int) -> None:
-        """Advance hrrn's clock to ``processed_tokens`` and re-sort (other orders: no-op)."""
-        if self.order == "hrrn" and processed_tokens != self.processed:
-            self.processed = processed_tokens
-            if self._lpm_active and len(self.items) > 1:
-                self._resort()
-        else:
-            self.processed = processed_tokens
+        """Advance hrrn's clock to ``processed_tokens``; under ``spf`` and ``hrrn``,
+        re-order the list as SGLang's ``calc_priority`` does (other orders: no-op)."""
+        self.processed = processed_tokens
+        if self.order in UPSTREAM_ORDERS and self.items:
+            self._upstream_round()
 
-    def push(self, job: Q) -> None:
+    def _upstream_round(self) -> None:
+        ordered = upstream_orders.calc_priority(
+            self.items, self.order, self.processed, self._entry_s, self._arrival_processed,
+            self.tie, self.rematch, self.prefix)
+        if ordered is not None:
+            self.items = ordered
+            self.keys = [(0.0, 0.0, j.seq) for j in ordered]
+
+    def push(self, job: Q, entry_s: float | None = None) -> None:
+        """Queue ``job``; ``entry_s`` is when it (re-)entered, its arrival by default (a
+        retracted request re-enters at the time of its retraction)."""
         self._arrival_processed[job.seq] = self.processed
+        self._entry_s[job.seq] = job.arrival_s if entry_s is None else entry_s
+        if job.seq not in self.tie:
+            self.tie[job.seq] = f"{self._rng.getrandbits(128):032x}"
+        if self.order in UPSTREAM_ORDERS:
+            self.items.append(job)
+            self.keys.append((0.0, 0.0, job.seq))
+            return
         self._check_lpm(len(self.items) + 1)
         key = self._key(job)
         keys = self.keys
@@ -103,6 +134,7 @@ class WaitQueue(Generic[Q]):
         if k:
             for job in self.items[:k]:
                 self._arrival_processed.pop(job.seq, None)
+                self._entry_s.pop(job.seq, None)
             del self.items[:k]
             del self.keys[:k]
             self._check_lpm(len(self.items))
@@ -110,7 +142,8 @@ class WaitQueue(Generic[Q]):
     def set_order(self, order: str) -> None:
         if order != self.order:
             self.order = order
-            self._resort()
+            if order not in UPSTREAM_ORDERS:
+                self._resort()
 
     def _check_lpm(self, size: int) -> None:
         if self.order not in FALLBACK_ORDERS:

@@ -62,9 +62,10 @@ SIZE_CLASSES: tuple[tuple[str, float], ...] = (
 )
 """(label value, largest uncached token count in the class), ascending.
 
-Five classes bound the cardinality of every per-class series to tenants x 5 (tenants are
-bounded by the engine's ``--tokenizer-metrics-allowed-custom-labels``; the operator reads
-at most 256 per deployment into status). Roughly log-spaced (x8, x7.5, x5): chat turns,
+Five classes bound every per-class family to tenants x 5 series (x 21 for the TTFT
+histogram's buckets, ``_sum`` and ``_count``). Tenant values are bounded as for SGLang's own
+per-tenant histograms, by the clients: ``--tokenizer-metrics-allowed-custom-labels`` bounds
+the label names, not their values (docs/operator.md, "The queue mix"). Roughly log-spaced (x8, x7.5, x5): chat turns,
 documents, long documents, very long contexts, giant cold prompts, each of which costs a
 different order of prefill time. Every bound is also a bound of
 ``sglang:uncached_prompt_tokens_histogram`` (``api.buckets.PROMPT_TOKENS``), so a class is

@@ -44,7 +44,8 @@ def memory() -> str:
 
 
 FIELDS = (("time_to_first", "ttft"), ("uncached_prompt", "uncached"), ("generation_tokens", "output"),
-          ("cached_tokens", "tokens"), ("num_queue", "queue"), ("long_prefill", "settings"), ("up", "targets"))  # fmt: skip
+          ("cached_tokens", "tokens"), ("num_queue", "queue"), ("long_prefill", "settings"), ("up", "targets"),
+          ("size_class", "mix"))  # fmt: skip
 """A fleet query -> its FleetQueries field, by a word only it contains (in this order)."""
 
 
@@ -71,6 +72,14 @@ def answers(n: int, window_s: float, at: float) -> dict[str, bytes]:
                 add(field, {**t, "part": "sum"}, count * mean)
             add("tokens", {**t, "part": "prompt"}, count * tokens * 2)
             add("tokens", {**t, "part": "cached"}, count * tokens)
+            add("mix", {**t, "part": "arrivals"}, count)
+            for cls in ("le1k", "le8k"):  # the queue mix: two classes with traffic per tenant
+                c = {**t, "size_class": cls}
+                add("mix", {**c, "part": "first_tokens"}, count / 2)
+                add("mix", {**c, "cache": "uncached", "part": "tokens"}, count * tokens / 2)
+                add("mix", {**c, "cache": "cached", "part": "tokens"}, count * tokens / 2)
+                add("mix", {**c, "part": "queued"}, i % 3)
+                add("mix", {**c, "part": "queued_tokens"}, (i % 3) * tokens)
         add("queue", {**dep, "part": "depth"}, i % 4)
         add("queue", {**dep, "part": "newest"}, at)
         add("settings", {**pod, "part": "threshold"}, 4096)

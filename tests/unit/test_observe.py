@@ -27,7 +27,7 @@ DEP = {"namespace": "ns", "servingdeployment": "chat"}
 
 def test_one_query_per_metric_family_each_aggregating_by_deployment():
     fleet = queries.fleet(60)
-    assert [name for name, _ in fleet.items()] == ["ttft", "uncached", "output", "tokens", "queue", "settings", "targets"]
+    assert [name for name, _ in fleet.items()] == ["ttft", "uncached", "output", "tokens", "queue", "settings", "targets", "mix"]
     for _, promql in fleet.items():
         assert "by (namespace, servingdeployment" in promql
         # Selectors name no deployment: the text is the same for one or five hundred.

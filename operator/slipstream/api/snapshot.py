@@ -35,6 +35,16 @@ NO_SERIES = "NoSeries"
 """Prometheus answered with no series at all for the deployment (not scraped?)."""
 REASONS = (NO_TRAFFIC, TOO_FEW_SAMPLES, STALE, NOT_FINITE, UNREACHABLE, NO_SERIES)
 
+# Why a valid snapshot carries no queue mix (``WorkloadSnapshot.mix_fallback``): the tuner
+# then falls back to first-token rates and one cache-hit ratio per tenant, and says so.
+NO_MIX_SERIES = "NoQueueMixSeries"
+"""The engines export no arrivals or size-class series (an engine without the patch's
+queue-mix metrics, or not read)."""
+UNKNOWN_SIZE_CLASS = "UnknownSizeClass"
+"""A ``size_class`` label value that is not one of ``engine.metrics.SIZE_CLASSES`` (an
+engine with other classes): per-class figures cannot be compared, so none are used."""
+MIX_FALLBACKS = (NO_MIX_SERIES, UNKNOWN_SIZE_CLASS)
+
 
 @dataclass(frozen=True, slots=True)
 class Histogram:
@@ -135,6 +145,55 @@ class TenantWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class SizeClassWindow:
+    """One uncached-token size class of one tenant (``engine.metrics.SIZE_CLASSES``)."""
+
+    name: str
+    """The ``size_class`` label value."""
+    first_tokens: float = 0.0
+    """Requests of this class that got their first token in the window."""
+    uncached_tokens: float = 0.0
+    """Uncached prompt tokens of those requests (their prefill work)."""
+    cached_tokens: float = 0.0
+    """Prompt tokens of those requests served from the prefix cache."""
+    queued: float = 0.0
+    """Requests of this class waiting now (no prefill token yet), summed over pods."""
+    queued_tokens: float = 0.0
+    """Their uncached tokens."""
+
+    @property
+    def cached_per_uncached(self) -> float | None:
+        """Cached over uncached tokens of the class; None with no first token in it."""
+        return self.cached_tokens / self.uncached_tokens if self.uncached_tokens > 0 else None
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        return (self.first_tokens, self.uncached_tokens, self.cached_tokens, self.queued,
+                self.queued_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantMix:
+    """One tenant's queue mix over the window: what arrived and what waits, by size class.
+
+    Unlike ``TenantWindow`` (built from first tokens), this counts requests when they
+    arrive, so a tenant whose requests starve in the queue shows here while it starves."""
+
+    name: str
+    arrivals_per_s: float
+    """Requests arrived per second over the window (``sglang:request_arrivals_total``)."""
+    classes: tuple[SizeClassWindow, ...]
+    """One per ``engine.metrics.SIZE_CLASSES``, in that order."""
+
+    @property
+    def queued(self) -> float:
+        return sum(c.queued for c in self.classes)
+
+    def size_class(self, name: str) -> SizeClassWindow | None:
+        return next((c for c in self.classes if c.name == name), None)
+
+
+@dataclass(frozen=True, slots=True)
 class PodSetting:
     """What one engine pod reports it runs (its setting gauges)."""
 
@@ -170,6 +229,11 @@ class WorkloadSnapshot:
     """Human words for ``invalid`` (the condition message), or what was read."""
     extra: dict[str, float] = field(default_factory=dict)
     """Figures shown in status and Events but not used to decide."""
+    queue_mix: tuple[TenantMix, ...] = ()
+    """Per tenant that sent requests in the window or has some waiting: arrivals and the
+    size-class composition (empty when ``mix_fallback`` says why)."""
+    mix_fallback: str | None = None
+    """None when ``queue_mix`` was read from the engines; else one of ``MIX_FALLBACKS``."""
 
     @property
     def valid(self) -> bool:
@@ -179,6 +243,9 @@ class WorkloadSnapshot:
     def requests(self) -> float:
         """First tokens in the window, all tenants."""
         return sum(t.ttft.total for t in self.tenants)
+
+    def mix_of(self, tenant: str) -> TenantMix | None:
+        return next((m for m in self.queue_mix if m.name == tenant), None)
 
 
 def invalid(deployment: str, taken_at: float, window_s: float, reason: str, detail: str) -> WorkloadSnapshot:

@@ -126,7 +126,8 @@ def in_engine_time(snap: snapshot.WorkloadSnapshot, scale: float) -> snapshot.Wo
     if scale == 1.0:
         return snap
     tenants = tuple(replace(t, requests_per_s=t.requests_per_s / scale) for t in snap.tenants)
-    return replace(snap, tenants=tenants, window_s=snap.window_s * scale)
+    mixes = tuple(replace(m, arrivals_per_s=m.arrivals_per_s / scale) for m in snap.queue_mix)
+    return replace(snap, tenants=tenants, queue_mix=mixes, window_s=snap.window_s * scale)
 
 
 @dataclass

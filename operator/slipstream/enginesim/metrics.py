@@ -84,9 +84,56 @@ class EngineMetrics:
                             "1 for the admission order in force (label policy), else 0.",
                             [*sched, "policy"], registry=r)
         self._policies: set[str] = set()
+        # The queue mix (slipstream.engine.metrics: bounded to tenants x SIZE_CLASSES).
+        by_class = [*req, names.SIZE_CLASS_LABEL]
+        self.arrivals = Counter(names.REQUEST_ARRIVALS_TOTAL, "Number of requests arrived.", req,
+                                registry=r)
+        self.queue_reqs = Gauge(names.QUEUE_REQS_BY_SIZE_CLASS,
+                                "Requests in the waiting queue by uncached-token size class.",
+                                by_class, registry=r)
+        self.queue_tokens = Gauge(names.QUEUE_TOKENS_BY_SIZE_CLASS,
+                                  "Uncached prompt tokens in the waiting queue by size class.",
+                                  by_class, registry=r)
+        self.ttft_by_class = Histogram(names.TTFT_BY_SIZE_CLASS_SECONDS,
+                                       "Histogram of time to first token by uncached-token size class.",
+                                       by_class, buckets=TTFT_BUCKETS, registry=r)
+        self.class_tokens = Counter(names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL,
+                                    "Prompt tokens at first token by size class and cache (cached/uncached).",
+                                    [*by_class, names.CACHE_LABEL], registry=r)
+        self._queue_keys: set[tuple[tuple[str, str], ...]] = set()
 
-    def first_token(self, labels: dict[str, str], stream: bool, ttft_s: float) -> None:
+    def arrived(self, labels: dict[str, str]) -> None:
+        """A request arrived (before the scheduler sees it)."""
+        self.arrivals.labels(**self.base, **labels).inc()
+
+    def queue_mix(self, waiting: list[tuple[dict[str, str], int]]) -> None:
+        """The waiting queue now: (tenant labels, uncached tokens) per waiting request.
+
+        Every class and tenant seen before is reset to 0 first, so a drained queue reads 0
+        rather than its last value."""
+        reqs: dict[tuple[tuple[str, str], ...], int] = dict.fromkeys(self._queue_keys, 0)
+        tokens = dict(reqs)
+        for labels, uncached in waiting:
+            key = tuple(sorted({**self.base, **labels,
+                                names.SIZE_CLASS_LABEL: names.size_class(uncached)}.items()))
+            reqs[key] = reqs.get(key, 0) + 1
+            tokens[key] = tokens.get(key, 0) + uncached
+        self._queue_keys.update(reqs)
+        for key, n in reqs.items():
+            self.queue_reqs.labels(**dict(key)).set(n)
+            self.queue_tokens.labels(**dict(key)).set(tokens[key])
+
+    def first_token(self, labels: dict[str, str], stream: bool, ttft_s: float,
+                    prompt_tokens: int | None = None, cached_tokens: int = 0) -> None:
+        """A first token; with ``prompt_tokens``, also its size class's TTFT and tokens."""
         self.ttft.labels(**self.base, **labels, is_streaming=_flag(stream)).observe(ttft_s)
+        if prompt_tokens is None:
+            return
+        uncached = prompt_tokens - cached_tokens
+        cls = {**self.base, **labels, names.SIZE_CLASS_LABEL: names.size_class(uncached)}
+        self.ttft_by_class.labels(**cls).observe(ttft_s)
+        self.class_tokens.labels(**cls, cache="uncached").inc(uncached)
+        self.class_tokens.labels(**cls, cache="cached").inc(cached_tokens)
 
     def aborted(self, labels: dict[str, str]) -> None:
         self.aborted_total.labels(**self.base, **labels).inc()

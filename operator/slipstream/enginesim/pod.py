@@ -137,6 +137,7 @@ class SimPod:
         req = Request(rid, labels.get("tenant", ""), at, inc.prompt_tokens, inc.output_tokens,
                       inc.blocks, inc.block_sizes, inc.warm_blocks)
         job = self.driver.submit(req)
+        self.metrics.arrived(labels)
         tracked = Tracked(rid, inc, labels, now, job, self.faults.ttft_multiplier)
         self._pending.append(tracked)
         self._wake.set()
@@ -173,6 +174,8 @@ class SimPod:
         self.metrics.scheduler(d.decoding, d.waiting, d.partials, self.live.threshold,
                                self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills,
                                usage)
+        labels = {t.rid: t.labels for t in self._pending}
+        self.metrics.queue_mix([(labels[rid], need) for rid, need in d.waiting_needs() if rid in labels])
         return self.metrics.exposition()
 
     def step(self) -> float:
@@ -198,7 +201,7 @@ class SimPod:
                     still.append(t)
                     continue
                 t.ttft_s = at - t.arrival_s
-                self.metrics.first_token(t.labels, t.inc.stream, t.ttft_s)
+                self.metrics.first_token(t.labels, t.inc.stream, t.ttft_s, t.inc.prompt_tokens, job.cached)
                 t.first.set()
             if job.finished_s >= 0 and job.finished_s + t.shift() <= now:
                 t.e2e_s = job.finished_s + t.shift() - t.arrival_s

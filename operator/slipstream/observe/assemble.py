@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from slipstream.api import snapshot as snap
+from slipstream.engine import metrics
 from slipstream.observe import parse, queries
 
 UNLABELLED_TENANT = "unlabelled"
@@ -209,8 +210,63 @@ def _not_finite(tenant_hists: Mapping[str, snap.Histogram], what: str) -> list[s
 EMPTY = snap.Histogram((), (), 0.0, 0.0)
 
 
-FIELDS_READ = ("ttft", "uncached", "output", "tokens", "queue", "targets", "settings")
-"""The ``FleetQueries`` fields ``reduce`` knows (``output`` may be missing from ``results``)."""
+FIELDS_READ = ("ttft", "uncached", "output", "tokens", "queue", "targets", "settings", "mix")
+"""The ``FleetQueries`` fields ``reduce`` knows (``output`` and ``mix`` may be missing from
+``results``)."""
+
+MixRows = dict[str, dict[str, float]]
+"""One tenant's queue-mix answer: ``size_class`` (``""`` for the per-tenant arrivals) ->
+part (``arrivals``, ``first_tokens``, ``cached``, ``uncached``, ``queued``,
+``queued_tokens``) -> value."""
+
+
+def _mix(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, MixRows]:
+    out: dict[Key, MixRows] = defaultdict(lambda: defaultdict(dict))
+    for s in samples:
+        part = s.label(queries.PART_LABEL)
+        if part == "tokens":
+            part = s.label(metrics.CACHE_LABEL)
+        cls = "" if part == "arrivals" else s.label(metrics.SIZE_CLASS_LABEL)
+        rows = out[key(s)][cls]
+        rows[part] = rows.get(part, 0.0) + s.value
+    return out
+
+
+def queue_mix(rows: Mapping[str, MixRows], window_s: float) -> tuple[tuple[snap.TenantMix, ...], str | None, list[str]]:
+    """Each tenant's queue mix from its ``_mix`` rows: (mixes, fallback reason, garbled).
+
+    No arrivals series for any tenant is ``NoQueueMixSeries`` (an engine without the
+    patch's queue-mix metrics); a ``size_class`` outside ``SIZE_CLASSES`` is
+    ``UnknownSizeClass``; either way no mix is kept. A NaN, infinite or negative value is
+    returned in ``garbled`` (the snapshot is then ``NotFinite``): it must never move a
+    threshold, and a missing series must not read as zero traffic."""
+    if not any("arrivals" in r.get("", {}) for r in rows.values()):
+        return (), snap.NO_MIX_SERIES, []
+    garbled = [
+        f"queue mix of tenant {t} ({cls or 'all'}): {part} is {v}"
+        for t, r in sorted(rows.items()) for cls, parts in sorted(r.items())
+        for part, v in sorted(parts.items()) if not (math.isfinite(v) and v >= 0)
+    ]
+    unknown = sorted({cls for r in rows.values() for cls in r if cls and cls not in metrics.SIZE_CLASS_NAMES})
+    if unknown:
+        return (), snap.UNKNOWN_SIZE_CLASS, garbled
+    mixes = []
+    for tenant, r in sorted(rows.items()):
+        classes = tuple(
+            snap.SizeClassWindow(
+                name,
+                first_tokens=r.get(name, {}).get("first_tokens", 0.0),
+                uncached_tokens=r.get(name, {}).get("uncached", 0.0),
+                cached_tokens=r.get(name, {}).get("cached", 0.0),
+                queued=r.get(name, {}).get("queued", 0.0),
+                queued_tokens=r.get(name, {}).get("queued_tokens", 0.0),
+            )
+            for name in metrics.SIZE_CLASS_NAMES
+        )
+        arrivals = r.get("", {}).get("arrivals", 0.0)
+        if arrivals > 0 or any(v > 0 for c in classes for v in c.values):
+            mixes.append(snap.TenantMix(tenant, arrivals / window_s, classes))
+    return tuple(mixes), None, garbled
 
 
 def reduce(field: str, samples: Sequence[parse.Sample], tenant_label: str = queries.TENANT_LABEL) -> object:
@@ -232,6 +288,8 @@ def reduce(field: str, samples: Sequence[parse.Sample], tenant_label: str = quer
         return _targets(samples)
     if field == "settings":
         return list(samples)
+    if field == "mix":
+        return _mix(samples, per_tenant)
     raise ValueError(f"unknown fleet query {field!r}: one of {', '.join(FIELDS_READ)}")
 
 
@@ -266,6 +324,9 @@ def combine(
     # that did not ask) each tenant's output_tokens is None and the twin decodes one token.
     output = cast(dict[Key, snap.Histogram], reduced.get("output", {}))
     tokens = cast(dict[Key, dict[str, float]], reduced["tokens"])
+    # Optional too: without it (an older engine, a caller that did not ask) the snapshot
+    # says NoQueueMixSeries and the tuner falls back to first-token rates.
+    mix = cast(dict[Key, MixRows], reduced.get("mix", {}))
     queue = cast(dict[Key, dict[str, float]], reduced["queue"])
     targets, up_pods = cast(tuple[dict[Key, dict[str, float]], dict[Key, set[str]]], reduced["targets"])
     pods, bad_gauges = _settings(cast(list[parse.Sample], reduced["settings"]), up_pods)
@@ -273,7 +334,7 @@ def combine(
     seen = {k[:2] for k in (*ttft, *uncached, *output, *tokens)} | set(queue) | set(targets) | set(pods)
     wanted = sorted(seen) if deployments is None else [split_name(d) for d in deployments]
     by_dep_ttft, by_dep_uncached, by_dep_tokens = _by_deployment(ttft), _by_deployment(uncached), _by_deployment(tokens)
-    by_dep_output = _by_deployment(output)
+    by_dep_output, by_dep_mix = _by_deployment(output), _by_deployment(mix)
     out: dict[str, snap.WorkloadSnapshot] = {}
     for dep in wanted:
         name = deployment_name(*dep)
@@ -286,6 +347,7 @@ def combine(
             uncached=by_dep_uncached.get(dep, {}),
             output=by_dep_output.get(dep, {}),
             tokens=by_dep_tokens.get(dep, {}),
+            mix=by_dep_mix.get(dep, {}),
             queue=queue.get(dep, {}),
             targets=targets.get(dep, {}),
             pods=tuple(pods.get(dep, ())),
@@ -323,6 +385,7 @@ def _one(
     uncached: Mapping[str, snap.Histogram],
     output: Mapping[str, snap.Histogram],
     tokens: Mapping[str, Mapping[str, float]],
+    mix: Mapping[str, MixRows],
     queue: Mapping[str, float],
     targets: Mapping[str, float],
     pods: tuple[snap.PodSetting, ...],
@@ -378,9 +441,12 @@ def _one(
     }
     if prompt > 0:
         extra["cache_hit_ratio"] = cached / prompt
+    mixes, mix_fallback, garbled_mix = queue_mix(mix, window)
+    if mix_fallback is None:
+        extra["arrivals_per_s"] = sum(m.arrivals_per_s for m in mixes)
     full = snap.WorkloadSnapshot(
         name, now, window, tenants=tuple(tenants), uncached_tokens=total_uncached,
-        queue_depth=depth, pods=pods, extra=extra,
+        queue_depth=depth, pods=pods, extra=extra, queue_mix=mixes, mix_fallback=mix_fallback,
     )
 
     not_finite = [
@@ -391,13 +457,17 @@ def _one(
           if not all(math.isfinite(x) for x in v.values())),
         *([] if depth is None or math.isfinite(depth) else [f"queue depth ({depth})"]),
         *bad_gauges,
+        *garbled_mix,
     ]
     if not_finite:
         return _with(full, snap.NOT_FINITE, "not finite: " + "; ".join(not_finite[:5]))
     if requests <= 0:
+        # Requests that arrived and wait still show: starving is not the same as idle.
+        waiting = (f"; {sum(m.arrivals_per_s for m in mixes) * window:.0f} arrived, "
+                   f"{sum(m.queued for m in mixes):.0f} waiting") if mixes else ""
         return _with(
             full, snap.NO_TRAFFIC,
-            f"Prometheus answered: no request got its first token in the last {window:g} s ({scrape})",
+            f"Prometheus answered: no request got its first token in the last {window:g} s ({scrape}){waiting}",
         )
     if requests < rules.min_samples:
         return _with(

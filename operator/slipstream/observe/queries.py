@@ -100,6 +100,10 @@ class FleetQueries:
     targets: str
     """Scrape targets up and down, by deployment and pod: the pods that are up are the
     deployment's pods even when they export no setting gauge."""
+    mix: str
+    """The queue mix (patch): arrivals by tenant; first tokens, cached and uncached tokens
+    by tenant and size class over the window; waiting requests and their tokens by tenant
+    and size class now. Empty for an engine without these series."""
 
     def items(self) -> list[tuple[str, str]]:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
@@ -138,6 +142,21 @@ def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
             tagged("up", f"count by ({_by(*per_pod)}) ({selector('up')} == 1)"),
             tagged("down", f"count by ({_by(*per_pod)}) ({selector('up')} == 0)"),
         ),
+        mix=mix(per_tenant, rng),
+    )
+
+
+def mix(per_tenant: Sequence[str], rng: str) -> str:
+    """The queue-mix query (``FleetQueries.mix``): five parts told apart by ``part``."""
+    by_class = (*per_tenant, metrics.SIZE_CLASS_LABEL)
+    ttft_count = selector(metrics.TTFT_BY_SIZE_CLASS_SECONDS + "_count")
+    return union(
+        tagged("arrivals", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.REQUEST_ARRIVALS_TOTAL)}[{rng}]))"),
+        tagged("first_tokens", f"sum by ({_by(*by_class)}) (increase({ttft_count}[{rng}]))"),
+        tagged("tokens", f"sum by ({_by(*by_class, metrics.CACHE_LABEL)}) "
+                         f"(increase({selector(metrics.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL)}[{rng}]))"),
+        tagged("queued", f"sum by ({_by(*by_class)}) ({selector(metrics.QUEUE_REQS_BY_SIZE_CLASS)})"),
+        tagged("queued_tokens", f"sum by ({_by(*by_class)}) ({selector(metrics.QUEUE_TOKENS_BY_SIZE_CLASS)})"),
     )
 
 

@@ -4,8 +4,17 @@ Per tenant: Poisson arrivals at the tenant's observed rate, uncached prompt leng
 from its ``sglang:uncached_prompt_tokens_histogram`` (stratified over the buckets, so a
 1% tail of long prompts is 1% of the sample and not left to luck; uniform inside a
 bucket, the +Inf bucket around the mean its share of ``_sum`` implies), and a cached
-prefix per request sized by the tenant's cache-hit ratio, placed in the prefix cache when
-the request arrives (``Request.warm_blocks``).
+prefix per request placed in the prefix cache when the request arrives
+(``Request.warm_blocks``).
+
+When the snapshot has the engines' queue mix (``WorkloadSnapshot.queue_mix``, no
+``mix_fallback``), it is the source: the rate is the tenant's arrival rate (requests
+starving in the queue count, as they load the engine), a tenant with requests waiting but
+none through yet draws its lengths from the queue's composition, and each request's cached
+prefix follows the cached-per-uncached ratio of its own size class, so a long cold prompt
+stays cold while short chat turns keep their hits (a class with no first token in the
+window is cold). Without the mix (an older engine) the rate is the first-token rate and one
+cache-hit ratio per tenant applies to every request.
 
 Size is bounded (``max_requests``): the span is the snapshot's window, shortened so the
 whole synthetic load holds at most that many requests, which keeps one candidate's run at
@@ -23,8 +32,10 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from slipstream.api.snapshot import Histogram, WorkloadSnapshot
+from slipstream.api.snapshot import Histogram, TenantMix, TenantWindow, WorkloadSnapshot
+from slipstream.engine import metrics
 from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
 from slipstream.tune.heterogeneity import representative_lengths
 
@@ -77,38 +88,107 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
     """
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
-    tenants = [t for t in snapshot.tenants if t.requests_per_s > 0 and t.uncached_tokens.total > 0
-               and t.uncached_tokens.finite]
+    sources = _sources(snapshot)
     # The twin is one engine: a deployment's traffic is spread over its pods.
     engines = max(1, len(snapshot.pods))
-    rate = sum(t.requests_per_s for t in tenants) / engines
-    if not tenants or rate <= 0:
+    rate = sum(src.rate for src in sources) / engines
+    if not sources or rate <= 0:
         return build(f"{snapshot.deployment}@twin", [])
     span = min(snapshot.window_s if max_span_s is None else max_span_s, max_requests / rate)
     rng = random.Random(seed)
     reqs: list[Request] = []
-    for k, tenant in enumerate(tenants):
-        tenant_rate = tenant.requests_per_s / engines
+    for k, src in enumerate(sources):
+        tenant_rate = src.rate / engines
         n = max(1, round(tenant_rate * span))
-        draw = inverse_cdf(tenant.uncached_tokens)
+        draw = inverse_cdf(src.lengths)
         lengths = [max(1, round(draw((i + rng.random()) / n))) for i in range(n)]
         rng.shuffle(lengths)
         outputs = [1] * n
-        if tenant.output_tokens is not None and tenant.output_tokens.total > 0 and tenant.output_tokens.finite:
-            draw_out = inverse_cdf(tenant.output_tokens)
+        if src.outputs is not None and src.outputs.total > 0 and src.outputs.finite:
+            draw_out = inverse_cdf(src.outputs)
             outputs = [max(1, round(draw_out((i + rng.random()) / n))) for i in range(n)]
             rng.shuffle(outputs)
-        hit = min(MAX_HIT_RATIO, max(0.0, tenant.cache_hit_ratio or 0.0))
         base = (k + 1) * BLOCK_SPACE
         at = 0.0
         for i, uncached in enumerate(lengths):
             if i % burst == 0:
                 at += rng.expovariate(tenant_rate / burst)
-            cached = round(uncached * hit / (1.0 - hit))
+            cached = round(uncached * src.cached_per_uncached(uncached))
+            blocks: tuple[int, ...]
+            sizes: tuple[int, ...]
             if cached:
                 blocks, sizes, warm = (base + 2 * i, base + 2 * i + 1), (cached, uncached), 1
             else:
                 blocks, sizes, warm = (base + 2 * i + 1,), (uncached,), 0
-            reqs.append(Request(f"{tenant.name}-{i}", tenant.name, at, cached + uncached, outputs[i],
+            reqs.append(Request(f"{src.name}-{i}", src.name, at, cached + uncached, outputs[i],
                                 blocks, sizes, warm))
     return build(f"{snapshot.deployment}@twin", reqs)
+
+
+MAX_CACHED_PER_UNCACHED = MAX_HIT_RATIO / (1.0 - MAX_HIT_RATIO)
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One tenant as the twin replays it: rate, lengths, outputs and its cache rule."""
+
+    name: str
+    rate: float
+    lengths: Histogram
+    outputs: Histogram | None
+    ratio_by_class: dict[str, float] | None
+    """Cached per uncached token by size class (the queue mix); None: ``tenant_ratio``."""
+    tenant_ratio: float
+
+    def cached_per_uncached(self, uncached: int) -> float:
+        if self.ratio_by_class is None:
+            return self.tenant_ratio
+        return self.ratio_by_class.get(metrics.size_class(uncached), 0.0)
+
+
+def _sources(snapshot: WorkloadSnapshot) -> list[_Source]:
+    """The tenants the twin replays (see the module doc for which figures each uses)."""
+    observed = snapshot.mix_fallback is None and bool(snapshot.queue_mix)
+    out: list[_Source] = []
+    named: set[str] = set()
+    for t in snapshot.tenants:
+        if not (t.requests_per_s > 0 and t.uncached_tokens.total > 0 and t.uncached_tokens.finite):
+            continue
+        mix = snapshot.mix_of(t.name) if observed else None
+        named.add(t.name)
+        out.append(_Source(
+            t.name,
+            mix.arrivals_per_s if mix is not None and mix.arrivals_per_s > 0 else t.requests_per_s,
+            t.uncached_tokens,
+            t.output_tokens,
+            _class_ratios(mix) if mix is not None else None,
+            _tenant_ratio(t),
+        ))
+    for mix in snapshot.queue_mix if observed else ():
+        waiting = queued_lengths(mix)
+        if mix.name not in named and mix.arrivals_per_s > 0 and waiting is not None:
+            out.append(_Source(mix.name, mix.arrivals_per_s, waiting, None, _class_ratios(mix), 0.0))
+    return out
+
+
+def _tenant_ratio(t: TenantWindow) -> float:
+    hit = min(MAX_HIT_RATIO, max(0.0, t.cache_hit_ratio or 0.0))
+    return hit / (1.0 - hit)
+
+
+def _class_ratios(mix: TenantMix) -> dict[str, float]:
+    return {c.name: min(MAX_CACHED_PER_UNCACHED, max(0.0, ratio)) for c in mix.classes
+            if (ratio := c.cached_per_uncached) is not None}
+
+
+def queued_lengths(mix: TenantMix) -> Histogram | None:
+    """The waiting queue's uncached lengths as a histogram over the size classes (its
+    bounds the classes' upper bounds, its sum the waiting tokens); None when none waits."""
+    if not mix.queued > 0:
+        return None
+    bounds = tuple(upper for _, upper in metrics.SIZE_CLASSES if math.isfinite(upper))
+    counts, seen = [], 0.0
+    for c in mix.classes[: len(bounds)]:
+        seen += c.queued
+        counts.append(seen)
+    return Histogram(bounds, tuple(counts), mix.queued, sum(c.queued_tokens for c in mix.classes))

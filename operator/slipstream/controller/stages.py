@@ -28,7 +28,6 @@ from slipstream.controller import tuning
 from slipstream.observe import assemble, queries
 from slipstream.observe import fleet as fleet_
 from slipstream.observe.observer import Observer, ObserveSettings
-from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails
 from slipstream.tune import deployment as tune_deployment
@@ -184,10 +183,9 @@ class TwinRecommender:
     ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
         """The tuner's state (from status), settings (from the spec) and engine config."""
         rollout = sd.status.rollout
-        last = sd.status.last_decision
         state = guardrails.TunerState(
             current=twin_setting(fleet),
-            last_step_at=machine.seconds(last.time) if last is not None else None,
+            last_step_at=tune_deployment.last_step_at(sd.status),  # cooldown from promotion/rollback
             rollout_in_progress=rollout is not None and rollout.phase != "Idle",
             left=tune_deployment.left_of(sd.status),
         )

@@ -11,7 +11,12 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 3. fewer first tokens in the window than ``min_samples``: Hold ``TooFewSamples``;
 4. less than ``interval_s`` since the last step: Hold ``Interval`` (one step per interval);
 5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``;
-6. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
+6. the twin's replay of the window under the running setting disagrees with what the
+   engines reported, even after its offered load was refitted (``Recommendation.model``,
+   ``tune.modelcheck``): Hold ``ModelMismatch``, naming the worst tenant's predicted and
+   observed p99 TTFT: a comparison of candidates on a model that does not explain the
+   present is a guess;
+6b. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
    with ``recommend``'s candidates; re-checked because the spec may have changed);
 7. the best differs from the current setting and its predicted gain clears the margin
    (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
@@ -45,6 +50,7 @@ from dataclasses import dataclass
 from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
 from slipstream.tune.candidates import TuningSpec, concurrency
+from slipstream.tune.modelcheck import MODEL_MISMATCH
 from slipstream.tune.recommend import Recommendation, describe
 
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
@@ -198,6 +204,8 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
     if recommendation is None:
         raise ValueError("decide needs a recommendation when no guardrail holds")
     rec = recommendation
+    if rec.model is not None and not rec.model.agrees:
+        return Hold(MODEL_MISMATCH, f"the twin does not explain the window: {rec.model.describe()}", rec)
     c = spec.chunked_prefill_size
     best = rec.best.setting
     if not spec.allows(best):

@@ -293,7 +293,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)
     remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
     current = [remembered.pop(c.type, c) for c in sd.status.conditions] + list(remembered.values())
-    conds = tuning.conditions(sd, current, decision, views, snap, stamp)
+    conds = tuning.conditions(sd, current, decision, views, snap, stamp, recommendation)
     events += tuning.new_warnings(before, conds)
     if (event := tuning.recommended_event(sd, decision.fleet, recommendation)) is not None:
         events.append(event)

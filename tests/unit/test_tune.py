@@ -486,3 +486,16 @@ def test_calibration_fits_the_offered_load_when_the_first_check_disagrees():
     factor, got = modelcheck.calibrated(wl, replay, first, observed, max_runs=3)
     assert runs == [0.5] and factor == 0.5 and got.agrees and got.runs == 1
     assert "x0.5 after 1 calibration run" in got.describe()
+
+
+def test_a_gain_that_does_not_hold_on_an_independent_resample_holds():
+    rec = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)
+    assert rec.best.setting != OFF and math.isfinite(rec.resample_gain) and rec.resample_gain >= 0.2
+    assert isinstance(decide(heterogeneous(), rec, TunerState(OFF)), Move)
+    # The same screen and confirmation, a resample that shows no gain: no step.
+    flat = replace(rec, resample_gain=0.05)
+    d = decide(heterogeneous(), flat, TunerState(OFF))
+    assert isinstance(d, Hold) and d.reason == guardrails.NOT_ON_RESAMPLE and "5% on an independent resample" in d.message
+    # Nothing to resample when the best is the current setting.
+    assert math.isnan(recommend.resample(heterogeneous(), OFF, OFF, 1, rec.model, SPEC, PROFILE,
+                                         recommend.EngineConfig(), recommend.RecommenderSettings()))

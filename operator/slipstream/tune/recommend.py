@@ -200,6 +200,10 @@ class Recommendation:
     confirmed: tuple[Prediction, ...] = ()
     """The shortlist re-run on the longer, independent confirming sample; ``best`` and
     ``current`` are from these (``predictions`` holds the screen of every candidate)."""
+    resample_gain: float = math.nan
+    """The same relative gain (best over current) on an independent resample: another
+    seed's draw of the window at the neighbouring burst size of the fit (``resample``),
+    not the sample the choice was made on; NaN when not measured (best is current)."""
     model: modelcheck.ModelCheck | None = None
     """The twin's replay of the window under the running setting beside the observed p99
     TTFT, after the offered-load calibration (``tune.modelcheck``); the guardrails hold
@@ -322,12 +326,33 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
                             settings)
     best, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
     cur = next(p for p in confirmed if p.setting == current)
+    again = resample(snapshot, current, best.setting, burst, model, spec, profile, base, settings)
     mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
                         spec.chunked_prefill_size)
     bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
     return Recommendation(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
-                          reason_line(mix, cur, best, feasible), burst, fit, confirmed, model)
+                          reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model)
+
+
+def resample(snapshot: WorkloadSnapshot, current: Setting, best: Setting, burst: int, model: modelcheck.ModelCheck,
+             spec: TuningSpec, profile: Profile, config: EngineConfig, settings: RecommenderSettings) -> float:
+    """The gain of ``best`` over ``current`` on an independent resample (two twin runs; NaN
+    when they are the same setting). The screen and the confirmation share the fitted burst
+    size and the snapshot's synthesis, so a bias of either passes both; this draw uses
+    another seed and the burst size next to the fitted one on the ladder (the fit's own
+    uncertainty), at the calibrated rate: a gain that is real holds on it."""
+    if best == current:
+        return math.nan
+    ladder = settings.bursts or (1,)
+    at = ladder.index(burst) if burst in ladder else 0
+    other = ladder[at + 1] if at + 1 < len(ladder) else ladder[at - 1] if at > 0 else 2 * burst
+    draw = synthesize(snapshot, settings.max_requests, settings.seed + 2, other)
+    draw = draw.scaled(model.rate_factor) if model.rate_factor != 1.0 else draw
+    cfg = twin_config(config, spec, draw)
+    a = predict(draw, current, profile, cfg, spec).objective(settings.objective)
+    b = predict(draw, best, profile, cfg, spec).objective(settings.objective)
+    return (a - b) / a if a > 0 and math.isfinite(a) and math.isfinite(b) else 0.0
 
 
 def checked(snapshot: WorkloadSnapshot, workload: Workload, current_run: Prediction, current: Setting,

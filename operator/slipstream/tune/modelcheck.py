@@ -16,13 +16,11 @@ a backlog they undercount the arrivals and over a backlog's drain they overcount
 Still outside the band: the twin does not explain what the engines show, and a
 comparison of candidates on it would be a guess; the tuner holds (``MODEL_MISMATCH``).
 
-Why a factor of 4 by default. The check must pass a correct model: the twin judged on its
-own output (``slipstream recommend --workload ...``: the snapshot is binned from a twin
-run, so the model is exact and only the window's binning and resampling are lost)
-disagrees with itself by up to about 2.5x on a window's p99 (the TTFT buckets are 1.5-2.5x
-apart and p99 of 60-300 first tokens rests on their last few; docs/operator.md, "The model
-check", with the command). A factor of 4 clears that and still catches what the issue
-found in practice (2x to 200x off: 1,565 s predicted against 6.4 s observed).
+Why a factor of 4 by default (reasoned, not yet measured). The check must pass a correct
+model, and the observed p99 is read from TTFT buckets 1.5-2.5x apart, resting on a window's
+last few requests: a correct model can miss by about one bucket. A factor of 4 leaves room
+for that and still catches what issue 16 found in practice (2x to 200x off: 1,565 s
+predicted against 6.4 s observed).
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ class RecommenderSettings:
     model_band: float = 4.0
     """Factor (either way) within which the twin's replay of the window under the running
     setting must match each tenant's observed p99 TTFT before its candidates are believed
-    (``tune.modelcheck``; 0 turns the check off). A correct model misses its own windows
-    by up to ~2.5x (bucket resolution, a p99 of a few hundred first tokens)."""
+    (``tune.modelcheck``; 0 turns the check off). Room for about one TTFT bucket (1.5-2.5x
+    apart) of a correct model's miss; a reasoned choice, not yet measured."""
     model_calibration_runs: int = 3
     """Twin runs of the running setting (count) the offered-load calibration may spend
     when the first check disagrees (arrivals x0.5, x0.25, ... or x2, x4, ...)."""

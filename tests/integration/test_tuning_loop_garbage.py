@@ -19,9 +19,9 @@ import json
 from typing import Any
 
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from loop_helpers import Engine, Key, PodsAndConfigMaps
 from observe_helpers import FakePrometheus
 
 from slipstream.api import models, snapshot
@@ -49,56 +49,6 @@ SPEC = {
              "prometheus": {"url": "set per test"}},
     "status": {"observedGeneration": 1, "threshold": 4096, "mode": "ceiling", "schedulePolicy": "fcfs"},
 }  # fmt: skip
-
-
-class PodsAndConfigMaps:
-    """The two Kubernetes reads and the one write of a step, in memory."""
-
-    def __init__(self, port: int) -> None:
-        self.pod = {"metadata": {"name": "kimi-0"},
-                    "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-        self.configmaps: dict[str, dict[str, Any]] = {}
-        self.port = port
-
-    def pods(self, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        return [copy.deepcopy(self.pod)]
-
-    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.configmaps.get(name))
-
-    def apply(self, obj: dict[str, Any]) -> tuple[dict[str, Any], None, str]:
-        self.configmaps[obj["metadata"]["name"]] = copy.deepcopy(obj)
-        return obj, None, "created"
-
-
-class Key:
-    def key(self, sd: models.ServingDeployment) -> str:
-        return "k3y"
-
-
-class Engine:
-    """An engine whose admin API answers what it is told; records the settings sent."""
-
-    def __init__(self) -> None:
-        self.answer: Answer = (200, b"{}")
-        self.sets: list[dict[str, Any]] = []
-
-    async def start(self) -> str:
-        async def info(request: web.Request) -> web.StreamResponse:
-            return web.Response(status=self.answer[0], body=self.answer[1], content_type="application/json")
-
-        async def set_state(request: web.Request) -> web.StreamResponse:
-            self.sets.append((await request.json())["server_args"])
-            return web.json_response({"updated": True})
-
-        app = web.Application()
-        app.router.add_get("/get_server_info", info)
-        app.router.add_get("/server_info", info)
-        app.router.add_post("/set_internal_state", set_state)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
 
 @pytest.fixture(scope="module")

@@ -227,3 +227,40 @@ def test_each_deployment_gets_its_canary_source_from_the_fleet() -> None:
     assert source.min_samples == 7 and source.tenant_label == "tenant"
     assert source.observer is fleet.observer("http://127.0.0.1:9090", 6.0, "tenant")
     assert latency(make({"mode": "Auto", "intervalSeconds": 60})).observer is source.observer
+
+
+def test_a_window_the_twin_does_not_explain_is_model_mismatch_with_one_event() -> None:
+    """The operator's side of the model check: `MetricsAvailable=False` reason ModelMismatch,
+    one Warning giving both numbers (not one per interval), the worst ratio in status and
+    the per-tenant gauge."""
+    from test_tune import heterogeneous
+
+    from slipstream.controller import stages
+
+    sd = make({"mode": "Auto", "threshold": 0})
+    good = heterogeneous()
+    pods = [machine.Pod("a", S(threshold=4096))]
+    words = "the twin does not explain the window: twin predicts chat p99 TTFT 31.20 s, engines observed 2.40 s"
+    bad = tuning.Recommendation(S(threshold=4096), False, "ModelMismatch: " + words, 0.8,
+                                (("chat", 31.2, 2.4), ("agent", 0.5, 0.4)), words)
+    first = tuning.conditions(sd, [], decision(), pods, good, "2026-01-01T00:00:00Z", bad)
+    cond = {c.type: c for c in first}["MetricsAvailable"]
+    assert (cond.status, cond.reason, cond.message) == ("False", "ModelMismatch", words)
+    (event,) = tuning.new_warnings([], first)
+    assert event.type == "Warning" and event.reason == "ModelMismatch" and "31.20 s" in event.message and "2.40 s" in event.message
+    again = tuning.conditions(sd, first, decision(), pods, good, "2026-01-01T00:01:00Z", bad)
+    assert tuning.new_warnings(first, again) == []
+    patch = tuning.status_patch(sd, decision(), again, good, bad, False, "2026-01-01T00:01:00Z")
+    assert patch["predictionErrorRatio"] == 13.0
+    models.ServingDeploymentStatus.model_validate(patch)
+    # Agreeing again: Fresh, and no mismatch.
+    ok = tuning.Recommendation(S(threshold=4096), False, "AtBest", 0.8, (("chat", 2.0, 2.4),))
+    fresh = {c.type: c for c in tuning.conditions(sd, again, decision(), pods, good, "t", ok)}["MetricsAvailable"]
+    assert (fresh.status, fresh.reason) == ("True", "Fresh")
+    # The stage fills both from the tuner and sets the gauge per tenant.
+    rec = stages.TwinRecommender(settings_.ControllerSettings(observe_min_samples=50)).recommend(
+        sd, good, S(threshold=0), 1000.0)
+    assert rec.prediction and not rec.model_mismatch
+    name, predicted, observed = rec.prediction[0]
+    got = stages.PREDICTION_ERROR.labels("prod", "kimi", name)._value.get()
+    assert got == pytest.approx(max(predicted, 1e-3) / observed)

@@ -552,6 +552,11 @@ class ServingDeploymentStatus(Model):
     mode: EngineMode | None = Field(default=None, description="Engine mode in effect.")
     schedule_policy: SchedulePolicy | None = None
     heterogeneity: float | None = Field(default=None, description="Measured heterogeneity of the mix.")
+    prediction_error_ratio: float | None = Field(
+        default=None, ge=0,
+        description="The twin's p99 TTFT over the observed one for the worst tenant (1 is exact), replaying "
+        "the last window under the running setting; outside 0.25-4 the tuner holds (ModelMismatch).",
+    )
     recommendation: EngineSetting | None = Field(default=None, description="What the tuner would run.")
     last_decision: Decision | None = None
     left_settings: list[LeftSetting] = Field(

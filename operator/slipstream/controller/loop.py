@@ -262,6 +262,10 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
          else p for p in views),
         key=lambda p: p.name,
     )  # fmt: skip
+    # The machine's clock is read when the pods were read, not when the step began: the
+    # observe stage (a twin run queued on the tuner pool) may have taken seconds, and a
+    # phase's clock (the analysis window) must start when the pods reported, not before.
+    now = deps.clock()
     verdict = None
     if state is not None and machine.analysis_due(state, pol, now):
         verdict = await analyse(deps, sd, state, pods, now)
@@ -276,6 +280,9 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
         views = [results.get(p.name, p) for p in views]
         # Acknowledge what took (canaries verified, promotion complete) in this same step;
         # a step that would call the engines again waits for the next one (spaced retries).
+        # Timed at the read-back: the analysis clock starts when every canary reports the
+        # candidate, and a promotion or rollback finishes (the cooldown's start) then too.
+        now = deps.clock()
         again = machine.decide(decision.state, decision.fleet, target, views, pol, now, verdict)
         if not again.apply:
             decision = again
@@ -286,7 +293,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)
     remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
     current = [remembered.pop(c.type, c) for c in sd.status.conditions] + list(remembered.values())
-    conds = tuning.conditions(sd, current, decision, views, snap, stamp)
+    conds = tuning.conditions(sd, current, decision, views, snap, stamp, recommendation)
     events += tuning.new_warnings(before, conds)
     if (event := tuning.recommended_event(sd, decision.fleet, recommendation)) is not None:
         events.append(event)

@@ -28,9 +28,8 @@ from slipstream.controller import tuning
 from slipstream.observe import assemble, queries
 from slipstream.observe import fleet as fleet_
 from slipstream.observe.observer import Observer, ObserveSettings
-from slipstream.rollout import machine
 from slipstream.sim import policies, profiles
-from slipstream.tune import candidates, guardrails
+from slipstream.tune import candidates, guardrails, modelcheck
 from slipstream.tune import deployment as tune_deployment
 from slipstream.tune import memo as memo_
 from slipstream.tune import tuner as tuner_
@@ -42,6 +41,11 @@ TUNER_SECONDS = prometheus_client.Histogram(
 )
 TUNER_CPU_SECONDS = prometheus_client.Counter(
     "slipstream_tuner_cpu_seconds", "CPU seconds of the twin runs (their tuner pool thread's own time)."
+)
+PREDICTION_ERROR = prometheus_client.Gauge(
+    "slipstream_twin_prediction_error_ratio", "The twin's p99 TTFT over the observed one, per tenant, for the "
+    "last window replayed under the running setting (tune/modelcheck.py; 1 is exact; outside the band the tuner "
+    "holds ModelMismatch).", ["namespace", "deployment", "tenant"],
 )
 TUNER_REUSES = prometheus_client.Counter(
     "slipstream_tuner_reuses", "Recommendations reused without a twin run (the deployment's workload had not "
@@ -162,7 +166,7 @@ class TwinRecommender:
             return None
         if decision.recommendation is not None:  # a reused run (a gate's Hold carries none)
             TUNER_REUSES.inc()
-        return self._summary(decision, fleet)
+        return self._summary(decision, fleet, sd)
 
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
@@ -176,7 +180,7 @@ class TwinRecommender:
                 state, settings, config = self._inputs(sd, fleet)
                 decision = tuner_.with_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
                                             profile, config, now, self.memo)
-                return self._summary(decision, fleet)
+                return self._summary(decision, fleet, sd)
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
 
@@ -185,10 +189,9 @@ class TwinRecommender:
     ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
         """The tuner's state (from status), settings (from the spec) and engine config."""
         rollout = sd.status.rollout
-        last = sd.status.last_decision
         state = guardrails.TunerState(
             current=twin_setting(fleet),
-            last_step_at=machine.seconds(last.time) if last is not None else None,
+            last_step_at=tune_deployment.last_step_at(sd.status),  # cooldown from promotion/rollback
             rollout_in_progress=rollout is not None and rollout.phase != "Idle",
             left=tune_deployment.left_of(sd.status),
         )
@@ -204,13 +207,21 @@ class TwinRecommender:
         return state, settings, tune_deployment.engine_config(sd.spec)
 
     @staticmethod
-    def _summary(decision: guardrails.Decision, fleet: models.EngineSetting) -> tuning.Recommendation:
+    def _summary(decision: guardrails.Decision, fleet: models.EngineSetting,
+                 sd: models.ServingDeployment | None = None) -> tuning.Recommendation:  # fmt: skip
         rec = decision.recommendation
         mix = rec.heterogeneity if rec is not None else None
+        model = rec.model if rec is not None else None
+        prediction = tuple((t.name, t.predicted_s, t.observed_s) for t in model.tenants) if model is not None else ()
+        if sd is not None:
+            for name, predicted, observed in prediction:
+                PREDICTION_ERROR.labels(sd.metadata.namespace, sd.metadata.name, name).set(
+                    max(predicted, 1e-3) / observed)
+        mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
-            return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix)
+            return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction)
         best = engine_setting(rec.best.setting) if rec is not None else fleet
-        return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix)
+        return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix, prediction, mismatch)
 
 
 @dataclass

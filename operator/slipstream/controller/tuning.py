@@ -19,6 +19,7 @@ from slipstream.controller import settings as settings_
 from slipstream.engine import args as engine_args
 from slipstream.rollout import machine
 from slipstream.tune import deployment as tune_deployment
+from slipstream.tune import modelcheck
 
 METRICS_AVAILABLE = "MetricsAvailable"
 ROLLOUT_PROGRESSING = "RolloutProgressing"
@@ -45,7 +46,21 @@ class Recommendation:
     """One line with the numbers, e.g. `heterogeneity 0.81, predicted worst-tenant p99 TTFT
     38.2 s -> 1.9 s`."""
     heterogeneity: float | None = None
+    prediction: tuple[tuple[str, float, float], ...] = ()
+    """(tenant, twin's p99 TTFT s, observed p99 TTFT s) of the model check: the twin's
+    replay of the window under the running setting beside the engines' (``tune.modelcheck``)."""
+    model_mismatch: str = ""
+    """Set when the twin does not explain the window (the guardrails held ``ModelMismatch``):
+    the worst tenant's predicted and observed p99, for ``MetricsAvailable`` and its Event."""
 
+    @property
+    def prediction_error_ratio(self) -> float | None:
+        """The worst tenant's predicted over observed p99 (furthest from 1 either way)."""
+        ratios = [p / o for _, p, o in self.prediction if o > 0 and math.isfinite(p / o) and p > 0]
+        return max(ratios, key=lambda r: abs(math.log(r)), default=None)
+
+
+MODEL_MISMATCH = modelcheck.MODEL_MISMATCH
 
 spec_setting = objects.spec_setting
 fleet_setting = objects.current_setting
@@ -102,12 +117,18 @@ def conditions(
     pods: Sequence[machine.Pod],
     snap: snapshot.WorkloadSnapshot | None,
     now: str,
+    recommendation: Recommendation | None = None,
 ) -> list[models.Condition]:
-    """`current` with the three tuning conditions set from this step."""
+    """`current` with the three tuning conditions set from this step. A valid window the
+    twin does not explain is `MetricsAvailable=False`, reason `ModelMismatch`: the metrics
+    are there, but nothing may be decided on them."""
     gen = sd.metadata.generation
     out = list(current)
     if snap is not None:
-        if snap.valid:
+        if snap.valid and recommendation is not None and recommendation.model_mismatch:
+            out = status.set_condition(out, METRICS_AVAILABLE, False, MODEL_MISMATCH, recommendation.model_mismatch,
+                                       gen, now)  # fmt: skip
+        elif snap.valid:
             detail = snap.detail or f"{snap.requests:.0f} first tokens over {snap.window_s:.0f} s"
             out = status.set_condition(out, METRICS_AVAILABLE, True, "Fresh", detail, gen, now)
         else:
@@ -199,6 +220,8 @@ def status_patch(
         out["recommendation"] = recommendation.setting.to_k8s()
         if recommendation.heterogeneity is not None and math.isfinite(recommendation.heterogeneity):
             out["heterogeneity"] = round(recommendation.heterogeneity, 3)
+        if (ratio := recommendation.prediction_error_ratio) is not None:
+            out["predictionErrorRatio"] = round(ratio, 3)
     if started and decision.state.candidate is not None:  # a rollout began this step
         out["lastDecision"] = models.Decision.model_validate({
             "time": now, "from": (decision.state.baseline or fleet).to_k8s(),

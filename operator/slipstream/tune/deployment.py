@@ -8,7 +8,8 @@ controller needs no knowledge of the tuner's types:
 
 ``fleet`` is what the engines run (``models.EngineSetting``, read back from their gauges);
 ``now`` is Unix seconds (the loop's injected clock). The tuner's memory lives in the CR
-status: the last step's time is ``status.lastDecision.time`` and a rollout is in progress
+status: the last step's time is when its rollout finished (``status.rollout.finishedAt``,
+else ``status.lastDecision.time``: ``last_step_at``) and a rollout is in progress
 while ``status.rollout.phase`` is not Idle, so a restarted operator decides exactly as the
 one before it would have; the dwell's memory (``TunerState.left``) is
 ``status.leftSettings``, which ``record_left`` extends when a rollout promotes.
@@ -92,12 +93,31 @@ def record_left(entries: list[models.LeftSetting], left: models.EngineSetting, a
     return [e.to_k8s() for e in [*entries, new][-MAX_LEFT:]]
 
 
+def last_step_at(status: models.ServingDeploymentStatus | None) -> float | None:
+    """When the last step ended (Unix seconds; ``TunerState.last_step_at``): the rollout's
+    finish (promoted or rolled back) when it finished after the decision, else the
+    decision's time (``status.lastDecision.time``); None if there was none.
+
+    The cooldown runs from here: a step's effect shows in the metrics only once every pod
+    runs it, and a canary plus its analysis window can take most of a cooldown; counted
+    from the decision, the next step could be judged on a window the promotion barely
+    reached."""
+    last = status.last_decision if status is not None else None
+    decided = unix_seconds(last.time) if last is not None else None
+    rollout = status.rollout if status is not None else None
+    if rollout is None or rollout.phase != "Idle" or rollout.result not in ("Promoted", "RolledBack"):
+        return decided
+    finished = unix_seconds(rollout.finished_at)
+    if finished is None or (decided is not None and finished < decided):
+        return decided
+    return finished
+
+
 def tuner_state(sd: models.ServingDeployment, fleet: models.EngineSetting) -> TunerState:
     """What the tuner remembers, read from the CR status."""
     status = sd.status
-    last = status.last_decision if status is not None else None
     rollout = status.rollout if status is not None else None
-    return TunerState(setting_of(fleet), unix_seconds(last.time) if last is not None else None,
+    return TunerState(setting_of(fleet), last_step_at(status),
                       rollout is not None and rollout.phase != "Idle", left_of(status))
 
 

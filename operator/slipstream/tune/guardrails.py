@@ -11,7 +11,12 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 3. fewer first tokens in the window than ``min_samples``: Hold ``TooFewSamples``;
 4. less than ``interval_s`` since the last step: Hold ``Interval`` (one step per interval);
 5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``;
-6. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
+6. the twin's replay of the window under the running setting disagrees with what the
+   engines reported, even after its offered load was refitted (``Recommendation.model``,
+   ``tune.modelcheck``): Hold ``ModelMismatch``, naming the worst tenant's predicted and
+   observed p99 TTFT: a comparison of candidates on a model that does not explain the
+   present is a guess;
+6b. the best candidate is outside the spec's bounds: Hold ``OutOfBounds`` (cannot happen
    with ``recommend``'s candidates; re-checked because the spec may have changed);
 7. the best differs from the current setting and its predicted gain clears the margin
    (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
@@ -25,6 +30,10 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    Move: the best has less concurrency than the current setting,
    predicts within ``step_back_tolerance`` of it and the mix is near-uniform (heterogeneity
    at most ``step_back_max_heterogeneity``): uniform traffic returns to off;
+7b. a Move by gain whose gain does not hold on an independent resample (another seed, the
+   neighbouring burst size: ``Recommendation.resample_gain`` below ``min_gain``): Hold
+   ``NotOnResample``: the screen and the confirmation share the snapshot's synthesis and
+   burst, so a bias they share would pass both;
 8. no allowed candidate meets the targets and the long-prompt bound: ``Infeasible`` (the
    user's targets are out of reach of any setting; status says so);
 9. the best is the current setting: Hold ``AtBest``;
@@ -40,11 +49,13 @@ the recommendation's cost when nothing could move anyway.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
 from slipstream.tune.candidates import TuningSpec, concurrency
+from slipstream.tune.modelcheck import MODEL_MISMATCH
 from slipstream.tune.recommend import Recommendation, describe
 
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
@@ -54,6 +65,7 @@ OUT_OF_BOUNDS = "OutOfBounds"
 AT_BEST = "AtBest"
 BELOW_MARGIN = "BelowMargin"
 DWELL = "Dwell"
+NOT_ON_RESAMPLE = "NotOnResample"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +210,8 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
     if recommendation is None:
         raise ValueError("decide needs a recommendation when no guardrail holds")
     rec = recommendation
+    if rec.model is not None and not rec.model.agrees:
+        return Hold(MODEL_MISMATCH, f"the twin does not explain the window: {rec.model.describe()}", rec)
     c = spec.chunked_prefill_size
     best = rec.best.setting
     if not spec.allows(best):
@@ -209,6 +223,10 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
     dwell_s = settings.dwell_cooldowns * settings.cooldown_s
     left_at = state.left_within(best, now, dwell_s)
     by_gain = best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= margin
+    if by_gain and math.isfinite(rec.resample_gain) and rec.resample_gain < settings.min_gain:
+        return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
+                    f"{rec.resample_gain:.0%} on an independent resample (below {settings.min_gain:.0%}): "
+                    f"{rec.reason}", rec)
     if by_gain and left_at is None:
         return Move(state.current, best, rec.reason, rec)
     if (best != state.current and new <= cur * (1 + settings.step_back_tolerance)

@@ -8,6 +8,10 @@ Steps (each a function below, plain data between them):
    the snapshot's TTFT histograms show for that same setting. Real traffic is burstier
    than Poisson; on the Azure code trace stock's p99 TTFT is 14 s at 27% prefill load,
    which Poisson arrivals at the same rate predict as well under 1 s;
+   ``check`` the fitted replay against the observation (``tune.modelcheck``): every
+   tenant's predicted p99 within ``model_band`` of its observed one, else the offered load
+   is refitted (a few more runs of the current setting) and checked again; a twin that
+   still disagrees is reported in ``Recommendation.model`` and the guardrails hold;
 2. ``predict`` each candidate (the screen): one deterministic twin run per candidate,
    on the same workload;
 3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
@@ -48,6 +52,7 @@ from slipstream.sim.metrics import percentile
 from slipstream.sim.policies import EngineConfig, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
+from slipstream.tune import modelcheck
 from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, preference
 from slipstream.tune.heterogeneity import heterogeneity
 from slipstream.tune.twin_workload import synthesize
@@ -103,6 +108,14 @@ class RecommenderSettings:
     calibration_min_samples: int = 20
     """First tokens a tenant needs in the window (count) for its observed p99 TTFT to be
     fitted: fewer and the p99 is one request's luck."""
+    model_band: float = 4.0
+    """Factor (either way) within which the twin's replay of the window under the running
+    setting must match each tenant's observed p99 TTFT before its candidates are believed
+    (``tune.modelcheck``; 0 turns the check off). Room for about one TTFT bucket (1.5-2.5x
+    apart) of a correct model's miss; a reasoned choice, not yet measured."""
+    model_calibration_runs: int = 3
+    """Twin runs of the running setting (count) the offered-load calibration may spend
+    when the first check disagrees (arrivals x0.5, x0.25, ... or x2, x4, ...)."""
     orders: tuple[str, ...] = policies.ORDERS
     """Admission orders tried."""
     modes: tuple[str, ...] = ("ceiling", "floor")
@@ -187,6 +200,14 @@ class Recommendation:
     confirmed: tuple[Prediction, ...] = ()
     """The shortlist re-run on the longer, independent confirming sample; ``best`` and
     ``current`` are from these (``predictions`` holds the screen of every candidate)."""
+    resample_gain: float = math.nan
+    """The same relative gain (best over current) on an independent resample: another
+    seed's draw of the window at the neighbouring burst size of the fit (``resample``),
+    not the sample the choice was made on; NaN when not measured (best is current)."""
+    model: modelcheck.ModelCheck | None = None
+    """The twin's replay of the window under the running setting beside the observed p99
+    TTFT, after the offered-load calibration (``tune.modelcheck``); the guardrails hold
+    ``ModelMismatch`` when it disagrees. None: not checked."""
 
     @property
     def gain(self) -> float:
@@ -289,6 +310,7 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     base = config or EngineConfig()
     burst, workload, current_run, fit = calibrate(snapshot, current, spec, profile, base, settings)
     cfg = twin_config(base, spec, workload)
+    workload, current_run, model = checked(snapshot, workload, current_run, current, spec, profile, cfg, settings)
     runs = {current: current_run}
     runs.update({s: predict(workload, s, profile, cfg, spec)
                  for s in (BASELINE, *enumerate_candidates(stepped(spec, current, settings), settings.orders,
@@ -297,18 +319,72 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     confirmed = screened
     if settings.confirm_requests:
         longer = synthesize(snapshot, settings.confirm_requests, settings.seed + 1, burst, max_span_s=math.inf)
+        longer = longer.scaled(model.rate_factor) if model.rate_factor != 1.0 else longer
         lcfg = twin_config(base, spec, longer)
         confirmed = bounded(tuple(predict(longer, s, profile, lcfg, spec)
                                   for s in shortlist(screened, current, settings, spec.chunked_prefill_size)),
                             settings)
     best, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
     cur = next(p for p in confirmed if p.setting == current)
+    again = resample(snapshot, current, best.setting, burst, model, spec, profile, base, settings)
     mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
                         spec.chunked_prefill_size)
     bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
     return Recommendation(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
-                          reason_line(mix, cur, best, feasible), burst, fit, confirmed)
+                          reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model)
+
+
+def resample(snapshot: WorkloadSnapshot, current: Setting, best: Setting, burst: int, model: modelcheck.ModelCheck,
+             spec: TuningSpec, profile: Profile, config: EngineConfig, settings: RecommenderSettings) -> float:
+    """The gain of ``best`` over ``current`` on an independent resample (two twin runs; NaN
+    when they are the same setting). The screen and the confirmation share the fitted burst
+    size and the snapshot's synthesis, so a bias of either passes both; this draw uses
+    another seed and the burst size next to the fitted one on the ladder (the fit's own
+    uncertainty), at the calibrated rate: a gain that is real holds on it."""
+    if best == current:
+        return math.nan
+    ladder = settings.bursts or (1,)
+    at = ladder.index(burst) if burst in ladder else 0
+    other = ladder[at + 1] if at + 1 < len(ladder) else ladder[at - 1] if at > 0 else 2 * burst
+    draw = synthesize(snapshot, settings.max_requests, settings.seed + 2, other)
+    draw = draw.scaled(model.rate_factor) if model.rate_factor != 1.0 else draw
+    cfg = twin_config(config, spec, draw)
+    a = predict(draw, current, profile, cfg, spec).objective(settings.objective)
+    b = predict(draw, best, profile, cfg, spec).objective(settings.objective)
+    return (a - b) / a if a > 0 and math.isfinite(a) and math.isfinite(b) else 0.0
+
+
+def checked(snapshot: WorkloadSnapshot, workload: Workload, current_run: Prediction, current: Setting,
+            spec: TuningSpec, profile: Profile, config: EngineConfig, settings: RecommenderSettings
+            ) -> tuple[Workload, Prediction, modelcheck.ModelCheck]:
+    """(workload, current setting's run on it, the check): the model check of
+    ``tune.modelcheck`` on the calibrated replay, its offered load refitted when the first
+    check disagrees (at most ``model_calibration_runs`` more twin runs; none when it agrees)."""
+    observed = observed_p99(snapshot, settings)
+    first = modelcheck.check(p99_of(current_run), observed, settings.model_band)
+    replays: dict[float, Prediction] = {}  # by the scaled workload's rate_scale
+
+    def replay(scaled: Workload) -> dict[str, float]:
+        run = replays[scaled.rate_scale] = predict(scaled, current, profile, config, spec)
+        return p99_of(run)
+
+    factor, model = modelcheck.calibrated(workload, replay, first, observed, settings.model_calibration_runs)
+    if factor == 1.0:
+        return workload, current_run, model
+    return workload.scaled(factor), replays[workload.rate_scale * factor], model
+
+
+def p99_of(run: Prediction) -> dict[str, float]:
+    """Per-tenant p99 TTFT (seconds) of one twin run."""
+    return {t.name: t.ttft_p99_s for t in run.tenants}
+
+
+def observed_p99(snapshot: WorkloadSnapshot, settings: RecommenderSettings) -> dict[str, float]:
+    """Per-tenant observed p99 TTFT of the tenants with enough first tokens to have one."""
+    return {t.name: t.ttft_p99_s for t in snapshot.tenants
+            if t.ttft.total >= settings.calibration_min_samples and t.ttft.finite
+            and math.isfinite(t.ttft_p99_s) and t.ttft_p99_s > 0}
 
 
 def stepped(spec: TuningSpec, current: Setting, settings: RecommenderSettings) -> TuningSpec:
@@ -350,9 +426,7 @@ def calibrate(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
               config: EngineConfig, settings: RecommenderSettings
               ) -> tuple[int, Workload, Prediction, float]:
     """(burst, workload, current setting's prediction, fit error): step 1 of the module doc."""
-    observed = {t.name: t.ttft_p99_s for t in snapshot.tenants
-                if t.ttft.total >= settings.calibration_min_samples and t.ttft.finite
-                and math.isfinite(t.ttft_p99_s) and t.ttft_p99_s > 0}
+    observed = observed_p99(snapshot, settings)
     best: tuple[int, Workload, Prediction, float] | None = None
     for burst in settings.bursts or (1,):
         workload = synthesize(snapshot, settings.max_requests, settings.seed, burst)

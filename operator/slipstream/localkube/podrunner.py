@@ -288,10 +288,15 @@ class PodRunner:
     # life cycle
 
     def start(self) -> PodRunner:
-        """Run passes in a background thread until stop()."""
+        """Run passes in a background thread until stop(); again after the thread died."""
+        self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="podrunner", daemon=True)
         self._thread.start()
         return self
+
+    def running(self) -> bool:
+        """Whether the thread that keeps the simulators runs (a supervisor restarts it if not)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         """Stop the thread and every simulator; return once they are gone."""

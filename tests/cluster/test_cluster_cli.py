@@ -1,6 +1,7 @@
-"""`slipstream cluster up | status | down` as a user runs them: a stack that outlives the
-command, and nothing left running afterwards, whether `down` stops a live supervisor,
-cleans up after a supervisor killed with SIGKILL, or `up` itself is interrupted."""
+"""`slipstream cluster up | status | restart | down` as a user runs them: a stack that outlives
+the command, and nothing left running afterwards, whether `down` stops a live supervisor,
+cleans up after a supervisor killed with SIGKILL, or `up` itself is interrupted; and a
+supervisor that restarts what dies (a SIGKILLed operator finishes its rollout)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from test_operator_reconcile import apply, must_get, pod_identities
+from test_rollout import engines, in_sync, sd_doc
 
 from conftest import eventually, processes_mentioning
-from slipstream.localkube import binaries
+from slipstream.localkube import binaries, supervisor
 
 UP_S = 300
 
@@ -85,3 +90,115 @@ def test_sigterm_of_up_while_it_starts_stops_everything(tmp_path: Path) -> None:
     assert up.returncode != 0, err
     nothing_left(workdir, [state["supervisor_pid"], *started])
     assert not (workdir / "state.json").exists()
+
+
+# -- the supervisor restarts what dies ---------------------------------------------------------------
+
+NS = "supervised"
+RESTART_S = 180
+"""Deadline for the stack to be whole again: a backoff of 1 s, the operator's start (kopf's
+first lists, ~20 s on a loaded machine), the peering lifetime of the killed one, the rollout."""
+
+
+class UpCluster:
+    """The helpers of test_operator_reconcile and test_rollout take a cluster with
+    ``kubectl()`` and a runner with ``simulators()``; `cluster up` gives both through files."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.kubeconfig = workdir / "cluster" / "admin.kubeconfig"
+
+    def kubectl(self, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [str(binaries.default_bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, input=input, check=False)
+        assert not check or done.returncode == 0, done.stderr
+        return done
+
+    def simulators(self) -> list[dict[str, Any]]:
+        return supervisor._simulators(self.workdir)
+
+    def component(self, name: str) -> dict[str, Any]:
+        state = json.loads((self.workdir / "state.json").read_text())
+        (row,) = [r for r in supervisor.component_rows(state) if r["name"] == name]
+        return row
+
+
+def restarted(up: UpCluster, name: str, old_pid: int, restarts: int) -> dict[str, Any]:
+    row = up.component(name)
+    assert row["state"] == "running" and row["pid"] != old_pid and row["restarts"] >= restarts, row
+    assert not Path(f"/proc/{old_pid}").exists(), f"{name}'s old pid {old_pid} is still listed (a zombie?)"
+    return row
+
+
+def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Path) -> None:
+    """A rollout held in flight by one hanging engine; the operator SIGKILLed: the supervisor
+    reaps it and starts it again with no hand restart, and the fleet converges on the new
+    setting with no engine pod replaced. Then a SIGKILLed Prometheus comes back the same way,
+    `cluster restart` restarts one on request, and `cluster status` says ready again."""
+    workdir = tmp_path / "cluster"
+    env = {"SLIPSTREAM_ADMIN_TIMEOUT_SECONDS": "1", "SLIPSTREAM_ADMIN_ATTEMPTS": "30",
+           "SLIPSTREAM_PEERING_LIFETIME_SECONDS": "10"}  # fmt: skip
+    up_run = slipstream("cluster", "up", f"--workdir={workdir}", "--time-scale=4",
+                        *[f"--operator-env={k}={v}" for k, v in env.items()])  # fmt: skip
+    assert up_run.returncode == 0, up_run.stderr
+    try:
+        up = UpCluster(workdir)
+        written = (workdir / "cluster" / "operator.env").read_text()
+        assert "python" in written and "-m slipstream.controller" in written, written
+        for key in ("KUBECONFIG", "SLIPSTREAM_ENGINE_NETWORKS", "SLIPSTREAM_ADMIN_ATTEMPTS"):
+            assert f"\n{key}=" in written, written
+        sv: Any = up  # the helpers' parameters are typed for localkube.Cluster and PodRunner
+        up.kubectl("create", "namespace", NS)
+        name = "supervised"
+        apply(sv, NS, sd_doc(name))
+        pods = engines(sv, sv, NS, name)
+        eventually(lambda: in_sync(sv, NS, name), deadline_s=RESTART_S, what="in sync")
+        identities = pod_identities(sv, NS, name)
+        bad = pods[sorted(pods)[1]]
+        bad.fault("timeout")
+        up.kubectl("patch", "sd", name, f"--namespace={NS}", "--type=merge", "-p",
+                   json.dumps({"spec": {"tuning": {"threshold": 2048}}}))  # fmt: skip
+
+        def in_flight() -> dict[str, Any]:
+            rollout = (must_get(sv, "sd", name, NS).get("status") or {}).get("rollout") or {}
+            assert rollout.get("phase") not in (None, "Idle"), rollout
+            return rollout
+
+        rollout = eventually(in_flight, deadline_s=RESTART_S, what="rollout in flight")
+        operator = up.component("operator")
+        os.kill(operator["pid"], signal.SIGKILL)
+        bad.fault("ok")
+        print(f"operator SIGKILLed during {rollout['phase']}")
+        eventually(lambda: restarted(up, "operator", operator["pid"], 1), deadline_s=RESTART_S,
+                   what="the operator restarted by the supervisor")  # fmt: skip
+
+        def converged() -> None:
+            assert {p: e.threshold for p, e in pods.items()} == dict.fromkeys(pods, 2048)
+            st = must_get(sv, "sd", name, NS)["status"]
+            assert st["threshold"] == 2048 and st["rollout"]["phase"] == "Idle", st["rollout"]
+            in_sync(sv, NS, name)
+
+        eventually(converged, deadline_s=RESTART_S, what="every pod on 2048 after the operator's restart")
+        assert pod_identities(sv, NS, name) == identities, "no engine pod replaced"
+
+        prometheus = up.component("prometheus")
+        os.kill(prometheus["pid"], signal.SIGKILL)
+        eventually(lambda: restarted(up, "prometheus", prometheus["pid"], 1), deadline_s=RESTART_S,
+                   what="Prometheus restarted by the supervisor")  # fmt: skip
+        before = up.component("prometheus")
+        asked = slipstream("cluster", "restart", "prometheus", f"--workdir={workdir}")
+        assert asked.returncode == 0 and "restarted prometheus" in asked.stderr, asked.stderr
+        restarted(up, "prometheus", before["pid"], before["restarts"] + 1)
+        wrong = slipstream("cluster", "restart", "nope", f"--workdir={workdir}")
+        assert wrong.returncode == 2 and "COMPONENT is one of:" in wrong.stderr and "operator" in wrong.stderr
+
+        status = slipstream("cluster", "status", f"--workdir={workdir}")
+        assert status.returncode == 0 and status.stdout.startswith("ready"), status.stdout
+        lines = status.stdout.splitlines()
+        for component in ("etcd", "kube-apiserver", "prometheus", "operator", "engine-pod-runner"):
+            assert any(line.split()[:1] == ["running"] and f" {component} " in line for line in lines), status.stdout
+    finally:
+        state = json.loads((workdir / "state.json").read_text()) if (workdir / "state.json").exists() else {}
+        down = slipstream("cluster", "down", f"--workdir={workdir}")
+    assert down.returncode == 0, down.stderr
+    nothing_left(workdir, [int(p) for p in state.get("pids", {}).values()])

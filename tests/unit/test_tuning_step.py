@@ -264,3 +264,64 @@ def test_a_window_the_twin_does_not_explain_is_model_mismatch_with_one_event() -
     name, predicted, observed = rec.prediction[0]
     got = stages.PREDICTION_ERROR.labels("prod", "kimi", name)._value.get()
     assert got == pytest.approx(max(predicted, 1e-3) / observed)
+
+
+# -- status that is true now ---------------------------------------------------------------
+
+POLICY = machine.Policy(canary_replicas=1, analysis_window_s=300, max_regression_percent=5, max_attempts=3,
+                        retry_after_s=600, chunked_prefill_size=8192)  # fmt: skip
+
+
+def test_a_cleared_problem_leaves_the_rollout_message() -> None:
+    """RolloutProgressing=False Promoted must not keep "cannot read the setting of ..." once
+    every pod answers again (EnginesInSync=True)."""
+    sd = make({"mode": "Auto"})
+    new = S(threshold=2048)
+    promoted = models.RolloutStatus(phase="Idle", result="Promoted", candidate=new, baseline=S(threshold=4096),
+                                    message="4096 -> 2048: every pod runs 2048")  # fmt: skip
+    down = [machine.Pod("a", new), machine.Pod("b", None, "connection refused")]
+    held = machine.decide(promoted, new, None, down, POLICY, 1_800_000_000.0)
+    conds = tuning.conditions(sd, [], held, down, None, "2026-01-01T00:00:00Z")
+    by = {c.type: c for c in conds}
+    assert "cannot read the setting of b (connection refused)" in by["RolloutProgressing"].message
+    up = [machine.Pod("a", new), machine.Pod("b", new)]
+    later = machine.decide(held.state, new, None, up, POLICY, 1_800_000_060.0)
+    after = {c.type: c for c in tuning.conditions(sd, conds, later, up, None, "2026-01-01T00:01:00Z")}
+    assert after["EnginesInSync"].status == "True"
+    progressing = after["RolloutProgressing"]
+    assert (progressing.status, progressing.reason) == ("False", "Promoted")
+    assert "cannot read" not in progressing.message and "connection refused" not in progressing.message
+    assert progressing.message == "4096 -> 2048: every pod runs 2048", "the result's own message comes back"
+    assert "cannot read" not in (later.state.message or ""), "status.rollout.message is cleared too"
+
+
+@pytest.mark.parametrize("mode", ["Fixed", "Off"])
+def test_a_recommendation_is_cleared_outside_auto_and_recommend(mode: str) -> None:
+    """Auto's last recommendation must not stay in status under Fixed or Off."""
+    sd = make({"mode": mode}, {"recommendation": REC.setting.to_k8s(), "heterogeneity": 0.81})
+    patch = tuning.status_patch(sd, decision(), [], None, None, False, "2026-01-01T00:00:00Z")
+    assert "recommendation" in patch and patch["recommendation"] is None, "a merge patch's null removes it"
+    models.ServingDeploymentStatus.model_validate(patch)
+
+
+@pytest.mark.parametrize("mode", ["Auto", "Recommend"])
+def test_a_recommendation_stays_in_the_modes_that_write_it(mode: str) -> None:
+    sd = make({"mode": mode}, {"recommendation": REC.setting.to_k8s()})
+    assert "recommendation" not in tuning.status_patch(sd, decision(), [], None, None, False, "t"), (
+        "no new recommendation this step (a held gate): the last one stays"
+    )
+    assert tuning.status_patch(sd, decision(), [], None, REC, False, "t")["recommendation"] == REC.setting.to_k8s()
+
+
+def test_a_window_that_is_starting_is_no_warning() -> None:
+    """Every traffic start has too few samples at first: a Normal Event, not a Warning; a
+    real problem after it is still a Warning."""
+    sd = make({"mode": "Auto"})
+    pods = [machine.Pod("a", S(threshold=4096))]
+    few = snapshot.invalid("prod/kimi", 0, 60, snapshot.TOO_FEW_SAMPLES, "3 first tokens, 20 needed")
+    first = tuning.conditions(sd, [], decision(), pods, few, "2026-01-01T00:00:00Z")
+    events = tuning.new_warnings([], first)
+    assert [(e.type, e.reason) for e in events] == [("Normal", "TooFewSamples")]
+    bad = snapshot.invalid("prod/kimi", 0, 60, snapshot.UNREACHABLE, "connection refused")
+    then = tuning.conditions(sd, first, decision(), pods, bad, "2026-01-01T00:01:00Z")
+    assert [(e.type, e.reason) for e in tuning.new_warnings(first, then)] == [("Warning", "PrometheusUnreachable")]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from slipstream.api import models, snapshot
 from slipstream.controller import objects, status
@@ -32,6 +32,15 @@ PODS_OFF_SETTING = "PodsOnOtherSetting"
 WARN_ON_FALSE = {METRICS_AVAILABLE: None, ENGINES_IN_SYNC: {PODS_UNREACHABLE}}
 """Condition -> the False reasons that are a Warning (None: all). A pod on another setting
 is corrected at once (a Normal StalePodCorrected Event), not a problem to warn about."""
+
+NORMAL_ON_FALSE = {snapshot.TOO_FEW_SAMPLES}
+"""False reasons that are a Normal Event, not a Warning: a window that is merely starting
+(traffic began, or has not yet reached ``min_samples``) is how every deployment begins, not
+a fault; the tuner holds either way."""
+
+RECOMMENDING_MODES = ("Auto", "Recommend")
+"""The modes whose tuner writes status.recommendation; in any other the field is cleared,
+so a recommendation never outlives the mode that made it."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +148,11 @@ def conditions(
     if decision.in_flight:
         out = status.set_condition(out, ROLLOUT_PROGRESSING, True, state.phase, decision.message or state.message or "", gen, now)
     else:
+        # This step's message (a hold's problem) while it lasts, else the last result's: a
+        # problem that has cleared does not stay in the message of a reason that says done.
         reason = state.result or "Idle"
-        out = status.set_condition(out, ROLLOUT_PROGRESSING, False, reason, state.message or "no rollout in flight", gen, now)
+        message = decision.message or state.message or "no rollout in flight"
+        out = status.set_condition(out, ROLLOUT_PROGRESSING, False, reason, message, gen, now)
     unreadable = [p for p in pods if p.setting is None]
     off = [p for p in pods if p.setting is not None and p.setting != decision.fleet]
     if decision.in_flight:
@@ -160,7 +172,8 @@ def conditions(
 
 
 def new_warnings(before: Sequence[models.Condition], after: Sequence[models.Condition]) -> list[machine.Event]:
-    """A Warning for each tuning condition that turned False with a new problem reason."""
+    """A Warning for each tuning condition that turned False with a new problem reason (a
+    Normal Event for the reasons of NORMAL_ON_FALSE)."""
     was = {c.type: c for c in before}
     events = []
     for c in after:
@@ -171,7 +184,8 @@ def new_warnings(before: Sequence[models.Condition], after: Sequence[models.Cond
             continue
         old = was.get(c.type)
         if old is None or old.status != "False" or old.reason != c.reason:
-            events.append(machine.Event("Warning", c.reason, c.message))
+            kind: Literal["Normal", "Warning"] = "Normal" if c.reason in NORMAL_ON_FALSE else "Warning"
+            events.append(machine.Event(kind, c.reason, c.message))
     return events
 
 
@@ -216,7 +230,9 @@ def status_patch(
     }
     if snap is not None and snap.valid:
         out["tenants"] = tenants(sd, snap)
-    if recommendation is not None:
+    if sd.spec.tuning.mode not in RECOMMENDING_MODES:
+        out["recommendation"] = None  # merge patch: removes what Auto or Recommend wrote
+    elif recommendation is not None:
         out["recommendation"] = recommendation.setting.to_k8s()
         if recommendation.heterogeneity is not None and math.isfinite(recommendation.heterogeneity):
             out["heterogeneity"] = round(recommendation.heterogeneity, 3)

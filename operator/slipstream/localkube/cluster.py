@@ -381,6 +381,10 @@ class Cluster:
         log.info("localkube: %s restarted, down %.1fs", name, time.monotonic() - t0)
         return time.monotonic() - t0
 
+    def running(self, name: str) -> bool:
+        """Whether component ``name`` runs now (asking reaps it if it has exited)."""
+        return any(c.running() for c in self._components if c.name == name)
+
     def __enter__(self) -> Cluster:
         return self
 

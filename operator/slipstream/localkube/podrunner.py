@@ -28,8 +28,8 @@ gets no simulator (and one warning), so nothing here can listen on, or send
 traffic to, a routable address. The cluster's pod CIDR is a loopback range of
 its own (see localkube.podcidr).
 
-A simulator that exits while its pod still runs is started again and the
-restart counted (``restarts()``): the closed-loop test asserts the count stays
+A simulator that exits while its pod still runs is started again, after the
+kubelet-like backoff of localkube.restarts, and the restart counted (``restarts()``): the closed-loop test asserts the count stays
 zero, as it asserts the pods' UIDs and restart counts do. When the pod is
 deleted (or stops Running) its simulator is stopped. A pod is ready when its
 simulator answers ``/health``; ``ready_urls()`` lists the ready pods of a
@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slipstream.localkube import processes
+from slipstream.localkube import processes, restarts
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,10 @@ POLL_S = 0.5
 HEALTH_TIMEOUT_S = 1.0
 """Timeout of one /health probe; the simulator answers in milliseconds."""
 
-RESTART_BACKOFF_S = 1.0
-"""Seconds before a simulator that exited is started again (a crash loop must
-not eat the CPU the rest of the loop needs)."""
+RESTART_BACKOFF = restarts.Backoff()
+"""Delay before a simulator that exited is started again, as the supervisor's for its
+components and the kubelet's for a container: 1 s, doubling within a crash loop up to
+60 s (a crash loop must not eat the CPU the rest of the loop needs)."""
 
 DROPPED_FLAGS = {"--admin-api-key": 1}
 """Flags removed from the arguments (with their value count): the admin key
@@ -245,6 +246,8 @@ class _Running:
     ready: bool = False
     restarts: int = 0
     exited_at: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    delay_s: float | None = None
 
 
 class PodRunner:
@@ -288,10 +291,15 @@ class PodRunner:
     # life cycle
 
     def start(self) -> PodRunner:
-        """Run passes in a background thread until stop()."""
+        """Run passes in a background thread until stop(); again after the thread died."""
+        self._stopping.clear()
         self._thread = threading.Thread(target=self._loop, name="podrunner", daemon=True)
         self._thread.start()
         return self
+
+    def running(self) -> bool:
+        """Whether the thread that keeps the simulators runs (a supervisor restarts it if not)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         """Stop the thread and every simulator; return once they are gone."""
@@ -365,17 +373,20 @@ class PodRunner:
         if entry.exited_at is None:
             entry.exited_at = now
             entry.ready = False
+            entry.delay_s = RESTART_BACKOFF.next_delay(entry.delay_s, now - entry.started_at)
             log.warning(
-                "podrunner: %s: simulator exited; last lines:\n%s",
+                "podrunner: %s: simulator exited; restarting it in %.0f s; last lines:\n%s",
                 entry.spec.key,
+                entry.delay_s,
                 entry.component.log_tail(10),
             )
             return
-        if now - entry.exited_at >= RESTART_BACKOFF_S:
+        if now - entry.exited_at >= (entry.delay_s or 0.0):
             entry.component.stop()  # reap it and anything left in its group
             entry.component = self._launch(entry.spec)
             entry.restarts += 1
             entry.exited_at = None
+            entry.started_at = now
 
     def _launch(self, spec: SimSpec) -> processes.Component:
         env = {**self.base_env, **spec.env}

@@ -333,6 +333,14 @@ class PrometheusServer:
                 )
             time.sleep(health.POLL_INTERVAL_S)
 
+    def restart(self, ready_deadline_s: float = READY_DEADLINE_S) -> None:
+        """Stop the server and start it again on the same port and data (the pod discovery
+        keeps running); return once /-/ready answers. For a supervisor: what it scraped stays."""
+        old = self._component
+        old.stop()
+        self._component = processes.Component(old.name, old.argv, old.log_path, env=old.env)
+        health.wait_healthy(self._component, f"{self.url}/-/ready", deadline_s=ready_deadline_s)
+
     def stop(self) -> None:
         """Stop the process group (SIGTERM, then SIGKILL) and the discovery; return once gone."""
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from slipstream.localkube import cluster as cluster_mod
-from slipstream.localkube import health, podrunner, ports, processes
+from slipstream.localkube import health, podrunner, ports, processes, restarts
+from slipstream.localkube import prometheus as prom_mod
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,10 @@ OPERATOR_READY_S = 90.0
 list of every watched resource take ~5-20 s on a loaded two-core machine."""
 
 CRD_ESTABLISHED_S = "60s"
+
+OPERATOR_ENV_FILE = "operator.env"
+"""The operator's own environment (beyond the inherited one), written in the cluster's
+workdir when it starts, with its command line: how to run it by hand (docs/operator.md)."""
 
 SCRAPE_INTERVAL_S = 1.0
 """Prometheus scrapes every engine each second: the loop's intervals are seconds."""
@@ -99,6 +105,7 @@ class Stack:
         self.prometheus: PrometheusServer | None = None
         self.operator: processes.Component | None = None
         self.operator_kubeconfig: Path | None = None
+        self._operator_health: str | None = None
         self.runner: podrunner.PodRunner | None = None
 
     @classmethod
@@ -175,8 +182,44 @@ class Stack:
         }
         url = f"http://{ports.LOOPBACK}:{health_port}/healthz"
         argv = [sys.executable, "-m", "slipstream.controller", f"--peering={PEERING}", f"--liveness={url}"]
+        own = {key: value for key, value in env.items() if os.environ.get(key) != value}
+        write_env_file(self.cluster.workdir / OPERATOR_ENV_FILE, own, argv)
+        self._operator_health = url
         self.operator = processes.Component("operator", argv, self.cluster.log_dir / "operator.log", env=env)
         health.wait_healthy(self.operator, url, deadline_s=OPERATOR_READY_S)
+
+    def restart_operator(self) -> None:
+        """Stop the operator (what is left of its process group) and start it again with the
+        same command line and environment; return once it is healthy."""
+        old = self.operator
+        if old is None or self._operator_health is None:
+            raise RuntimeError("the operator was never started in this stack")
+        old.stop()
+        self.operator = processes.Component(old.name, old.argv, old.log_path, env=old.env)
+        health.wait_healthy(self.operator, self._operator_health, deadline_s=OPERATOR_READY_S)
+
+    def restart_runner(self) -> None:
+        """Start the engine-pod runner's thread again (its simulators are left as they run)."""
+        if self.runner is None:
+            raise RuntimeError("the engine-pod runner was never started in this stack")
+        self.runner.start()
+
+    def parts(self) -> list[restarts.Part]:
+        """Every part a supervisor keeps running: the control plane's components, Prometheus,
+        the operator and the engine-pod runner (the runner restarts its own simulators)."""
+        out = [_component_part(self.cluster, name) for name in self.cluster.pids]
+        prometheus = self.prometheus
+        if isinstance(prometheus, prom_mod.PrometheusServer):
+            out.append(restarts.Part("prometheus", lambda: prometheus.pid, prometheus.running, prometheus.restart))
+        if self.operator is not None:
+            out.append(restarts.Part(
+                "operator", lambda: self.operator.pid if self.operator is not None else None,
+                lambda: self.operator is not None and self.operator.running(), self.restart_operator,
+            ))  # fmt: skip
+        runner = self.runner
+        if runner is not None:
+            out.append(restarts.Part("engine-pod-runner", lambda: None, runner.running, self.restart_runner))
+        return out
 
     def operator_env(self) -> dict[str, str]:
         """The operator's settings for this stack (controller.settings), then the options'.
@@ -270,15 +313,37 @@ class Stack:
         }
 
 
+def _component_part(cluster: cluster_mod.Cluster, name: str) -> restarts.Part:
+    """A control-plane component as a Part: Cluster.restart starts it with the same command
+    line, ports and data (etcd's members, the apiserver's certificates) and waits for health."""
+
+    def restart() -> None:
+        cluster.restart(name)
+
+    return restarts.Part(name, lambda: cluster.pids.get(name), lambda: cluster.running(name), restart)
+
+
+def write_env_file(path: Path, env: Mapping[str, str], argv: Sequence[str]) -> None:
+    """``KEY='value'`` lines a shell can source (``set -a; . FILE; set +a``), the command
+    line in a comment above them. Only paths and settings: the token is in the kubeconfig
+    file it names, whose mode is the owner's alone."""
+    lines = [
+        "# The operator of this local cluster: its environment beyond the inherited one.",
+        "# To run it by hand (`slipstream cluster restart operator` restarts the supervised one):",
+        "#   set -a; . " + shlex.quote(str(path)) + "; set +a",
+        "#   " + shlex.join(argv),
+        *(f"{key}={shlex.quote(value)}" for key, value in sorted(env.items())),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusServer:
     """Prometheus scraping every engine pod each second, found through the apiserver
     (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd)."""
-    from slipstream.localkube import prometheus
-
     namespaces = (options.engine_namespace,) if options.engine_namespace else ()
-    return prometheus.PrometheusServer.start(
+    return prom_mod.PrometheusServer.start(
         cluster.workdir / "prometheus",
         scrape_interval_s=SCRAPE_INTERVAL_S,
-        discovery=prometheus.PodDiscovery(kubeconfig=cluster.kubeconfig, namespaces=namespaces),
+        discovery=prom_mod.PodDiscovery(kubeconfig=cluster.kubeconfig, namespaces=namespaces),
         port=options.prometheus_port,
     )

@@ -1,4 +1,4 @@
-"""``slipstream cluster up | down | status``: a local stack that outlives the command.
+"""``slipstream cluster up | down | status | restart``: a local stack that outlives the command.
 
 How nothing is orphaned:
 
@@ -8,6 +8,11 @@ How nothing is orphaned:
   supervisor owns the stack (localkube.stack): control plane, Prometheus, the
   chart and the operator, the engine-pod runner and its simulators, each in a
   process group of its own whose id it records in the state file.
+- Each second the supervisor reaps and restarts any component that has died, after a
+  kubelet-like backoff (localkube.restarts), and rewrites the state file with one
+  record per component; ``status`` prints them, checked against the processes now,
+  and exits 1 when one is down; ``restart NAME`` leaves a request file that the next
+  pass takes.
 - SIGTERM, SIGINT or SIGHUP to the supervisor stops the whole stack in
   reverse order and removes the state file. A Ctrl-C (or SIGTERM) of ``up``
   while it waits stops the supervisor the same way before ``up`` exits;
@@ -38,7 +43,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from slipstream.localkube import processes
+from slipstream.localkube import processes, restarts
 
 if TYPE_CHECKING:  # the stack (and its crypto) is imported only by the commands that run it
     from slipstream.localkube import stack as stack_mod
@@ -57,8 +62,16 @@ DOWN_DEADLINE_S = 90.0
 """Deadline for the supervisor to stop the stack after SIGTERM."""
 
 POLL_S = 0.3
-WATCH_S = 2.0
-"""Seconds between the supervisor's checks that its components still run."""
+WATCH_S = 1.0
+"""Seconds between the supervisor's passes: it reaps and restarts what died (after its
+backoff, localkube.restarts), takes restart requests and rewrites the state file."""
+
+REQUESTS = "requests"
+"""Directory of ``restart-NAME`` files that ``cluster restart NAME`` leaves for the supervisor."""
+
+RESTART_DEADLINE_S = 150.0
+"""Deadline of ``cluster restart``: the next pass (1 s) plus a start (the operator's ~20 s,
+90 s at most)."""
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -89,6 +102,23 @@ def write_state(workdir: Path, state: dict[str, Any]) -> None:
     tmp = state_path(workdir).with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1) + "\n")
     tmp.replace(state_path(workdir))
+
+
+def request_restart(workdir: Path, name: str) -> None:
+    """Leave a request for the supervisor to restart ``name`` at its next pass."""
+    directory = workdir / REQUESTS
+    directory.mkdir(exist_ok=True)
+    (directory / f"restart-{name}").touch()
+
+
+def take_requests(workdir: Path) -> list[str]:
+    """The names asked to be restarted since the last pass; the requests are removed."""
+    names = []
+    for path in sorted((workdir / REQUESTS).glob("restart-*")):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            names.append(path.name.removeprefix("restart-"))
+    return names
 
 
 def alive(pid: int) -> bool:
@@ -135,16 +165,17 @@ def supervise(workdir: Path, options: stack_mod.StackOptions) -> int:
     code = 0
     try:
         stack = stack_mod.Stack.start(workdir / "cluster", options)
-        state = {**base, "phase": "Ready", **stack.describe(), "pids": stack.pids()}
-        write_state(workdir, state)
-        log.info("supervisor: stack ready; pids %s", state["pids"])
+        keeper = restarts.Keeper(stack.parts())
+        state = {**base, "phase": "Ready", **stack.describe()}
+        log.info("supervisor: stack ready; pids %s", stack.pids())
         while True:
+            for name in take_requests(workdir):
+                if name in keeper.parts:
+                    log.info("supervisor: restarting %s as asked", name)
+                    keeper.restart_now(name)
+            keeper.check()
+            write_state(workdir, {**state, "pids": stack.pids(), "components": keeper.report()})
             time.sleep(WATCH_S)
-            pids = stack.pids()
-            dead = sorted(name for name, pid in pids.items() if not alive(pid))
-            if dead:
-                log.warning("supervisor: not running: %s", ", ".join(dead))
-            write_state(workdir, {**state, "pids": pids, "not_running": dead})
     except _Stop as exc:
         log.info("supervisor: %s, stopping the stack", exc)
     except Exception as exc:
@@ -287,25 +318,84 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """One line per component, from the supervisor's last pass and checked now; exit 0 only
+    when every one runs (1: one is down or the stack is still starting; 3: no cluster)."""
     workdir = Path(args.workdir).expanduser().resolve()
     state = read_state(workdir)
     pid = int(state.get("supervisor_pid", 0)) if state else 0
     if state is None or not (pid > 1 and alive(pid)):
         print(f"down (no running cluster in {workdir})")
         return 3
-    print(f"{state.get('phase', '?').lower()} (supervisor pid {pid}, workdir {workdir})")
+    rows = component_rows(state)
+    down = [row for row in rows if row["state"] != "running"]
+    phase = str(state.get("phase", "?"))
+    if phase != "Ready":
+        headline = phase.lower()
+    elif down:
+        headline = f"degraded: {len(down)} of {len(rows)} component(s) down ({', '.join(r['name'] for r in down)})"
+    else:
+        headline = "ready"
+    print(f"{headline} (supervisor pid {pid}, workdir {workdir})")
     for key in ("kubeconfig", "server", "prometheus_url", "pod_cidr", "time_scale", "logs"):
         if state.get(key) is not None:
             print(f"  {key:15s} {state[key]}")
-    for name, proc_pid in sorted(state.get("pids", {}).items()):
-        print(f"  {'running' if alive(proc_pid) else 'STOPPED':8s} {proc_pid:>7d}  {name}")
+    for row in rows:
+        print("  " + component_line(row))
     sims = _simulators(workdir)
     if sims:
         print("  engine simulators:")
         for sim in sims:
             ready = "ready" if sim["ready"] else "starting"
             print(f"    {sim['pod']:40s} {sim['url']:26s} {ready:8s} restarts {sim['restarts']}")
-    return 0
+    return 0 if phase == "Ready" and not down else 1
+
+
+def component_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The supervisor's record of each component, its state checked against the process now
+    (the record is up to a pass old): a recorded pid that is gone or a zombie is down."""
+    rows = []
+    for row in state.get("components", []):
+        pid = row.get("pid")
+        gone = pid is not None and not alive(int(pid))
+        rows.append({**row, "state": "down" if gone else row.get("state", "down")})
+    return rows
+
+
+def component_line(row: dict[str, Any]) -> str:
+    """``running  12345  operator  restarts 1``, or ``DOWN ... restart in 4 s``, one component."""
+    pid = row.get("pid")
+    word = "running" if row["state"] == "running" else "DOWN"
+    line = f"{word:8s} {pid if pid is not None else '-':>7}  {row['name']:24s} restarts {row.get('restarts', 0)}"
+    if row["state"] != "running" and row.get("restart_in_s") is not None:
+        line += f", restart in {row['restart_in_s']:.0f} s"
+    if row.get("last_error"):
+        line += f"; last restart failed: {row['last_error']}"
+    return line
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """Ask the supervisor to restart one component now and wait until it runs again."""
+    workdir = Path(args.workdir).expanduser().resolve()
+    state = read_state(workdir)
+    pid = int(state.get("supervisor_pid", 0)) if state else 0
+    if state is None or not (pid > 1 and alive(pid)) or state.get("phase") != "Ready":
+        raise ClusterCommandError(f"no ready cluster in {workdir}: `slipstream cluster up` first")
+    before = {row["name"]: row for row in state.get("components", [])}
+    name = args.component
+    if name not in before:
+        raise ClusterCommandError(f"no component {name!r}; COMPONENT is one of: {', '.join(sorted(before))}")
+    request_restart(workdir, name)
+    deadline = time.monotonic() + RESTART_DEADLINE_S
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        now = {row["name"]: row for row in component_rows(read_state(workdir) or {})}
+        row = now.get(name)
+        if row is not None and row.get("restarts", 0) > before[name].get("restarts", 0) and row["state"] == "running":
+            print(f"restarted {name} (pid {before[name].get('pid')} -> {row.get('pid')})", file=sys.stderr)
+            return 0
+        if row is not None and row.get("last_error") and row.get("last_error") != before[name].get("last_error"):
+            raise ClusterCommandError(f"restarting {name} failed: {row['last_error']}; log: {workdir / SUPERVISOR_LOG}")
+    raise ClusterCommandError(f"{name} did not run again within {RESTART_DEADLINE_S:.0f}s; log: {workdir / SUPERVISOR_LOG}")
 
 
 def _simulators(workdir: Path) -> list[dict[str, Any]]:
@@ -351,19 +441,24 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 
 def add_parser(sub: Any) -> None:
-    """The ``cluster`` subcommand and its ``up``, ``down`` and ``status``."""
+    """The ``cluster`` subcommand and its ``up``, ``down``, ``status`` and ``restart``."""
     cluster = sub.add_parser("cluster", help="a local control plane with Prometheus, the operator "
-                             "and simulated engines: up | down | status")  # fmt: skip
+                             "and simulated engines: up | down | status | restart")  # fmt: skip
     verbs = cluster.add_subparsers(dest="verb", required=True)
     for name, func, text in (
         ("up", cmd_up, "start it in the background; prints the `export KUBECONFIG=...` line"),
         ("down", cmd_down, "stop everything it started"),
-        ("status", cmd_status, "what runs, with process ids and engine simulators"),
+        ("status", cmd_status, "one line per component, with process ids and engine simulators; "
+                               "exit status 1 when one is down"),
+        ("restart", cmd_restart, "restart one component now (operator, prometheus, kube-apiserver, ...)"),
     ):
         verb = verbs.add_parser(name, help=text)
         verb.add_argument("--workdir", default=str(DEFAULT_WORKDIR),
                           help="state, logs, kubeconfig (default: %(default)s)")  # fmt: skip
         verb.set_defaults(func=func)
+        if name == "restart":
+            verb.add_argument("component", metavar="COMPONENT",
+                              help="a name `slipstream cluster status` lists, e.g. operator")  # fmt: skip
         if name == "up":
             add_up_options(verb)
             verb.add_argument("--foreground", action="store_true",

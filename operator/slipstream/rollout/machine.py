@@ -276,8 +276,10 @@ class _Step:
         if unreadable:
             message = (message + "; " if message else "") + f"cannot read the setting of {self.failures(unreadable)}"
         action: Action = "Correct" if fixable or unreadable else "Hold"
-        return self.decision(action, self.state.model_copy(update={"phase": "Idle"}), self.fleet,
-                             apply=stale, setting=self.fleet, events=events, message=message)  # fmt: skip
+        # The problem is this step's message only: status.rollout.message keeps the last
+        # result's, so it is not left naming a problem that has since cleared.
+        return Decision(action, self.state.model_copy(update={"phase": "Idle"}), self.fleet, self.fleet,
+                        {p.name: self.fleet for p in stale}, events, message)  # fmt: skip
 
     def start(self, target: Target) -> Decision:
         change = self.change(self.fleet, target.setting)

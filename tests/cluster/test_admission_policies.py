@@ -161,3 +161,34 @@ def test_hand_edits_of_owned_objects_are_refused_and_no_engine_pod_is_replaced(
 
     eventually(scaled_by_the_operator, deadline_s=DEADLINE_S, what="the ServingDeployment's replicas reached")
     assert set(pods) <= set(pod_identities(cluster, APP_NS, "guarded")), "an engine pod was replaced"
+
+
+def test_a_namespaced_install_serves_its_namespaces_and_has_no_rights_elsewhere(
+    cluster: localkube.Cluster, operator: Operator
+) -> None:
+    served = [namespace(cluster, ns) for ns in ("adm-team-a", "adm-team-b")]
+    other = namespace(cluster, "adm-team-c")
+    operator.stop()  # the cluster-wide operator would serve these namespaces too
+    release, release_ns = "adm-teams", "adm-teams-system"
+    try:
+        cluster.helm("install", release, str(CHART), f"--namespace={release_ns}", "--create-namespace",
+                     f"--set=watchNamespaces={{{','.join(served)}}}", "--set=peering.name=teams")  # fmt: skip
+        kubeconfig = cluster.token_kubeconfig(release_ns, f"{release}-slipstream")
+        scoped = Operator(cluster, kubeconfig, "teams", *(f"--namespace={ns}" for ns in served), "--peering=teams",
+                          env={"SLIPSTREAM_ADMIN_SEED_SECRET": f"{release_ns}/{release}-slipstream-admin-seed"})  # fmt: skip
+        scoped.start()
+        try:
+            for ns in served:
+                serving(cluster, ns, "scoped")
+            assert "forbidden" not in scoped.log().lower(), scoped.log_tail()
+            refused = cluster.kubectl("scale", "deployment", "scoped", "--replicas=2", f"--namespace={served[1]}", check=False)
+            assert refused.returncode != 0 and EDIT_REFUSAL in refused.stderr, refused.stderr
+        finally:
+            scoped.stop()
+        for ns in (other, "kube-system", "default"):
+            for verb, resource in (("create", "deployments"), ("create", "configmaps"), ("get", "servingdeployments")):
+                can = cluster.kubectl("auth", "can-i", verb, resource, f"--namespace={ns}", kubeconfig=kubeconfig, check=False)
+                assert can.stdout.strip() == "no", f"{verb} {resource} in {ns}: {can.stdout}{can.stderr}"
+    finally:
+        cluster.helm("uninstall", release, f"--namespace={release_ns}", check=False)
+        operator.start()

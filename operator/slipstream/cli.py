@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.set_defaults(func=cmd_recommend)
 
     run = sub.add_parser("run", help="run the operator (kopf) against the current kubeconfig")
-    run.add_argument("--namespace", help="watch only this namespace (default: all)")
+    run.add_argument("--namespace", action="append", default=[], dest="namespaces",
+                     help="watch only this namespace; repeat for several (default: all)")
     run.add_argument("--peering", help="kopf peering object name (default: standalone)")
     run.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
     run.set_defaults(func=cmd_run)
@@ -565,7 +566,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Imported here: the twin's commands must not pay for (or need) kopf and kubernetes.
     from slipstream.controller import main as controller
 
-    controller.run(args.namespace, args.peering, args.liveness)
+    controller.run(args.namespaces, args.peering, args.liveness)
     return 0
 
 

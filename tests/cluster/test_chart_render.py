@@ -1,5 +1,6 @@
 """The chart rendered by the real helm binary, offline (no cluster, no --kube-version):
-RBAC scopes, the per-release peering object, the port clash refusal and the NetworkPolicy.
+RBAC scopes, the per-release peering object, the port clash refusal, the NetworkPolicy,
+the namespaced mode and the admission policies.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slipstream.localkube import binaries
+from slipstream.localkube import binaries, chartrbac
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "slipstream"
 
@@ -132,6 +133,89 @@ def test_network_policy_limits_egress_to_apiserver_prometheus_engines_and_dns(tm
 
     scoped = one(docs("networkPolicy.enabled=true", "watchNamespace=team-a", tmp=tmp_path), "NetworkPolicy", "r-slipstream")
     engines = scoped["spec"]["egress"][2]
-    assert engines["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "team-a"}}
+    assert engines["to"][0]["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}  # fmt: skip
     bad = helm_template("networkPolicy.enabled=true", "networkPolicy.apiServer.cidrs={nonsense}", tmp=tmp_path, check=False)
     assert bad.returncode != 0 and "cidrs" in bad.stderr, bad.stderr
+
+
+OPERATOR = "system:serviceaccount:ops:r-slipstream"
+
+
+def test_namespaced_mode_binds_roles_in_each_watched_namespace_and_nothing_cluster_wide_creates(tmp_path: Path) -> None:
+    rendered = docs("watchNamespaces={team-a,team-b}", tmp=tmp_path)
+    bindings = [d for d in rendered if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "r-slipstream"]
+    assert sorted(d["metadata"]["namespace"] for d in bindings) == ["team-a", "team-b"]
+    assert sorted(d["metadata"]["namespace"] for d in rendered if d["kind"] == "KopfPeering") == ["team-a", "team-b"]
+    cluster_bound = {d["roleRef"]["name"] for d in rendered if d["kind"] == "ClusterRoleBinding"}
+    assert cluster_bound == {"r-slipstream-cluster"}
+    (cluster_role,) = [d for d in rendered if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "r-slipstream-cluster"]
+    writes = {"create", "update", "patch", "delete"}
+    assert not [rule for rule in cluster_role["rules"] if writes & set(rule["verbs"])], cluster_role["rules"]
+    args = one(rendered, "Deployment", "r-slipstream")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+    # RBAC confines a namespaced install: no confinement policy; the owned objects' one
+    # covers only the namespaces served.
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+    assert ("ValidatingAdmissionPolicy", "r-slipstream-confine") not in kinds
+    owned = one(rendered, "ValidatingAdmissionPolicy", "r-slipstream-owned-objects")["spec"]["matchConstraints"]
+    assert owned["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}  # fmt: skip
+    # The older single-namespace value is the same as a list of one.
+    assert [d["metadata"]["namespace"] for d in docs("watchNamespace=team-a", tmp=tmp_path)
+            if d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "r-slipstream"] == ["team-a"]  # fmt: skip
+    bad = helm_template("watchNamespaces={Team_A}", tmp=tmp_path, check=False)
+    assert bad.returncode != 0 and "watchNamespaces" in bad.stderr, bad.stderr
+
+
+def test_cluster_wide_install_renders_the_confinement_policy_for_its_service_account(tmp_path: Path) -> None:
+    rendered = docs(tmp=tmp_path)
+    policy = one(rendered, "ValidatingAdmissionPolicy", "r-slipstream-confine")["spec"]
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert (rule["operations"], rule["resources"], rule["scope"]) == (["CREATE", "UPDATE"], ["*/*"], "Namespaced")
+    assert [c["expression"] for c in policy["matchConditions"]] == [
+        f'request.userInfo.username == "{OPERATOR}"', "request.resource.resource != 'events'"]  # fmt: skip
+    closed, owned = policy["validations"]
+    for namespace in ("kube-system", "kube-public", "kube-node-lease", "ops"):
+        assert f"'{namespace}'" in closed["expression"] or f'"{namespace}"' in closed["expression"]
+    assert "r.kind == 'ServingDeployment'" in owned["expression"]
+    assert "serving.slipstream.dev/operator-writes" in owned["expression"]
+    binding = one(rendered, "ValidatingAdmissionPolicyBinding", "r-slipstream-confine")["spec"]
+    assert binding == {"policyName": "r-slipstream-confine", "validationActions": ["Deny"]}
+    off = {d["metadata"]["name"] for d in docs("admissionPolicies.confine.enabled=false", tmp=tmp_path)
+           if d["kind"].startswith("ValidatingAdmissionPolicy")}  # fmt: skip
+    assert off == {"r-slipstream-owned-objects"}
+
+
+def test_owned_objects_policy_matches_spec_writes_and_scale_by_anyone_but_the_operator(tmp_path: Path) -> None:
+    rendered = docs(tmp=tmp_path)
+    policy = one(rendered, "ValidatingAdmissionPolicy", "r-slipstream-owned-objects")["spec"]
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["operations"])) for r in policy["matchConstraints"]["resourceRules"]}
+    assert rules == {(("apps",), ("deployments", "deployments/scale"), ("UPDATE",)),
+                     (("",), ("services", "configmaps"), ("UPDATE",))}  # fmt: skip
+    assert "namespaceSelector" not in policy["matchConstraints"]  # cluster-wide: every namespace
+    conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
+    assert conditions["not-an-operator"].startswith(f'!(request.userInfo.username == "{OPERATOR}" ||')
+    assert "subresource('status')" in conditions["not-an-operator"]
+    assert "ServingDeployment" in conditions["owned-by-a-servingdeployment"]
+    (validation,) = policy["validations"]
+    assert "object.spec == oldObject.spec" in validation["expression"]
+    assert "edit the ServingDeployment instead" in validation["messageExpression"]
+    assert one(rendered, "ValidatingAdmissionPolicyBinding", "r-slipstream-owned-objects")["spec"]["validationActions"] == ["Deny"]
+    off = [d for d in docs("admissionPolicies.ownedObjects.enabled=false", tmp=tmp_path)
+           if d["kind"].startswith("ValidatingAdmissionPolicy") and "owned" in d["metadata"]["name"]]  # fmt: skip
+    assert off == []
+
+
+def test_docs_permission_tables_match_the_charts_rbac(tmp_path: Path) -> None:
+    doc = (CHART.parents[1] / "docs" / "operator.md").read_text()
+    for mode, sets in chartrbac.MODES.items():
+        rendered = docs(*sets, tmp=tmp_path, release=chartrbac.RELEASE)
+        assert chartrbac.section(doc, mode) == chartrbac.table(rendered), (
+            f"docs/operator.md's {mode} permission table differs from the chart: "
+            "run `PYTHONPATH=operator python scripts/permission-table.py`")
+    # What the hand-written list once left out is in the table now.
+    cluster_wide = chartrbac.section(doc, "cluster-wide")
+    for item in ("`customresourcedefinitions` | any | list, watch", "`servingdeployments/finalizers`",
+                 "`pods` | any | list", "`servicemonitors`"):  # fmt: skip
+        assert item in cluster_wide, item

@@ -49,7 +49,9 @@ RIVAL = "rival-controller"
 def release(cluster: localkube.Cluster) -> Iterator[None]:
     """The chart (CRD, RBAC) installed, no operator yet: the unit-level test writes alone."""
     cluster.helm("install", "slipstream", str(CHART), f"--namespace={RELEASE_NS}", "--create-namespace",
-                 f"--set=rbac.secretNames={{{','.join(SECRET_NAMES)}}}")  # fmt: skip
+                 f"--set=rbac.secretNames={{{','.join(SECRET_NAMES)}}}",
+                 # The rival writes owned objects: the drift fallback is what is tested.
+                 "--set=admissionPolicies.ownedObjects.enabled=false")  # fmt: skip
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                     "crd/servingdeployments.serving.slipstream.dev")  # fmt: skip
     try:

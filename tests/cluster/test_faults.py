@@ -220,7 +220,9 @@ class Faults:
 @pytest.fixture(scope="module")
 def faults(cluster: localkube.Cluster) -> Iterator[Faults]:
     cluster.kubectl("create", "namespace", NS, check=False)
-    options = stack_mod.StackOptions(time_scale=TIME_SCALE, engine_namespace=NS, operator=False)
+    # Hand edits of owned objects test the drift watch: the owned-objects policy is off.
+    options = stack_mod.StackOptions(time_scale=TIME_SCALE, engine_namespace=NS, operator=False,
+                                     helm_values=("admissionPolicies.ownedObjects.enabled=false",))
     stack = stack_mod.Stack.attach(cluster, options)
     shared = None
     try:

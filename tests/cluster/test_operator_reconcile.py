@@ -107,10 +107,13 @@ SECRET_NAMES = ("kimi-k3-admin", "deepseek-v4-flash-admin", "engine-admin")
 read Secrets by these names only (rbac.secretNames)."""
 
 
-def installed_operator(cluster: localkube.Cluster, name: str, env: dict[str, str] | None = None) -> Iterator[Operator]:
-    """The chart installed with helm and the operator running as its ServiceAccount."""
+def installed_operator(
+    cluster: localkube.Cluster, name: str, env: dict[str, str] | None = None, sets: tuple[str, ...] = ()
+) -> Iterator[Operator]:
+    """The chart installed with helm (extra ``--set`` values in ``sets``) and the operator
+    running as its ServiceAccount."""
     cluster.helm("install", "slipstream", str(CHART), f"--namespace={RELEASE_NS}", "--create-namespace",
-                 f"--set=rbac.secretNames={{{','.join(SECRET_NAMES)}}}")  # fmt: skip
+                 f"--set=rbac.secretNames={{{','.join(SECRET_NAMES)}}}", *(f"--set={v}" for v in sets))  # fmt: skip
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s",
         "crd/servingdeployments.serving.slipstream.dev", "crd/clusterkopfpeerings.kopf.dev",

@@ -39,7 +39,10 @@ DEADLINE_S = 60
 
 @pytest.fixture(scope="module")
 def operator(cluster: localkube.Cluster) -> Iterator[Operator]:
-    yield from installed_operator(cluster, "safety", env={"SLIPSTREAM_TUNING_TIME_SCALE": "0.1"})
+    # The drift watch is what these tests check: the owned-objects admission policy, which
+    # would refuse the hand edits first, is off (test_admission_policies.py checks it).
+    yield from installed_operator(cluster, "safety", env={"SLIPSTREAM_TUNING_TIME_SCALE": "0.1"},
+                                  sets=("admissionPolicies.ownedObjects.enabled=false",))  # fmt: skip
 
 
 def drift_skips(operator: Operator) -> float:

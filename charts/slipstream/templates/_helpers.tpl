@@ -30,3 +30,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "slipstream.peeringName" -}}
 {{- default (include "slipstream.fullname" .) .Values.peering.name -}}
 {{- end -}}
+
+{{/*
+The namespaces served, as JSON: watchNamespaces plus the older single watchNamespace.
+Empty: every namespace (a cluster-wide install). Read with `include ... | fromJsonArray`.
+*/}}
+{{- define "slipstream.watchNamespaces" -}}
+{{- $namespaces := list -}}
+{{- range .Values.watchNamespaces }}{{ $namespaces = append $namespaces . }}{{ end -}}
+{{- with .Values.watchNamespace }}{{ $namespaces = append $namespaces . }}{{ end -}}
+{{- toJson ($namespaces | uniq) -}}
+{{- end -}}
+
+{{/* The username the apiserver gives the operator's ServiceAccount. */}}
+{{- define "slipstream.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "slipstream.serviceAccountName" .) -}}
+{{- end -}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Sequence
 
 import kopf
 import prometheus_client
@@ -11,13 +12,14 @@ import prometheus_client
 from slipstream.controller import handlers, kube, malloc, settings
 
 
-def run(namespace: str | None, peering: str | None, liveness: str | None) -> None:
+def run(namespaces: Sequence[str], peering: str | None, liveness: str | None) -> None:
     """Run the operator until it is stopped.
 
-    namespace: watch only this namespace (None: the whole cluster).
+    namespaces: watch only these namespaces (empty: the whole cluster); the chart's
+      watchNamespaces, given as one --namespace each.
     peering: name of the kopf peering object shared by the replicas (a ClusterKopfPeering,
-      or a KopfPeering in `namespace`); of the replicas sharing it, one is active and the
-      others stand by. None: run alone, without peering.
+      or a KopfPeering in each of `namespaces`); of the replicas sharing it, one is active
+      and the others stand by. None: run alone, without peering.
     liveness: kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz.
     """
     config = settings.ControllerSettings.from_env()
@@ -31,8 +33,8 @@ def run(namespace: str | None, peering: str | None, liveness: str | None) -> Non
     kopf.configure(verbose=False)
     kopf.run(
         registry=registry,
-        clusterwide=namespace is None,
-        namespaces=[namespace] if namespace else (),
+        clusterwide=not namespaces,
+        namespaces=list(namespaces),
         standalone=peering is None,
         peering_name=peering,
         # Replicas share one peering object; kopf pauses every replica but the one of
@@ -44,8 +46,9 @@ def run(namespace: str | None, peering: str | None, liveness: str | None) -> Non
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m slipstream.controller", description=run.__doc__)
-    parser.add_argument("--namespace", help="watch only this namespace (default: all)")
+    parser.add_argument("--namespace", action="append", default=[], dest="namespaces",
+                        help="watch only this namespace; repeat for several (default: all)")  # fmt: skip
     parser.add_argument("--peering", help="kopf peering object name (default: standalone)")
     parser.add_argument("--liveness", help="health endpoint URL, e.g. http://0.0.0.0:8080/healthz")
     args = parser.parse_args(argv)
-    run(args.namespace, args.peering, args.liveness)
+    run(args.namespaces, args.peering, args.liveness)

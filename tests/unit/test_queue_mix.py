@@ -191,3 +191,25 @@ def test_without_the_mix_one_hit_ratio_applies_to_every_request():
     assert {r.tenant for r in w.requests} == {"chat"}
     hit = 30000 / 38000
     assert all(abs(r.block_sizes[0] - r.block_sizes[1] * hit / (1 - hit)) <= 1 for r in w.requests)
+
+
+# -- the tuner's memo ----------------------------------------------------------------
+
+
+def test_a_change_in_the_queue_mix_alone_is_not_the_same_workload_to_the_memo():
+    """The twin's workload is made from the mix, so a snapshot whose first-token figures are
+    unchanged but whose arrivals or waiting giants moved must run the twin again."""
+    from slipstream.tune import memo
+
+    base = one(results())
+    seen = memo.fingerprint(base, 10)
+    assert memo.fingerprint(one(results()), 10).close_to(seen)
+    more_giants = [r for r in mix_rows() if r.label("tenant") != "batch"] + [
+        sample(40, tenant="batch", part="arrivals"),
+        sample(40, tenant="batch", size_class="gt300k", part="queued"),
+        sample(24_000_000, tenant="batch", size_class="gt300k", part="queued_tokens"),
+    ]
+    moved = one(results(mix=more_giants))
+    assert moved.tenants == base.tenants, "first-token figures unchanged"
+    assert not memo.fingerprint(moved, 10).close_to(seen)
+    assert not memo.fingerprint(one(results(mix=[])), 10).close_to(seen), "mix gone"

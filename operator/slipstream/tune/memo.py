@@ -76,8 +76,10 @@ def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fin
     """The snapshot as the recommender sees it: per tenant the rate (tolerance 2/sqrt(n)
     relative, n first tokens), the TTFT p99 the twin is calibrated to (1/sqrt(n/100): a
     p99 rests on the top 1% of the window), the prompt and output length histograms
-    (cumulative shares within the KS bound, mean within 2/sqrt(n)) and the cache-hit ratio.
-    Anything not finite must match exactly."""
+    (cumulative shares within the KS bound, mean within 2/sqrt(n)) and the cache-hit ratio;
+    and, when the engines export it, the queue mix (arrivals, each size class's requests and
+    cached share), from which the twin's workload is then made. Anything not finite must
+    match exactly."""
     exact: list[Any] = [round(snapshot.window_s, 3)]
     values: list[float] = []
     tolerances: list[float] = []
@@ -111,6 +113,22 @@ def fingerprint(snapshot: WorkloadSnapshot, calibration_min_samples: int) -> Fin
             values.append(t.cache_hit_ratio)
             tolerances.append(RATIO)
     histogram(snapshot.uncached_tokens)
+    exact.append(snapshot.mix_fallback)
+    for m in sorted(snapshot.queue_mix, key=lambda m: m.name):
+        # The twin's workload is made from the mix when there is one (tune/twin_workload.py):
+        # arrivals, each class's requests (through and waiting) and its cached share.
+        arrived = m.arrivals_per_s * snapshot.window_s
+        exact.append(m.name)
+        log(m.arrivals_per_s, _noise(arrived, 2.0))
+        for c in m.classes:
+            seen = c.first_tokens + c.queued
+            exact.append(c.name)
+            log(seen, _noise(seen, 2.0))
+            ratio = c.cached_per_uncached
+            exact.append(ratio is None)
+            if ratio is not None:
+                values.append(ratio / (1.0 + ratio))  # cached share of the prompt, in [0, 1]
+                tolerances.append(RATIO)
     return Fingerprint(tuple(exact), array("d", values), array("d", tolerances))
 
 

@@ -17,7 +17,7 @@ import observe_helpers
 import prometheus_client
 from observe_helpers import wait_for
 
-from slipstream.controller import handlers
+from slipstream.controller import handlers, stages
 from slipstream.enginesim import load
 from slipstream.localkube import health, ports, processes
 from slipstream.localkube import prometheus as localprom
@@ -65,6 +65,9 @@ def operator_step() -> None:
     handlers.TUNING_STEP_SECONDS.observe(0.2)
     handlers.RECONCILES.labels("ok").inc()
     handlers.OBJECT_CHANGES.labels("Deployment", "updated").inc()
+    stages.HETEROGENEITY.labels("team-a", "chat").set(0.4)
+    stages.PREDICTION_ERROR.labels("team-a", "chat", "short").set(1.2)
+    stages.DECISIONS.labels("Hold", "AtBest").inc()
 
 
 def test_every_dashboard_query_returns_data(prometheus_binary, tmp_path) -> None:

@@ -32,7 +32,8 @@ def exported_names() -> set[str]:
     engine = EngineMetrics("m", ("tenant",))
     names = series_names(engine.registry.collect())
     for collector in (handlers.RECONCILES, handlers.OBJECT_CHANGES, handlers.TUNING_STEPS,
-                      handlers.TUNING_STEP_SECONDS, stages.TUNER_SECONDS):
+                      handlers.TUNING_STEP_SECONDS, stages.TUNER_SECONDS, stages.HETEROGENEITY,
+                      stages.PREDICTION_ERROR, stages.DECISIONS):
         names |= series_names(collector.collect())
     return names
 

@@ -258,12 +258,20 @@ def test_a_window_the_twin_does_not_explain_is_model_mismatch_with_one_event() -
     fresh = {c.type: c for c in tuning.conditions(sd, again, decision(), pods, good, "t", ok)}["MetricsAvailable"]
     assert (fresh.status, fresh.reason) == ("True", "Fresh")
     # The stage fills both from the tuner and sets the gauge per tenant.
+    def decisions() -> float:
+        return sum(sample.value for metric in stages.DECISIONS.collect() for sample in metric.samples
+                   if sample.name.endswith("_total"))
+
+    decided_before = decisions()
     rec = stages.TwinRecommender(settings_.ControllerSettings(observe_min_samples=50)).recommend(
         sd, good, S(threshold=0), 1000.0)
     assert rec.prediction and not rec.model_mismatch
     name, predicted, observed = rec.prediction[0]
     got = stages.PREDICTION_ERROR.labels("prod", "kimi", name)._value.get()
     assert got == pytest.approx(max(predicted, 1e-3) / observed)
+    # ... and the heterogeneity gauge and the decisions counter the dashboard draws.
+    assert stages.HETEROGENEITY.labels("prod", "kimi")._value.get() == pytest.approx(rec.heterogeneity)
+    assert decisions() == decided_before + 1
 
 
 # -- status that is true now ---------------------------------------------------------------

@@ -47,6 +47,15 @@ PREDICTION_ERROR = prometheus_client.Gauge(
     "last window replayed under the running setting (tune/modelcheck.py; 1 is exact; outside the band the tuner "
     "holds ModelMismatch).", ["namespace", "deployment", "tenant"],
 )
+HETEROGENEITY = prometheus_client.Gauge(
+    "slipstream_heterogeneity", "The heterogeneity of the last window's queue mix that the tuner decided on "
+    "(tune/heterogeneity.py; 0 is uniform traffic).", ["namespace", "deployment"],
+)
+DECISIONS = prometheus_client.Counter(
+    "slipstream_tuner_decisions", "Tuner decisions by outcome (Move, Hold, Infeasible) and, for holds and "
+    "infeasible ones, their reason (a condition-style word: ModelMismatch, Cooldown, AtBest, ...); a move's "
+    "reason is a sentence and is counted as Move.", ["outcome", "reason"],
+)
 TUNER_REUSES = prometheus_client.Counter(
     "slipstream_tuner_reuses", "Recommendations reused without a twin run (the deployment's workload had not "
     "moved since its last run, tune/memo.py), judged by the guardrails on the event loop."
@@ -217,6 +226,10 @@ class TwinRecommender:
             for name, predicted, observed in prediction:
                 PREDICTION_ERROR.labels(sd.metadata.namespace, sd.metadata.name, name).set(
                     max(predicted, 1e-3) / observed)
+        if sd is not None and mix is not None:
+            HETEROGENEITY.labels(sd.metadata.namespace, sd.metadata.name).set(mix)
+        outcome = type(decision).__name__
+        DECISIONS.labels(outcome, outcome if isinstance(decision, guardrails.Move) else decision.reason).inc()
         mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
             return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction)

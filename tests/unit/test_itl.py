@@ -72,7 +72,8 @@ def test_a_long_prefill_shows_in_the_longest_gap_not_in_every_gap(capsys):
 
 def test_itl_p99_and_longest_gaps_count_the_stall_of_a_retraction():
     cfg = EngineConfig(kv_pool_tokens=20_000, cache_tokens=10_000)
-    reqs = [Request(f"r{k}", "t", 20.0 * k, 2000, 5000, (k + 1,), (2000,)) for k in range(6)]
+    # Arrivals 5 s apart: six 7,000-token streams overlap (~42 s of decode each) in a 20,000-token pool.
+    reqs = [Request(f"r{k}", "t", 5.0 * k, 2000, 5000, (k + 1,), (2000,)) for k in range(6)]
     result = engine.simulate(build("w", reqs), policies.parse("stock", cfg), PROFILE, cfg)
     assert result.retractions >= 1
     gaps = every_gap(result)

@@ -24,3 +24,33 @@ PROMPT_TOKENS: tuple[float, ...] = (
 )
 """``sglang:prompt_tokens_histogram`` and ``sglang:uncached_prompt_tokens_histogram`` upper
 bounds (``le``), tokens."""
+
+
+SIZE_CLASSES: tuple[tuple[str, float], ...] = (
+    ("le1k", 1_000),
+    ("le8k", 8_000),
+    ("le60k", 60_000),
+    ("le300k", 300_000),
+    ("gt300k", float("inf")),
+)
+"""(label value, largest uncached token count in the class), ascending.
+
+Five classes bound every per-class family to tenants x 5 series (x 21 for the TTFT
+histogram's buckets, ``_sum`` and ``_count``). Tenant values are bounded as for SGLang's own
+per-tenant histograms, by the clients: ``--tokenizer-metrics-allowed-custom-labels`` bounds
+the label names, not their values (docs/operator.md, "The queue mix"). Roughly log-spaced (x8, x7.5, x5): chat turns,
+documents, long documents, very long contexts, giant cold prompts, each of which costs a
+different order of prefill time. Every bound is also a bound of
+``sglang:uncached_prompt_tokens_histogram`` (``PROMPT_TOKENS``), so a class is
+a whole number of that histogram's buckets. ``le`` semantics: a request of exactly 1,000
+uncached tokens is ``le1k``.
+"""
+SIZE_CLASS_NAMES: tuple[str, ...] = tuple(name for name, _ in SIZE_CLASSES)
+
+
+def size_class(uncached_tokens: float) -> str:
+    """The ``size_class`` label of a request with this many uncached prompt tokens."""
+    for name, upper in SIZE_CLASSES:
+        if uncached_tokens <= upper:
+            return name
+    return SIZE_CLASSES[-1][0]

@@ -6,6 +6,8 @@ its queries from these; the operator renders the engine flags that make them app
 
 from __future__ import annotations
 
+from slipstream.api import buckets
+
 TTFT_SECONDS = "sglang:time_to_first_token_seconds"
 """Histogram: time to first token, per request (tenant label from the custom-labels header)."""
 UNCACHED_PROMPT_TOKENS = "sglang:uncached_prompt_tokens_histogram"
@@ -53,31 +55,8 @@ SIZE_CLASS_LABEL = "size_class"
 CACHE_LABEL = "cache"
 CACHE_PARTS = ("cached", "uncached")
 
-SIZE_CLASSES: tuple[tuple[str, float], ...] = (
-    ("le1k", 1_000),
-    ("le8k", 8_000),
-    ("le60k", 60_000),
-    ("le300k", 300_000),
-    ("gt300k", float("inf")),
-)
-"""(label value, largest uncached token count in the class), ascending.
-
-Five classes bound every per-class family to tenants x 5 series (x 21 for the TTFT
-histogram's buckets, ``_sum`` and ``_count``). Tenant values are bounded as for SGLang's own
-per-tenant histograms, by the clients: ``--tokenizer-metrics-allowed-custom-labels`` bounds
-the label names, not their values (docs/operator.md, "The queue mix"). Roughly log-spaced (x8, x7.5, x5): chat turns,
-documents, long documents, very long contexts, giant cold prompts, each of which costs a
-different order of prefill time. Every bound is also a bound of
-``sglang:uncached_prompt_tokens_histogram`` (``api.buckets.PROMPT_TOKENS``), so a class is
-a whole number of that histogram's buckets. ``le`` semantics: a request of exactly 1,000
-uncached tokens is ``le1k``.
-"""
-SIZE_CLASS_NAMES: tuple[str, ...] = tuple(name for name, _ in SIZE_CLASSES)
-
-
-def size_class(uncached_tokens: float) -> str:
-    """The ``size_class`` label of a request with this many uncached prompt tokens."""
-    for name, upper in SIZE_CLASSES:
-        if uncached_tokens <= upper:
-            return name
-    return SIZE_CLASSES[-1][0]
+# The size classes are the snapshot's vocabulary too (the tuner reads them), so they live in
+# api.buckets beside the histogram bounds they are made of.
+SIZE_CLASSES = buckets.SIZE_CLASSES
+SIZE_CLASS_NAMES = buckets.SIZE_CLASS_NAMES
+size_class = buckets.size_class

@@ -34,8 +34,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from slipstream.api import buckets
 from slipstream.api.snapshot import Histogram, TenantMix, TenantWindow, WorkloadSnapshot
-from slipstream.engine import metrics
 from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
 from slipstream.tune.heterogeneity import representative_lengths
 
@@ -143,7 +143,7 @@ class _Source:
     def cached_per_uncached(self, uncached: int) -> float:
         if self.ratio_by_class is None:
             return self.tenant_ratio
-        return self.ratio_by_class.get(metrics.size_class(uncached), 0.0)
+        return self.ratio_by_class.get(buckets.size_class(uncached), 0.0)
 
 
 def _sources(snapshot: WorkloadSnapshot) -> list[_Source]:
@@ -186,7 +186,7 @@ def queued_lengths(mix: TenantMix) -> Histogram | None:
     bounds the classes' upper bounds, its sum the waiting tokens); None when none waits."""
     if not mix.queued > 0:
         return None
-    bounds = tuple(upper for _, upper in metrics.SIZE_CLASSES if math.isfinite(upper))
+    bounds = tuple(upper for _, upper in buckets.SIZE_CLASSES if math.isfinite(upper))
     counts, seen = [], 0.0
     for c in mix.classes[: len(bounds)]:
         seen += c.queued

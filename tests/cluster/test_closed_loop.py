@@ -295,12 +295,20 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
             # later decision in the phase named another.
             early = [e for e in decided if e["_twin_s"] <= span.start_s + DECIDE_S]
             assert early, f"{span.name}: no decision within {DECIDE_S:.0f} twin s\n{story(events)}"
-            assert all(setting(s) == setting(after[0]) for s in after), (
-                f"{span.name}: not settled: {[setting(s) for s in after]}\n{story(events)}")
-            assert (after[0].threshold or 0) > 0, f"{span.name}: not capped: {setting(after[0])}\n{story(events)}"
+            # Settled: capped throughout, and at most one later refinement that keeps T and
+            # changes only the order or mode (fcfs -> srpt once its gain shows), never back to
+            # a setting it left: a refinement is not a flap.
+            run = [setting(s) for s in after]
+            held = [a for i, a in enumerate(run) if i == 0 or a != run[i - 1]]
+            assert all((s.threshold or 0) > 0 for s in after), f"{span.name}: not capped: {run}\n{story(events)}"
+            assert len(held) <= 2 and len(set(held)) == len(held), (
+                f"{span.name}: not settled: {held}\n{story(events)}")
+            assert all(h[0] == held[0][0] for h in held), f"{span.name}: T moved again: {held}\n{story(events)}"
             assert named(early[-1]) == (after[0].threshold, after[0].schedule_policy), (
                 early[-1]["message"], setting(after[0]))
-            assert decided[-1] is early[-1], f"{span.name}: decided again later\n{story(events)}"
+            assert decided[-1] is early[-1] or (
+                len(held) == 2 and named(decided[-1]) == (held[1][0], held[1][2])
+            ), f"{span.name}: decided again later\n{story(events)}"
 
     # At most one change per cooldown, each with an Event carrying its reason.
     moved = changes(samples)

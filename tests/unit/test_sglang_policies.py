@@ -7,7 +7,7 @@ v1/core/sched/scheduler.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
@@ -30,6 +30,7 @@ class J:
     need: int
     cached_est: int = 0
     redo: int = 0
+    blocks: tuple[int, ...] = field(default=())
 
 
 def ids(q: WaitQueue) -> list[int]:

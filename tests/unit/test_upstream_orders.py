@@ -6,22 +6,12 @@ tests/engine/test_upstream_orders.py (engine environment); these cases need no s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from test_sglang_policies import J
 
 from slipstream.sim import engine, policies, profiles
 from slipstream.sim.queue import LPM_FCFS_FALLBACK, WaitQueue
 from slipstream.sim.upstream_orders import deprioritized
 from slipstream.sim.workload import Request
-
-
-@dataclass
-class J:
-    seq: int
-    arrival_s: float
-    need: int
-    cached_est: int = 0
-    redo: int = 0
-    blocks: tuple[int, ...] = field(default=())
 
 
 def ids(q: WaitQueue) -> list[int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -334,9 +335,13 @@ EXPECTED = {
 }
 REFUSED_EXAMPLES = {
     # example: the reasons the operator may give (engine/support.py checks the model first)
-    "kimi-k3-8xh200": {"UnsupportedFeature"},
     "deepseek-v4-flash": {"UnsupportedModel", "UnsupportedFeature"},
 }
+COLUMNS = ["NAME", "THRESHOLD", "CONCURRENCY", "MODE", "HETEROGENEITY", "PHASE", "AGE"]
+
+
+def sd_table(cluster: localkube.Cluster, ns: str) -> list[list[str]]:
+    return [line.split() for line in cluster.kubectl("get", "sd", f"--namespace={ns}").stdout.splitlines()]
 
 
 @pytest.mark.parametrize("example", list(EXPECTED))
@@ -353,7 +358,7 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
 
     sd = eventually(lambda: reconciled(cluster, ns, name), deadline_s=DEADLINE_S, what=f"{name} reconciled")
     if example in REFUSED_EXAMPLES:
-        # The seed's fleets run HiCache (and DeepSeek-V4 is hybrid sliding-window), which the
+        # DeepSeek-V4 is hybrid sliding-window (and the seed's fleet runs HiCache), which the
         # patched engine refuses with a threshold: the operator says so and starts no pods.
         cond = condition(sd, "Reconciled")
         assert cond["status"] == "False" and cond["reason"] in REFUSED_EXAMPLES[example], cond
@@ -361,6 +366,20 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
         assert sd["status"]["phase"] == "Degraded"
         gone = cluster.kubectl("get", "deployment", name, f"--namespace={ns}", check=False)
         assert gone.returncode != 0, gone.stdout
+
+        # The columns show what is applied: nothing (not the spec's T and concurrency), and
+        # they stay so while the tuning loop steps (SLIPSTREAM_RETRY_DELAY_SECONDS retries).
+        def columns_empty() -> list[list[str]]:
+            table = sd_table(cluster, ns)
+            assert table[0] == COLUMNS and table[1][:4] == [name, "<none>", "<none>", "<none>"], table
+            return table
+
+        eventually(columns_empty, deadline_s=DEADLINE_S, what=f"{name}'s columns empty")
+        stale = must_get(cluster, "sd", name, ns)["status"]
+        assert not {"threshold", "concurrency", "mode", "schedulePolicy"} & set(stale), stale
+        eventually(lambda: must_get(cluster, "sd", name, ns)["status"]["rollout"], deadline_s=DEADLINE_S,
+                   what="a tuning step on the refused spec (it writes status.rollout)")  # fmt: skip
+        columns_empty()
         return
     assert sd["status"]["threshold"] == threshold and sd["status"]["concurrency"] == concurrency
     assert condition(sd, "Reconciled")["status"] == "True"
@@ -387,9 +406,8 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     svc = must_get(cluster, "service", name, ns)
     assert svc["spec"]["ports"][0]["port"] == 30000
 
-    table = cluster.kubectl("get", "sd", f"--namespace={ns}").stdout.splitlines()
-    assert table[0].split() == ["NAME", "THRESHOLD", "CONCURRENCY", "MODE", "HETEROGENEITY", "PHASE", "AGE"]
-    assert table[1].split()[:4] == [name, str(threshold), str(concurrency), "ceiling"]
+    table = sd_table(cluster, ns)
+    assert table[0] == COLUMNS and table[1][:4] == [name, str(threshold), str(concurrency), "ceiling"], table
     wide = cluster.kubectl("get", "sd", f"--namespace={ns}", "-o", "wide").stdout.splitlines()
     assert "TUNING" in wide[0]
 
@@ -415,6 +433,40 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
     for pod in pods.values():
         node = must_get(cluster, "node", pod["spec"]["nodeName"], "default")  # cluster-scoped
         assert node["metadata"]["labels"]["nvidia.com/gpu.product"] == selector
+
+
+def docs_first_example() -> tuple[str, dict[str, Any]]:
+    """docs/operator.md's "A first ServingDeployment": its secret command and its spec."""
+    doc = (ROOT / "docs" / "operator.md").read_text().split("## A first ServingDeployment", 1)[1]
+    commands = doc.split("```bash\n", 1)[1].split("```", 1)[0]
+    (secret,) = [line for line in commands.splitlines() if line.startswith("kubectl create secret")]
+    spec = yaml.safe_load(doc.split("```yaml\n", 1)[1].split("```", 1)[0])
+    return secret, spec
+
+
+def test_the_docs_first_example_runs_as_written(cluster: localkube.Cluster, operator: Operator) -> None:
+    """The first spec a reader of docs/operator.md applies is served (not refused), its
+    columns show the setting its engines start with, and `kubectl explain` gives the
+    loop's timings with their defaults and units."""
+    secret, doc = docs_first_example()
+    name = doc["metadata"]["name"]
+    ns = namespace(cluster, "docs-first")
+    # As written, the key's generator, $(openssl rand -hex 24), replaced by a literal.
+    cluster.kubectl(*re.sub(r"\$\([^)]*\)", "k3y", secret).split()[1:], f"--namespace={ns}")
+    cluster.kubectl("apply", f"--namespace={ns}", "-f", "-", input=yaml.safe_dump(doc))
+    sd = eventually(lambda: reconciled(cluster, ns, name), deadline_s=DEADLINE_S, what=f"{name} reconciled")
+    assert condition(sd, "Reconciled")["status"] == "True", condition(sd, "Reconciled")
+    c, t = doc["spec"]["engine"]["chunkedPrefillSize"], doc["spec"]["tuning"]["threshold"]
+    table = sd_table(cluster, ns)
+    assert table[0] == COLUMNS and table[1][:4] == [name, str(t), str(c // t), "ceiling"], table
+    assert must_get(cluster, "deployment", name, ns)["spec"]["replicas"] == doc["spec"]["replicas"]
+    for field, said in (("spec.tuning.intervalSeconds", "Default 60 (seconds"),
+                        ("spec.tuning.cooldownSeconds", "Default 180 (seconds"),
+                        ("spec.tuning.rollout.analysisWindowSeconds", "Default 120 (seconds"),
+                        ("spec.tuning.rollout.maxRegressionPercent", "Default 100 (percent")):  # fmt: skip
+        explained = " ".join(cluster.kubectl("explain", f"sd.{field}").stdout.split())
+        assert said in explained, explained
+    cluster.kubectl("delete", "sd", name, f"--namespace={ns}", "--wait=false")
 
 
 # -- the apiserver refuses invalid specs, naming the field --------------------------------

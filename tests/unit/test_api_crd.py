@@ -161,3 +161,36 @@ def test_pydantic_refuses_what_kubernetes_would(field: str, value: str) -> None:
     ok = {"image": "i", "model": "m", "resources": {"requests": {"cpu": "500m", "memory": "64Gi"}},
           "env": [{"name": "HF_HOME", "value": "/x"}]}  # fmt: skip
     models.ServingDeploymentSpec.model_validate({"engine": ok, "tuning": {"threshold": 4096}})
+
+
+LOOP_TIMINGS = {
+    # field path: (default, unit as the description says it)
+    "spec.tuning.intervalSeconds": (60, "seconds"),
+    "spec.tuning.cooldownSeconds": (180, "seconds"),
+    "spec.tuning.rollout.analysisWindowSeconds": (120, "seconds"),
+    "spec.tuning.rollout.maxRegressionPercent": (100, "percent"),
+}
+
+
+@pytest.mark.parametrize("path", list(LOOP_TIMINGS))
+def test_kubectl_explain_shows_each_timing_default_and_unit(path: str) -> None:
+    """`kubectl explain` prints a field's schema description: the loop's timings must say
+    their default and unit there, and the default said must be the one the schema applies
+    (docs/operator.md, "Defaults and the measurements behind them")."""
+    node = version_schema()
+    for part in path.split("."):
+        node = node["properties"][part]
+    default, unit = LOOP_TIMINGS[path]
+    assert node["default"] == default, node
+    assert f"Default {default:g} ({unit}" in node["description"], node["description"]
+    model: Any = models.Tuning() if path.startswith("spec.tuning.interval") or "cooldown" in path else models.Rollout()
+    assert model.model_dump(by_alias=True)[path.rsplit(".", 1)[1]] == default
+
+
+def test_docs_name_every_timing_default() -> None:
+    """The docs' table of defaults gives the values the schema applies."""
+    doc = (ROOT / "docs" / "operator.md").read_text()
+    table = doc.split("### Defaults and the measurements behind them", 1)[1].split("\n\n", 3)[2]
+    for path, (default, _) in LOOP_TIMINGS.items():
+        field = path.removeprefix("spec.tuning.")
+        assert any(line.startswith(f"| `{field}` | {default:g} ") for line in table.splitlines()), (field, table)

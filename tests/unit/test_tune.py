@@ -402,7 +402,7 @@ def test_decide_for_keeps_the_dwell_in_status():
     last = {"time": "1970-01-01T02:35:00Z", "to": {"threshold": 0}, "reason": "r"}  # 9300 s: cooldown over
 
     def left_at(stamp: str) -> models.ServingDeployment:
-        return sd({"lastDecision": last, "leftSettings": [{"setting": best, "leftAt": stamp}]})
+        return sd({"lastDecision": last, "leftSettings": [{"setting": best, "leftAt": stamp}]}, cooldownSeconds=600)
 
     assert deployment.tuner_state(left_at("1970-01-01T02:35:00Z"), off).left == ((first.to, 9300.0),)
     held = deployment.decide_for(left_at("1970-01-01T02:35:00Z"), heterogeneous(), off, 10_000.0, PROFILE)

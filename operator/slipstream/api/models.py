@@ -369,12 +369,25 @@ class Objective(Model):
 
 
 class Rollout(Model):
-    canary_replicas: int = Field(default=1, ge=1, le=64, description="Pods that try a new setting first.")
+    # The defaults are the values the closed loop is measured with (docs/operator.md,
+    # "Defaults and the measurements behind them").
+    canary_replicas: int = Field(default=1, ge=1, le=64, description="Pods that try a new setting first. Default 1.")
     analysis_window_seconds: int = Field(
-        default=300, ge=30, le=86400, description="How long canaries are compared before promotion."
+        default=120,
+        ge=30,
+        le=86400,
+        description="Seconds the canaries run the candidate before they are compared with the other "
+        "pods. Default 120 (seconds): two intervals of the default 60 s, long enough for the tail of "
+        "a minute's traffic, short enough that a promotion lands well inside a 10-minute phase.",
     )
     max_regression_percent: float = Field(
-        default=5.0, ge=0, le=100, description="Allowed p99 TTFT regression of any tenant on the canaries."
+        default=100.0,
+        ge=0,
+        le=100,
+        description="Percent by which any tenant's p99 TTFT on the canaries may exceed the other pods' "
+        "before the candidate is rolled back. Default 100 (percent, i.e. 2x): two windows of the same "
+        "setting already differ by tens of percent on heavy-tailed traffic, and SGLang's TTFT buckets "
+        "are 40-70% apart at tens of seconds, so a tighter bound rolls back good candidates.",
     )
 
 
@@ -406,8 +419,23 @@ class Tuning(Model):
     schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
     min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T) Auto may choose.")
     max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T) Auto may choose.")
-    interval_seconds: int = Field(default=60, ge=10, le=86400, description="How often the mix is measured.")
-    cooldown_seconds: int = Field(default=600, ge=0, le=86400, description="Least time between two changes.")
+    interval_seconds: int = Field(
+        default=60,
+        ge=10,
+        le=86400,
+        description="Seconds between two measurements of the mix (and two decisions). Default 60 "
+        "(seconds): a window holds the tuner's 50-sample minimum at one request a second, and a "
+        "change of mix is followed within a few intervals (docs/operator.md, \"Defaults\").",
+    )
+    cooldown_seconds: int = Field(
+        default=180,
+        ge=0,
+        le=86400,
+        description="Least seconds between two changes of the setting. Default 180 (seconds): one "
+        "analysis window of the default 120 s plus an interval, so the next step is judged on a "
+        "window that the last change no longer shapes, and the loop can still follow a mix that "
+        "changes every 10 minutes.",
+    )
     objective: Objective = _section(Objective, "Latency objective.")
     rollout: Rollout = _section(Rollout, "Progressive rollout of a new setting.")
 

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from slipstream.api import models
 from slipstream.api import snapshot as snapshot_
-from slipstream.controller import adminkeys, drift, objects, tuning
+from slipstream.controller import adminkeys, drift, objects, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
@@ -298,6 +298,8 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     if (event := tuning.recommended_event(sd, decision.fleet, recommendation)) is not None:
         events.append(event)
     patch = tuning.status_patch(sd, decision, conds, snap, recommendation, started, stamp)
+    if status.runs_nothing(conds, bool(items)):
+        patch.update(status.no_setting())  # refused, no engines: nothing is applied
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
     delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
     return Outcome(patch, events, delay, decision)

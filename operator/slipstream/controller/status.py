@@ -102,12 +102,34 @@ def patch(
     deployment: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The status fields reconcile owns. The setting (threshold, mode, order) only when
-    given: the first time; afterwards the tuning loop writes what the engines report."""
+    given: the first time; afterwards the tuning loop writes what the engines report. None
+    of them while the spec is refused and no engine Deployment exists (`runs_nothing`)."""
+    if runs_nothing(conditions, deployment is not None):
+        shown = no_setting()
+    else:
+        shown = setting_patch(sd, setting) if setting is not None else {}
     return {
-        **(setting_patch(sd, setting) if setting is not None else {}),
+        **shown,
         "observedGeneration": sd.metadata.generation,
         **readiness_patch(conditions, deployment),
     }
+
+
+SETTING_FIELDS = ("threshold", "concurrency", "mode", "schedulePolicy")
+"""The status fields of the fleet's setting (the THRESHOLD, CONCURRENCY and MODE columns)."""
+
+
+def runs_nothing(conditions: Iterable[models.Condition], engines_exist: bool) -> bool:
+    """A refused spec (Reconciled False) with no engines runs no setting at all: its status
+    must not show the setting it asked for, as if it were applied (`kubectl get sd` showed
+    THRESHOLD 4096 for a spec the operator had refused)."""
+    refused = any(c.type == RECONCILED and c.status == "False" for c in conditions)
+    return refused and not engines_exist
+
+
+def no_setting() -> dict[str, Any]:
+    """A merge patch that removes the setting fields (shown as <none>)."""
+    return dict.fromkeys(SETTING_FIELDS)
 
 
 def setting_patch(sd: models.ServingDeployment, setting: models.EngineSetting) -> dict[str, Any]:

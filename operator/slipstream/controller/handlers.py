@@ -63,6 +63,13 @@ DRIFT_EVENTS_JUDGED = prometheus_client.Counter(
 TUNING_STEPS = prometheus_client.Counter(
     "slipstream_tuning_steps", "Steps of the tuning loops, by result.", ["result"]
 )
+ROLLOUTS = prometheus_client.Counter(
+    "slipstream_rollouts", "Rollouts that ended, by result (Promoted, RolledBack) and namespace: counted "
+    "with the Event that says so (ThresholdChanged, RolledBack), which each rollout records once.",
+    ["namespace", "result"],
+)
+ROLLOUT_ENDS = {"ThresholdChanged": "Promoted", "RolledBack": "RolledBack"}
+"""The rollout's closing Events (rollout.machine) and the result each counts as."""
 TUNING_STEP_SECONDS = prometheus_client.Histogram(
     "slipstream_tuning_step_seconds", "Wall time of one tuning step (observe, tune, rollout).",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -463,6 +470,8 @@ def register(
         TUNING_STEPS.labels("ok").inc()
         for event in outcome.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+            if (result := ROLLOUT_ENDS.get(event.reason)) is not None:
+                ROLLOUTS.labels(sd.metadata.namespace, result).inc()
         return outcome.delay_s, memory, None
 
     reverts = replicas.Reverts()

@@ -8,7 +8,10 @@ retries 500s three times with growing sleeps by default; here it does not retry 
 the observer's backoff decides when to ask again, and one interval's read must not stall
 the loop for seconds.
 
-``queries_made`` counts round trips (the scale benchmark prints it per interval).
+``queries_made`` counts round trips (the scale benchmark prints it per interval);
+``slipstream_prometheus_queries_total{result}`` counts every query the operator makes by how
+it ended (the dashboard's "Prometheus read health"): ``ok``, or the failure's kind
+(``unreachable``, ``timeout``, ``error`` for an HTTP error answer, ``malformed``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import prometheus_client
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -34,8 +38,20 @@ Prometheus at once, or urllib3 opens one per query beyond it and discards it ("C
 pool is full, discarding connection")."""
 
 
+QUERIES = prometheus_client.Counter(
+    "slipstream_prometheus_queries", "Prometheus queries made by the operator (fleet reads and canary analyses), "
+    "by result: ok, unreachable (connection failed), timeout, error (Prometheus answered an error status) or "
+    "malformed (an answer that is not an instant vector).", ["result"],
+)
+
+
 class QueryFailed(RuntimeError):
-    """A read that gave no usable answer; the message says why, for humans."""
+    """A read that gave no usable answer; the message says why, for humans, and ``kind``
+    (one of the counter's results) how."""
+
+    def __init__(self, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class PromClient:
@@ -67,6 +83,15 @@ class PromClient:
         """The instant vector of ``promql`` at unix time ``at``; QueryFailed on any failure."""
         self.queries_made += 1
         try:
+            samples = self._query(promql, at)
+        except QueryFailed as exc:
+            QUERIES.labels(exc.kind).inc()
+            raise
+        QUERIES.labels("ok").inc()
+        return samples
+
+    def _query(self, promql: str, at: float) -> list[parse.Sample]:
+        try:
             result: Any = self._connect.custom_query(
                 promql, params={"time": f"{at:.3f}"}, timeout=self.timeout_s
             )
@@ -74,21 +99,24 @@ class PromClient:
             # Without retries urllib3 reports a read timeout as a ConnectionError too.
             if isinstance(exc, requests.Timeout) or _timed_out(exc):
                 raise QueryFailed(
-                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s"
+                    f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s", "timeout"
                 ) from None
-            raise QueryFailed(f"cannot connect to Prometheus at {self.url}: {_root(exc)}") from None
+            raise QueryFailed(f"cannot connect to Prometheus at {self.url}: {_root(exc)}", "unreachable") from None
         except requests.Timeout:
-            raise QueryFailed(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s") from None
+            raise QueryFailed(
+                f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s", "timeout"
+            ) from None
         except PrometheusApiClientException as exc:
-            raise QueryFailed(f"Prometheus at {self.url} answered {str(exc)[:300]}") from None
+            raise QueryFailed(f"Prometheus at {self.url} answered {str(exc)[:300]}", "error") from None
         except Exception as exc:  # noqa: BLE001 - the edge: a garbled answer fails the read, never the caller
             raise QueryFailed(
-                f"Prometheus at {self.url} gave an unreadable answer ({type(exc).__name__}: {str(exc)[:200]})"
+                f"Prometheus at {self.url} gave an unreadable answer ({type(exc).__name__}: {str(exc)[:200]})",
+                "malformed",
             ) from None
         try:
             return parse.vector(result)
         except parse.MalformedAnswer as exc:
-            raise QueryFailed(f"Prometheus at {self.url} gave a malformed answer: {exc}") from None
+            raise QueryFailed(f"Prometheus at {self.url} gave a malformed answer: {exc}", "malformed") from None
 
 
 def _decode_into_samples(response: requests.Response, *_: Any, **__: Any) -> requests.Response:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from slipstream.controller import handlers, stages
 from slipstream.enginesim.metrics import EngineMetrics
+from slipstream.observe import client
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "slipstream" / "dashboards" / "slipstream.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -32,8 +33,8 @@ def exported_names() -> set[str]:
     engine = EngineMetrics("m", ("tenant",))
     names = series_names(engine.registry.collect())
     for collector in (handlers.RECONCILES, handlers.OBJECT_CHANGES, handlers.TUNING_STEPS,
-                      handlers.TUNING_STEP_SECONDS, stages.TUNER_SECONDS, stages.HETEROGENEITY,
-                      stages.PREDICTION_ERROR, stages.DECISIONS):
+                      handlers.TUNING_STEP_SECONDS, handlers.ROLLOUTS, stages.TUNER_SECONDS, stages.HETEROGENEITY,
+                      stages.PREDICTION_ERROR, stages.DECISIONS, client.QUERIES):
         names |= series_names(collector.collect())
     return names
 
@@ -60,8 +61,46 @@ def test_every_panel_has_an_id_a_place_a_datasource_and_targets():
         refs = [t["refId"] for t in p["targets"]]
         assert len(set(refs)) == len(refs)
         assert all(t["datasource"] == DS and t["expr"].strip() for t in p["targets"])
-    cells = {(p["gridPos"]["x"], p["gridPos"]["y"]) for p in panels}
-    assert len(cells) == len(panels)  # no two panels on one spot
+    for i, a in enumerate(panels):  # no two panels overlap
+        for b in panels[i + 1:]:
+            assert not boxes_overlap(a["gridPos"], b["gridPos"]), (a["title"], b["title"])
+
+
+def boxes_overlap(a: dict, b: dict) -> bool:
+    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+
+
+def test_the_field_types_grafanas_dashboard_schema_gives():
+    """What Grafana's dashboard schema (the "Dashboard" kind, schemaVersion 39) types the
+    fields this dashboard uses as, checked offline: Grafana (AGPL) is neither built nor
+    run here, and its schema ships inside it."""
+    d = load()
+    assert isinstance(d["title"], str) and isinstance(d["uid"], str) and len(d["uid"]) <= 40
+    assert isinstance(d["editable"], bool) and isinstance(d["version"], int) and isinstance(d["refresh"], str)
+    assert isinstance(d["tags"], list) and all(isinstance(t, str) for t in d["tags"])
+    assert set(d["time"]) == {"from", "to"} and all(isinstance(v, str) for v in d["time"].values())
+    for p in load()["panels"]:
+        assert isinstance(p["id"], int) and isinstance(p["title"], str) and isinstance(p["description"], str)
+        grid = p["gridPos"]
+        assert all(isinstance(v, int) for v in grid.values()) and grid["h"] > 0 and grid["w"] > 0, p["title"]
+        assert isinstance(p["fieldConfig"]["defaults"], dict) and isinstance(p["fieldConfig"]["overrides"], list)
+        assert all(isinstance(t["refId"], str) and t["refId"] for t in p["targets"]), p["title"]
+    for a in d["annotations"]["list"]:
+        assert isinstance(a["name"], str) and isinstance(a["enable"], bool) and isinstance(a["iconColor"], str), a
+
+
+def test_the_panels_the_operator_is_watched_by():
+    """Issue 18's list: the setting, heterogeneity, p99 TTFT per tenant, queue mix,
+    prediction error, rollbacks and holds by reason, step latency, Prometheus read health."""
+    d = load()
+    exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])
+    for series in ("sglang:long_prefill_token_threshold", "slipstream_heterogeneity",
+                   "sglang:time_to_first_token_seconds_bucket", "sglang:queue_reqs_by_size_class",
+                   "slipstream_twin_prediction_error_ratio", "slipstream_rollouts_total",
+                   "slipstream_tuner_decisions_total", "slipstream_tuning_step_seconds_bucket",
+                   "slipstream_prometheus_queries_total"):
+        assert series in exprs, series
+    assert any("RolledBack" in a["expr"] for a in d["annotations"]["list"])
 
 
 def test_every_query_reads_a_metric_that_is_exported():

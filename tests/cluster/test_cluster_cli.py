@@ -13,11 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from test_operator_reconcile import apply, must_get, pod_identities
-from test_rollout import engines, in_sync, sd_doc
+from test_faults import thresholds
+from test_operator_reconcile import must_get, pod_identities
+from test_rollout import engines, in_sync
 
 from conftest import eventually, processes_mentioning
-from slipstream.localkube import binaries, supervisor
+from slipstream.demo import loop, phases
+from slipstream.localkube import apiread, binaries, supervisor
 
 UP_S = 300
 
@@ -95,6 +97,13 @@ def test_sigterm_of_up_while_it_starts_stops_everything(tmp_path: Path) -> None:
 # -- the supervisor restarts what dies ---------------------------------------------------------------
 
 NS = "supervised"
+TIME_SCALE = 8.0
+"""Twin seconds per wall second, as the closed-loop test and the demo run."""
+CANARY_LOAD_S = 1200.0
+"""Twin seconds of heterogeneous traffic: the tuner's first canary (within 3 intervals of
+60 s, as the closed-loop test holds it to), the kill, and an analysis window after it."""
+CANARY_S = (3 * 60 + 120) / TIME_SCALE + 60
+"""Wall seconds until the canary: 3 intervals and the queues' warm-up, plus slack."""
 RESTART_S = 180
 """Deadline for the stack to be whole again: a backoff of 1 s, the operator's start (kopf's
 first lists, ~20 s on a loaded machine), the peering lifetime of the killed one, the rollout."""
@@ -131,16 +140,21 @@ def restarted(up: UpCluster, name: str, old_pid: int, restarts: int) -> dict[str
 
 
 def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Path) -> None:
-    """A rollout held in flight by one hanging engine; the operator SIGKILLed: the supervisor
-    reaps it and starts it again with no hand restart, and the fleet converges on the new
-    setting with no engine pod replaced. Then a SIGKILLed Prometheus comes back the same way,
-    `cluster restart` restarts one on request, and `cluster status` says ready again."""
+    """An Auto deployment under heterogeneous traffic starts a canary; its engines refuse
+    every change (`write-error`: reads answer, /set_internal_state fails), so the rollout is
+    held in phase Canary, and the operator is SIGKILLed there. The supervisor reaps it and
+    starts it again with no hand restart; the engines take changes again, and the restarted
+    operator resumes the canary from status and ends the rollout (promoted, or rolled back by
+    its analysis) with every pod on one setting and no engine pod replaced. Then a SIGKILLed
+    Prometheus comes back the same way, `cluster restart` restarts one on request, and
+    `cluster status` says ready again."""
     workdir = tmp_path / "cluster"
-    env = {"SLIPSTREAM_ADMIN_TIMEOUT_SECONDS": "1", "SLIPSTREAM_ADMIN_ATTEMPTS": "30",
+    env = {"SLIPSTREAM_ADMIN_TIMEOUT_SECONDS": "1", "SLIPSTREAM_ADMIN_ATTEMPTS": "1000",
            "SLIPSTREAM_PEERING_LIFETIME_SECONDS": "10"}  # fmt: skip
-    up_run = slipstream("cluster", "up", f"--workdir={workdir}", "--time-scale=4",
+    up_run = slipstream("cluster", "up", f"--workdir={workdir}", f"--time-scale={TIME_SCALE:g}",
                         *[f"--operator-env={k}={v}" for k, v in env.items()])  # fmt: skip
     assert up_run.returncode == 0, up_run.stderr
+    load = None
     try:
         up = UpCluster(workdir)
         written = (workdir / "cluster" / "operator.env").read_text()
@@ -148,38 +162,54 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
         for key in ("KUBECONFIG", "SLIPSTREAM_ENGINE_NETWORKS", "SLIPSTREAM_ADMIN_ATTEMPTS"):
             assert f"\n{key}=" in written, written
         sv: Any = up  # the helpers' parameters are typed for localkube.Cluster and PodRunner
+        state = json.loads((workdir / "state.json").read_text())
+        kubeconfig = Path(state["kubeconfig"])
+        target = loop.Target(kubeconfig, binaries.default_bin_dir() / "kubectl",
+                             apiread.ApiReader.from_kubeconfig(kubeconfig), TIME_SCALE,
+                             state["prometheus_url"])  # fmt: skip
         up.kubectl("create", "namespace", NS)
         name = "supervised"
-        apply(sv, NS, sd_doc(name))
+        sd = loop.serving_deployment(name, target.prometheus_url, mode="Auto", replicas=2, interval_s=60,
+                                     cooldown_s=180, analysis_s=120, max_concurrency=2)  # fmt: skip
+        sd["metadata"]["namespace"] = NS
+        target.apply(sd)
         pods = engines(sv, sv, NS, name)
         eventually(lambda: in_sync(sv, NS, name), deadline_s=RESTART_S, what="in sync")
         identities = pod_identities(sv, NS, name)
-        bad = pods[sorted(pods)[1]]
-        bad.fault("timeout")
-        up.kubectl("patch", "sd", name, f"--namespace={NS}", "--type=merge", "-p",
-                   json.dumps({"spec": {"tuning": {"threshold": 2048}}}))  # fmt: skip
+        for engine in pods.values():
+            engine.fault("write-error")
+        workload, _ = phases.plan(CANARY_LOAD_S, replicas=2, kinds=(phases.HETEROGENEOUS,))
+        load = loop.LoadRun(workload.requests, target.targets(NS, name), TIME_SCALE).start()
 
-        def in_flight() -> dict[str, Any]:
+        def in_canary() -> dict[str, Any]:
             rollout = (must_get(sv, "sd", name, NS).get("status") or {}).get("rollout") or {}
-            assert rollout.get("phase") not in (None, "Idle"), rollout
+            assert rollout.get("phase") == "Canary" and rollout.get("attempts", 0) >= 1, rollout
             return rollout
 
-        rollout = eventually(in_flight, deadline_s=RESTART_S, what="rollout in flight")
+        rollout = eventually(in_canary, deadline_s=CANARY_S, what="a canary held by its engine's failing writes")
         operator = up.component("operator")
         os.kill(operator["pid"], signal.SIGKILL)
-        bad.fault("ok")
-        print(f"operator SIGKILLed during {rollout['phase']}")
+        for engine in pods.values():
+            engine.fault("ok")
+        print(f"operator SIGKILLed in phase {rollout['phase']}: candidate {rollout.get('candidate')}, "
+              f"canaries {rollout.get('canaryPods')}")  # fmt: skip
         eventually(lambda: restarted(up, "operator", operator["pid"], 1), deadline_s=RESTART_S,
                    what="the operator restarted by the supervisor")  # fmt: skip
 
-        def converged() -> None:
-            assert {p: e.threshold for p, e in pods.items()} == dict.fromkeys(pods, 2048)
+        def finished() -> dict[str, Any]:
             st = must_get(sv, "sd", name, NS)["status"]
-            assert st["threshold"] == 2048 and st["rollout"]["phase"] == "Idle", st["rollout"]
+            ended = st["rollout"]
+            assert ended["phase"] == "Idle" and ended.get("result") in ("Promoted", "RolledBack"), ended
+            assert ended.get("finishedAt", "") > rollout["startedAt"], (ended, rollout)
+            assert set(thresholds(pods).values()) == {st["threshold"]}, (thresholds(pods), st["threshold"])
             in_sync(sv, NS, name)
+            return ended
 
-        eventually(converged, deadline_s=RESTART_S, what="every pod on 2048 after the operator's restart")
+        ended = eventually(finished, deadline_s=RESTART_S, what="the rollout ended, every pod on one setting")
+        print(f"after the restart the rollout ended {ended['result']}: {ended.get('message') or ''}")
         assert pod_identities(sv, NS, name) == identities, "no engine pod replaced"
+        load.join(timeout_s=CANARY_LOAD_S / TIME_SCALE + 120)
+        load = None
 
         prometheus = up.component("prometheus")
         os.kill(prometheus["pid"], signal.SIGKILL)
@@ -198,6 +228,8 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
         for component in ("etcd", "kube-apiserver", "prometheus", "operator", "engine-pod-runner"):
             assert any(line.split()[:1] == ["running"] and f" {component} " in line for line in lines), status.stdout
     finally:
+        if load is not None:
+            load.join(timeout_s=CANARY_LOAD_S / TIME_SCALE + 120)
         state = json.loads((workdir / "state.json").read_text()) if (workdir / "state.json").exists() else {}
         down = slipstream("cluster", "down", f"--workdir={workdir}")
     assert down.returncode == 0, down.stderr

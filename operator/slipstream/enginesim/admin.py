@@ -92,7 +92,8 @@ class Faults:
     """ok | garbage (HTTP 200, not Prometheus text) | error (HTTP 500): how /metrics answers."""
 
 
-ADMIN_FAULTS = ("ok", "error", "timeout", "refuse")
+ADMIN_FAULTS = ("ok", "error", "timeout", "refuse", "write-error")
+"""write-error: /set_internal_state answers 500 while the reads answer (a change that never takes)."""
 METRICS_FAULTS = ("ok", "garbage", "error")
 
 

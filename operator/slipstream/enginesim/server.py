@@ -91,11 +91,12 @@ def admin_refusal(request: web.Request) -> web.Response | None:
     return None
 
 
-async def admin_fault(request: web.Request) -> web.StreamResponse | None:
-    """The injected admin fault, if any: 500, a request never answered, or a dropped connection."""
+async def admin_fault(request: web.Request, write: bool = False) -> web.StreamResponse | None:
+    """The injected admin fault, if any: 500, a request never answered, or a dropped
+    connection; `write-error` is a 500 for changes only (``write``), the reads answering."""
     pod = request.app[POD]
     fault = pod.faults.admin
-    if fault == "error":
+    if fault == "error" or (fault == "write-error" and write):
         return web.json_response(error_body(500, "injected admin fault"), status=500)
     if fault == "timeout":
         await pod.closing.wait()
@@ -135,7 +136,7 @@ async def server_info(request: web.Request) -> web.StreamResponse:
 
 
 async def set_internal_state(request: web.Request) -> web.StreamResponse:
-    refused = admin_refusal(request) or await admin_fault(request)
+    refused = admin_refusal(request) or await admin_fault(request, write=True)
     if refused is not None:
         return refused
     pod = request.app[POD]

@@ -218,6 +218,23 @@ def test_status_patch() -> None:
     models.ServingDeploymentStatus.model_validate({k: v for k, v in patch.items() if v is not None})
 
 
+def test_a_refused_spec_without_engines_shows_no_setting() -> None:
+    """`kubectl get sd` shows what is applied: a refused spec with no engine Deployment runs
+    nothing, so its status removes the setting (merge-patch nulls), even the first time;
+    a refused spec whose old Deployment still runs keeps showing that setting."""
+    sd = make()
+    refused = status.after_reconcile(sd, ("UnsupportedFeature", "set hicache.enabled false"), None, "t")
+    patch = status.patch(sd, objects.current_setting(sd), refused, None)
+    assert {k: patch[k] for k in status.SETTING_FIELDS} == dict.fromkeys(status.SETTING_FIELDS)
+    assert patch["phase"] == "Degraded"
+    running = {"metadata": {"generation": 1}, "spec": {"replicas": 2}, "status": {"observedGeneration": 1}}
+    kept = status.patch(sd, objects.current_setting(sd), refused, running)
+    assert kept["threshold"] == 4096 and kept["concurrency"] == 2
+    assert status.runs_nothing(refused, engines_exist=False) and not status.runs_nothing(refused, engines_exist=True)
+    served = status.after_reconcile(sd, None, None, "t")
+    assert not status.runs_nothing(served, engines_exist=False)  # replicas 0 or not yet created: the setting stands
+
+
 def test_the_operator_never_imports_torch_or_sglang() -> None:
     import subprocess
     import sys

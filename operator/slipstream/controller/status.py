@@ -128,7 +128,7 @@ def runs_nothing(conditions: Iterable[models.Condition], engines_exist: bool) ->
 
 
 def no_setting() -> dict[str, Any]:
-    """A merge patch that removes the setting fields (shown as <none>)."""
+    """A merge patch that removes the setting fields (kubectl leaves their columns blank)."""
     return dict.fromkeys(SETTING_FIELDS)
 
 

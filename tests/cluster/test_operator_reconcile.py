@@ -378,8 +378,11 @@ def test_example_gets_its_deployment_service_configmap_and_columns(
         eventually(columns_empty, deadline_s=DEADLINE_S, what=f"{name}'s columns empty")
         stale = must_get(cluster, "sd", name, ns)["status"]
         assert not {"threshold", "concurrency", "mode", "schedulePolicy"} & set(stale), stale
-        eventually(lambda: must_get(cluster, "sd", name, ns)["status"]["rollout"], deadline_s=DEADLINE_S,
-                   what="a tuning step on the refused spec (it writes status.rollout)")  # fmt: skip
+        def stepped() -> None:
+            types = {c["type"] for c in must_get(cluster, "sd", name, ns)["status"].get("conditions", [])}
+            assert types & {"MetricsAvailable", "RolloutProgressing", "EnginesInSync"}, types
+
+        eventually(stepped, deadline_s=DEADLINE_S, what="a tuning step on the refused spec (its conditions)")
         columns_empty()
         return
     assert sd["status"]["threshold"] == threshold and sd["status"]["concurrency"] == concurrency

@@ -42,10 +42,10 @@ class Check:
     """Engine pods in the fleet; one is the canary."""
     policy: str = "stock"
     slow_factor: float = 2.0
-    sub_window_s: float = 15.0
+    sub_window_s: float = 10.0
     analysis_window_s: float = 120.0
     """When the rule is first asked (the machine's analysis window)."""
-    limit_s: float = 240.0
+    limit_s: float = 360.0
     """When it must decide (the machine's analysis limit)."""
     warmup_s: float = 30.0
     """Least offset of an analysis start into the workload (queues fill from empty)."""

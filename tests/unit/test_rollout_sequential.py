@@ -21,12 +21,16 @@ def cells(mean_s: float, n: int = 20, classes: tuple[str, ...] = ("le1k", "le8k"
 
 
 def test_aa_pairs_promote_and_never_roll_back():
-    # equal sides, alternating which is a little slower: the test ends in Promote
-    windows = [window(k, cells(1.0 + (0.1 if k % 2 else -0.1)), cells(1.0)) for k in range(36)]
+    # equal sides within the tolerance: the test crosses to Promote
+    windows = [window(k, cells(1.0 + (0.03 if k % 2 else -0.03)), cells(1.0)) for k in range(36)]
     result = sq.decide(windows, RULE)
     assert result.outcome == "Promote"
-    assert result.llr <= RULE.lower
+    assert result.llr <= RULE.lower and result.decided_at_s is not None
     assert "Promote" in result.summary and f"{RULE.upper:+.2f}" in result.summary
+    # each side slower half the time: never a rollback on the way, Promote at the limit
+    coin = [window(k, cells(1.5 if k % 2 else 0.7), cells(1.0)) for k in range(36)]
+    assert all(sq.decide(coin[:k], RULE).outcome != "Rollback" for k in range(1, 37))
+    assert sq.decide(coin, RULE, final=True).outcome == "Promote"
 
 
 def test_a_2x_slower_canary_rolls_back():
@@ -71,7 +75,7 @@ def test_truncation_promotes_weak_evidence_and_rolls_back_strong():
     mixed = [window(k, cells(2.0 if k % 2 else 0.5), cells(1.0)) for k in range(4)]
     assert sq.decide(mixed, RULE).outcome == "Continue"
     assert sq.decide(mixed, RULE, final=True).outcome == "Promote"
-    leaning = [window(k, cells(2.0), cells(1.0)) for k in range(4)]
+    leaning = [window(k, cells(2.0), cells(1.0)) for k in range(6)]
     assert sq.decide(leaning, RULE).outcome == "Continue"
     assert sq.decide(leaning, RULE, final=True).outcome == "Rollback"
 

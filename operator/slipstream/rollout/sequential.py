@@ -31,9 +31,9 @@ This rule compares like with like and lets evidence accumulate:
    SPRT: Rollback when the statistic has come ``truncation_share`` of the way to the
    rollback bound, else Promote).
 
-Because one sub-window adds at most ``log(p1 / p0)`` (0.41 at the defaults) against a
-rollback bound of 2.94, no single burst (one giant prompt blocking the canary for a
-sub-window or two) can roll back a setting before the limit: it takes eight net slower
+Because one sub-window adds at most ``log(p1 / p0)`` (0.34 at the defaults) against a
+rollback bound of 2.98, no single burst (one giant prompt blocking the canary for a
+sub-window or two) can roll back a setting before the limit: it takes nine net slower
 sub-windows.
 The rule is pure: plain counts in, a named `Outcome` with its numbers out.
 """
@@ -80,16 +80,17 @@ class Rule:
     min_samples: int = 5
     """First tokens a cell needs on each side in a sub-window to count: below five a mean of
     heavy-tailed TTFTs is one request's luck."""
-    p1: float = 0.75
+    p1: float = 0.7
     """Chance a sub-window is slower under a regression worth rolling back: a 2x slower
-    canary is slower in about 77-80% of 15 s sub-windows on the twin's heterogeneous demo
-    phase (a giant prompt on a baseline pod makes the baseline the slower side for a while).
-    Chosen on that phase: in-sample."""
+    canary is slower in about 77-80% of sub-windows on the twin's heterogeneous demo phase
+    (a giant prompt on a baseline pod makes the baseline the slower side for a while); 0.7
+    sits below that so such stretches do not promote a slow canary. Chosen on that phase
+    (in-sample)."""
     alpha: float = 0.05
     """False-rollback level the test is built for (independent sub-windows)."""
-    beta: float = 0.05
+    beta: float = 0.02
     """Missed-regression level the test is built for."""
-    truncation_share: float = 0.3
+    truncation_share: float = 0.5
     """At the limit, roll back only when the statistic has come this share of the way to
     the rollback bound: an undecided test has no strong evidence either way, and on an
     undecided analysis the candidate has not been shown worse (``canary-check`` measures

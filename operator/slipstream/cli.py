@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--policy", default="stock", help="the setting both sides run (default stock)")
     cc.add_argument("--pairs", type=int, default=40, help="pairs of each kind (default 40)")
     cc.add_argument("--pods", type=int, default=2, help="engine pods, one of them the canary (default 2)")
-    cc.add_argument("--slow-factor", type=float, default=2.0, help="how much slower the slow canary is")
+    cc.add_argument("--slow-factor", type=float, default=2.0, help="the slow canary engine's slowdown, every pass (default 2)")
     cc.add_argument("--sub-window", type=float, default=canarycheck.Check.sub_window_s, metavar="S")
     cc.add_argument("--analysis-window", type=float, default=canarycheck.Check.analysis_window_s, metavar="S",
                     help="when the rule is first asked (default %(default)s)")

@@ -43,6 +43,14 @@ class PodLatency(Protocol):
         self, namespace: str, deployment: str, pods: Sequence[str], start_s: float, end_s: float
     ) -> dict[str, float]: ...
 
+    async def sub_windows(
+        self, namespace: str, deployment: str, canaries: Sequence[str], baseline: Sequence[str],
+        start_s: float, end_s: float, sub_window_s: float,
+    ) -> list[sequential.SubWindow]:
+        """Canary and baseline (tenant, size class) cells over the whole sub-windows from
+        `start_s` to `end_s`, oldest first (the sequential rule's input)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TenantComparison:

@@ -27,14 +27,14 @@ This rule compares like with like and lets evidence accumulate:
 5. Until a crossing the outcome is Continue, whatever the data: missing cells and too few
    samples are Continue, never Rollback. Only at the analysis limit (``final``) does the
    rule decide on what it has: no observation at all rolls back (nothing to judge by: keep
-   the setting that was running), else the sign of the statistic decides (a truncated
-   SPRT: Rollback when the statistic has come ``truncation_share`` of the way to the
-   rollback bound, else Promote).
+   the setting that was running); otherwise Rollback when the statistic has come
+   ``truncation_share`` of the way to the rollback bound, else Promote (a truncated SPRT
+   that leans to the setting under test: it has not been shown worse).
 
 Because one sub-window adds at most ``log(p1 / p0)`` (0.34 at the defaults) against a
 rollback bound of 2.98, no single burst (one giant prompt blocking the canary for a
-sub-window or two) can roll back a setting before the limit: it takes nine net slower
-sub-windows.
+sub-window or two) can roll back a setting: a rollback before the limit takes at least
+nine slower sub-windows, one at the limit at least five.
 The rule is pure: plain counts in, a named `Outcome` with its numbers out.
 """
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream import canarycheck
 from slipstream.demo import driver
 from slipstream.enginesim import flags as enginesim_flags
 from slipstream.localkube import supervisor
 from slipstream.rollout import sequential
 from slipstream.sim import (
-    canarycheck,
     engine,
     metrics,
     policies,

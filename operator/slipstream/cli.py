@@ -20,10 +20,21 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from slipstream import canarycheck
 from slipstream.demo import driver
 from slipstream.enginesim import flags as enginesim_flags
 from slipstream.localkube import supervisor
-from slipstream.sim import engine, metrics, policies, profiles, rate, report, spec, traces
+from slipstream.rollout import sequential
+from slipstream.sim import (
+    engine,
+    metrics,
+    policies,
+    profiles,
+    rate,
+    report,
+    spec,
+    traces,
+)
 from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
 from slipstream.tune import auto, codec, observed, recommend
 from slipstream.tune.candidates import TuningSpec
@@ -141,6 +152,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--speed", action="store_true",
                        help="print how many times faster than real time each policy simulates")
     bench.set_defaults(func=cmd_bench)
+
+    cc = sub.add_parser("canary-check", help="false-rollback and detection rates of the canary rule "
+                        "on twin A/A and slow pairs (offline)")
+    cc.add_argument("--workload", required=True, metavar="SPEC", help="the fleet's traffic: a YAML "
+                    "workload spec, or builtin:NAME")
+    cc.add_argument("--policy", default="stock", help="the setting both sides run (default stock)")
+    cc.add_argument("--pairs", type=int, default=40, help="pairs of each kind (default 40)")
+    cc.add_argument("--pods", type=int, default=2, help="engine pods, one of them the canary (default 2)")
+    cc.add_argument("--slow-factor", type=float, default=2.0, help="the slow canary engine's slowdown, every pass (default 2)")
+    cc.add_argument("--sub-window", type=float, default=canarycheck.Check.sub_window_s, metavar="S")
+    cc.add_argument("--analysis-window", type=float, default=canarycheck.Check.analysis_window_s, metavar="S",
+                    help="when the rule is first asked (default %(default)s)")
+    cc.add_argument("--limit", type=float, default=canarycheck.Check.limit_s, metavar="S",
+                    help="when the rule must decide (default %(default)s)")
+    cc.add_argument("--max-regression-percent", type=float, default=sequential.Rule.tolerance_percent)
+    cc.add_argument("--json", action="store_true", help="print one JSON object")
+    cc.set_defaults(func=cmd_canary_check)
 
     rec = sub.add_parser("recommend", help="the tuner's recommendation for one metrics window")
     rec.add_argument("--snapshot", metavar="FILE.json",
@@ -574,6 +602,32 @@ def cmd_engine_sim(args: argparse.Namespace) -> int:
     from slipstream.enginesim import server
 
     return server.main(args, args.unknown)
+
+
+def cmd_canary_check(args: argparse.Namespace) -> int:
+    if args.pairs < 1:
+        raise CliError("--pairs must be >= 1")
+    if args.slow_factor <= 1:
+        raise CliError("--slow-factor must be > 1")
+    if args.sub_window <= 0:
+        raise CliError("--sub-window must be > 0 seconds")
+    loaded = spec.load(args.workload)
+    policies.parse(args.policy, loaded.engine)  # a bad name fails before any run
+    check = canarycheck.Check(pairs=args.pairs, pods=args.pods, policy=args.policy, slow_factor=args.slow_factor,
+                              sub_window_s=args.sub_window, analysis_window_s=args.analysis_window,
+                              limit_s=args.limit)
+    rule = sequential.Rule(tolerance_percent=args.max_regression_percent)
+    try:
+        out = canarycheck.run(loaded.workload, profiles.load(loaded.profile), loaded.engine, check, rule)
+    except ValueError as error:
+        raise CliError(str(error)) from None
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"{out['workload']} under {args.policy}, {args.pairs} pairs of each kind: "
+              f"false_rollback_rate {out['false_rollback_rate']:.3f}, detection_rate {out['detection_rate']:.3f} "
+              f"(canary {args.slow_factor:g}x slower); mean decision after {out['mean_decision_s']}")
+    return 0
 
 
 def cmd_load(args: argparse.Namespace) -> int:

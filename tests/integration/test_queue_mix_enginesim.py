@@ -10,6 +10,7 @@ class. Once everything is through, the per-class token counters say where the wo
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -20,10 +21,12 @@ from observe_helpers import wait_for
 from test_observe_enginesim import requests, start_sim
 
 from slipstream.api import snapshot as snap
+from slipstream.controller import stages
 from slipstream.enginesim import load
 from slipstream.localkube import prometheus as localprom
 from slipstream.observe import Observer, ObserveSettings
 from slipstream.observe.client import PromClient
+from slipstream.rollout import sequential
 
 prometheus_binary = observe_helpers.prometheus_binary
 
@@ -112,3 +115,41 @@ def test_waiting_requests_show_by_size_class_and_arrivals_before_their_first_tok
     # The warm-up's 1,000-token request is le1k too and may fall in the window.
     mean = chat_done.uncached_tokens / chat_done.first_tokens
     assert CHAT_TOKENS * 0.99 <= mean <= (CHATS * CHAT_TOKENS + 1000) / (CHATS + 1) * 1.01
+
+
+def test_sub_window_cells_of_a_pod_subset_count_its_first_tokens(prom):
+    """The sequential canary rule's input over the real edge: per (tenant, size class)
+    ``_count``/``_sum`` increases of pod subsets over successive 5 s sub-windows, one query."""
+    server, url = prom
+    n = 20
+    # Start in a quiet stretch (no first token scraped for 3 s): the sub-windows then hold
+    # only these chats, and the first one holds a sample from before them.
+    client = PromClient(server.url)
+    quiet = 'sum(increase({__name__=~"sglang.ttft_by_size_class_seconds_count", pod="sim-q"}[3s]))'
+    wait_for(lambda: [x.value for x in client.query(quiet, time.time())], lambda v: v == [0.0],
+             deadline_s=20, what="3 s without a first token")
+    client.close()
+    start = time.time() - 3
+    sent = load.replay(requests("chat", n, CHAT_TOKENS, 0.2, 7000), [url], TIME_SCALE, prompt="field",
+                       report_every_s=0)
+    assert all(o.ok for o in sent), [o.error for o in sent if not o.ok][:3]
+    latency = stages.ObserveLatency(Observer(server.url, SETTINGS), min_samples=1)
+
+    def read() -> list[sequential.SubWindow]:
+        now = time.time()
+        return asyncio.run(latency.sub_windows("team-c", "mix", ["sim-q"], ["sim-q"], start, now, 5.0))
+
+    def counted(windows: list[sequential.SubWindow]) -> float:
+        return sum(h.count for w in windows for c, h in w.canary.items() if c == ("chat", "le1k"))
+
+    # Scraped every second. increase() sees only the samples inside a sub-window and
+    # extrapolates to its edges, so the sub-windows hold about n: a token between two
+    # sub-windows' samples is partly lost, the edges' extrapolation adds some.
+    windows = wait_for(read, lambda ws: counted(ws) >= n * 0.75, deadline_s=20, what="the chats in the cells")
+    assert n * 0.75 <= counted(windows) <= n * 1.6
+    assert all(w.end_s - w.start_s == 5.0 for w in windows)
+    assert all(w.canary == w.baseline for w in windows), "the same pod on both sides reads the same"
+    cells = [h for w in windows for c, h in w.canary.items() if c == ("chat", "le1k")]
+    assert cells and all(0 < h.mean_s < 10 for h in cells)
+    # equal sides are never slower: the rule never rolls back on them
+    assert sequential.decide(windows, sequential.Rule(min_samples=1), final=True).outcome == "Promote"

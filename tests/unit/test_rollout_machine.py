@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from slipstream.api import models
-from slipstream.rollout import analysis, machine
+from slipstream.rollout import analysis, machine, sequential
 
 S = models.EngineSetting
 OLD = S(threshold=4096)
@@ -127,6 +127,44 @@ def test_no_figures_to_judge_by_rolls_back(verdict: analysis.Verdict | None) -> 
     f.step(AUTO, T0)
     f.step(AUTO, T0 + 5)
     assert f.step(AUTO, T0 + 305, verdict).action == "RollBack"
+
+
+def sequential_verdict(canary_mean_s: float, windows: int, final: bool = False) -> analysis.Verdict:
+    cells = {("a", "le1k"): sequential.Histogram(20, 20 * canary_mean_s)}
+    base = {("a", "le1k"): sequential.Histogram(20, 20.0)}
+    subs = [sequential.SubWindow(10.0 * k, 10.0 * (k + 1), cells, base) for k in range(windows)]
+    return analysis.from_sequential(sequential.decide(subs, sequential.Rule(), final))
+
+
+def test_an_undecided_sequential_verdict_continues_the_analysis_until_its_limit() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    undecided = sequential_verdict(2.0, 3)
+    assert undecided.outcome == "Continue"
+    d = f.step(AUTO, T0 + 305, undecided)
+    assert d.action == "Hold" and f.state is not None and f.state.phase == "Analysis"
+    assert "analysis continues" in d.message and not d.events
+    assert f.state.started_at == machine.stamp(T0 + 5), "the analysis clock keeps its start"
+    # the rule decides later: a regression rolls back, with the rule's numbers
+    d = f.step(AUTO, T0 + 500, sequential_verdict(2.0, 36))
+    assert d.action == "RollBack" and "Rollback (crossed)" in d.events[0].message
+    # an undecided verdict past the limit (a caller that did not ask for a final answer) rolls back
+    g = fleet()
+    g.step(AUTO, T0)
+    g.step(AUTO, T0 + 5)
+    assert machine.analysis_final(g.state, POLICY, T0 + 5 + 3 * 300)
+    assert g.step(AUTO, T0 + 5 + 3 * 300, undecided).action == "RollBack"
+
+
+def test_a_sequential_promote_promotes() -> None:
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    verdict = sequential_verdict(1.0, 36)
+    assert verdict.outcome == "Promote"
+    d = f.step(AUTO, T0 + 305, verdict)
+    assert d.action == "Promote" and "Promote (crossed)" in d.events[0].message
 
 
 def test_a_canary_that_keeps_failing_is_rolled_back_after_bounded_retries() -> None:

@@ -10,7 +10,7 @@ import pytest
 from slipstream.api import models, snapshot
 from slipstream.controller import loop, tuning
 from slipstream.controller import settings as settings_
-from slipstream.rollout import machine
+from slipstream.rollout import machine, sequential
 
 S = models.EngineSetting
 
@@ -333,3 +333,45 @@ def test_a_window_that_is_starting_is_no_warning() -> None:
     bad = snapshot.invalid("prod/kimi", 0, 60, snapshot.UNREACHABLE, "connection refused")
     then = tuning.conditions(sd, first, decision(), pods, bad, "2026-01-01T00:01:00Z")
     assert [(e.type, e.reason) for e in tuning.new_warnings(first, then)] == [("Warning", "PrometheusUnreachable")]
+
+
+class RecordedCells:
+    """A canary source answering with fixed cells (what `stages.size_class_cells` makes of
+    Prometheus's answer), recording what it was asked."""
+
+    def __init__(self, canary_mean_s: float) -> None:
+        self.canary_mean_s = canary_mean_s
+        self.asked: list[tuple[list[str], list[str], float, float, float]] = []
+
+    async def tenant_p99(self, *args: object) -> dict[str, float]:
+        raise AssertionError("the sequential rule does not read one window's p99")
+
+    async def sub_windows(self, namespace: str, deployment: str, canaries: list[str], baseline: list[str],
+                          start_s: float, end_s: float, sub_s: float) -> list[sequential.SubWindow]:  # fmt: skip
+        self.asked.append((canaries, baseline, start_s, end_s, sub_s))
+        cell = ("chat", "le1k")
+        n = int((end_s - start_s) // sub_s)
+        return [sequential.SubWindow(start_s + k * sub_s, start_s + (k + 1) * sub_s,
+                                     {cell: sequential.Histogram(20, 20 * self.canary_mean_s)},
+                                     {cell: sequential.Histogram(20, 20.0)}) for k in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("canary_mean_s", "outcome"), [(1.0, "Promote"), (3.0, "Rollback")])
+def test_the_sequential_rule_reads_sub_windows_since_the_analysis_began(canary_mean_s: float, outcome: str) -> None:
+    import asyncio
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_sub_window_seconds=10)
+    source = RecordedCells(canary_mean_s)
+    deps = loop.Deps(kube=None, config=config, keys=None, latency=lambda sd: source)  # type: ignore[arg-type]
+    sd = make({"mode": "Auto", "intervalSeconds": 60, "rollout": {"analysisWindowSeconds": 300}})
+    t0 = 1_800_000_000.0
+    state = models.RolloutStatus(phase="Analysis", canary_pods=["kimi-0"], started_at=machine.stamp(t0))
+    pods = {"kimi-0": "http://a", "kimi-1": "http://b", "kimi-2": "http://c"}
+    verdict = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 30))
+    assert source.asked == [(["kimi-0"], ["kimi-1", "kimi-2"], t0, t0 + 30, 1.0)]
+    assert verdict.outcome == outcome and f"{outcome} (crossed)" in verdict.summary
+    # undecided before the limit, decided at it (three analysis windows: 90 s scaled)
+    short = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 3))
+    assert short.outcome == "Continue"
+    final = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 3 * 30))
+    assert final.outcome == outcome

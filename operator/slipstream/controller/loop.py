@@ -38,7 +38,7 @@ from slipstream.controller import adminkeys, drift, objects, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
-from slipstream.rollout import analysis, engines, machine
+from slipstream.rollout import analysis, engines, machine, sequential
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +199,8 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     ns, name = sd.metadata.namespace, sd.metadata.name
     canaries = sorted(state.canary_pods)
     others = sorted(set(pods) - set(canaries))
+    if deps.config.canary_sub_window_seconds > 0 and others:
+        return await analyse_sequential(deps, sd, state, source, canaries, others, now)
     try:
         canary = await source.tenant_p99(ns, name, canaries, now - window, now)
         if others:
@@ -212,6 +214,23 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
     floors = {t: deps.config.canary_noise_floor * targets.get(t, objective.ttft_p99_seconds) for t in canary}
     return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
+
+
+async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,
+                             source: analysis.PodLatency, canaries: list[str], others: list[str],
+                             now: float) -> analysis.Verdict:  # fmt: skip
+    """The sequential rule over the sub-windows since the analysis started; it must decide
+    once the analysis reaches its limit (`machine.analysis_final`)."""
+    pol = tuning.policy(sd, deps.config)
+    sub_s = tuning.scale(deps.config.canary_sub_window_seconds, deps.config)
+    started = machine.seconds(state.started_at) or now - pol.analysis_window_s
+    try:
+        windows = await source.sub_windows(sd.metadata.namespace, sd.metadata.name, canaries, others,
+                                           started, now, sub_s)  # fmt: skip
+    except Exception as error:
+        return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+    rule = sequential.Rule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
+    return analysis.from_sequential(sequential.decide(windows, rule, final=machine.analysis_final(state, pol, now)))
 
 
 async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:

@@ -116,6 +116,14 @@ class ControllerSettings:
     cgroup CPU quota; the chart's limit of 1 CPU gives 1), at most 4.
     Env: SLIPSTREAM_TUNER_THREADS."""
 
+    canary_sub_window_seconds: float = 0.0
+    """0: the canary analysis compares one window's per-tenant p99 (`analysis.compare`).
+    > 0: it runs the sequential rule (`rollout.sequential`) over sub-windows of this many
+    seconds (scaled by tuning_time_scale, as spec durations are; keep it two scrape
+    intervals or more). The analysis then goes on while the rule says Continue, up to three
+    analysis windows. `slipstream canary-check` measured the rule at 10 s. Off by default
+    until the cluster tier has run with it. Env: SLIPSTREAM_CANARY_SUB_WINDOW_SECONDS."""
+
     canary_noise_floor: float = 0.25
     """Fraction of a tenant's p99 TTFT target under which its canary p99 never counts as
     a regression (0.25: with a 2 s target, 0.2 s -> 0.37 s is noise, 0.4 s -> 0.9 s is not).

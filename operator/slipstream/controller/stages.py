@@ -21,13 +21,15 @@ from dataclasses import dataclass, field, replace
 
 import prometheus_client
 
-from slipstream.api import models, snapshot
+from slipstream.api import buckets, models, snapshot
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.controller import tuning
-from slipstream.observe import assemble, queries
+from slipstream.engine import metrics
+from slipstream.observe import assemble, parse, queries
 from slipstream.observe import fleet as fleet_
 from slipstream.observe.observer import Observer, ObserveSettings
+from slipstream.rollout import sequential
 from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails, modelcheck
 from slipstream.tune import deployment as tune_deployment
@@ -259,3 +261,41 @@ class ObserveLatency:
         self, namespace: str, deployment: str, pods: Sequence[str], start_s: float, end_s: float
     ) -> dict[str, float]:
         return await asyncio.to_thread(self._p99, namespace, deployment, pods, start_s, end_s)
+
+    def _sub_windows(self, namespace: str, deployment: str, canaries: Sequence[str], baseline: Sequence[str],
+                     start_s: float, end_s: float, sub_s: float) -> list[sequential.SubWindow]:  # fmt: skip
+        ends = [start_s + (k + 1) * sub_s for k in range(int((end_s - start_s) // sub_s))]
+        if not ends:
+            return []
+        promql = queries.size_class_windows(namespace, deployment, {"canary": canaries, "baseline": baseline},
+                                            [end_s - e for e in ends], sub_s, self.tenant_label)  # fmt: skip
+        return size_class_cells(self.observer.client.query(promql, end_s), ends, sub_s, self.tenant_label)
+
+    async def sub_windows(
+        self, namespace: str, deployment: str, canaries: Sequence[str], baseline: Sequence[str],
+        start_s: float, end_s: float, sub_window_s: float,
+    ) -> list[sequential.SubWindow]:
+        return await asyncio.to_thread(self._sub_windows, namespace, deployment, canaries, baseline,
+                                       start_s, end_s, sub_window_s)  # fmt: skip
+
+
+def size_class_cells(samples: Sequence[parse.Sample], ends: Sequence[float], sub_s: float,
+                     tenant_label: str = queries.TENANT_LABEL) -> list[sequential.SubWindow]:  # fmt: skip
+    """`queries.size_class_windows`' answer as sub-windows. A series with no tenant, a size
+    class outside `buckets.SIZE_CLASS_NAMES`, a non-finite value or no ``_count`` is left
+    out: a missing cell is no observation (the rule then says Continue), never a guess."""
+    parts: dict[tuple[str, int, sequential.Cell], dict[str, float]] = {}
+    for sample in samples:
+        side, _, rest = sample.label(queries.PART_LABEL).partition("/")
+        index, _, part = rest.partition("/")
+        tenant, cls = sample.label(tenant_label), sample.label(metrics.SIZE_CLASS_LABEL)
+        if not (tenant and cls in buckets.SIZE_CLASS_NAMES and index.isdigit() and math.isfinite(sample.value)):
+            continue
+        parts.setdefault((side, int(index), (tenant, cls)), {})[part] = sample.value
+    sides: dict[str, list[dict[sequential.Cell, sequential.Histogram]]] = {
+        "canary": [{} for _ in ends], "baseline": [{} for _ in ends]}
+    for (side, k, cell), got in parts.items():
+        if side in sides and k < len(ends) and got.get("count", 0.0) > 0 and "sum" in got:
+            sides[side][k][cell] = sequential.Histogram(got["count"], got["sum"])
+    return [sequential.SubWindow(end - sub_s, end, sides["canary"][k], sides["baseline"][k])
+            for k, end in enumerate(ends)]  # fmt: skip

@@ -14,7 +14,7 @@ Pure: strings in, strings out.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from slipstream.engine import metrics
@@ -178,13 +178,41 @@ def pods_ttft(
     namespace: str, deployment: str, pods: Sequence[str], window_s: float, tenant_label: str = TENANT_LABEL
 ) -> str:
     """TTFT increase by tenant over ``pods`` of one deployment (canary or baseline subset)."""
+    matchers = pod_matchers(namespace, deployment, pods)
+    return histogram_increase(metrics.TTFT_SECONDS, (check_label(tenant_label),), window(window_s), matchers)
+
+
+def pod_matchers(namespace: str, deployment: str, pods: Sequence[str]) -> list[str]:
+    """Label matchers of a subset of one deployment's pods (names checked)."""
     if not pods:
         raise ValueError("pods must name at least one pod")
     names = [check_name("pod", p) for p in pods]
     pod_regex = "|".join(re.escape(p) for p in names)
-    matchers = [
+    return [
         f"namespace={_quote(check_name('namespace', namespace))}",
         f"servingdeployment={_quote(check_name('deployment', deployment))}",
         f"pod=~{_quote(pod_regex)}",
     ]
-    return histogram_increase(metrics.TTFT_SECONDS, (check_label(tenant_label),), window(window_s), matchers)
+
+
+def size_class_windows(
+    namespace: str, deployment: str, sides: Mapping[str, Sequence[str]], offsets_s: Sequence[float],
+    sub_window_s: float, tenant_label: str = TENANT_LABEL,
+) -> str:
+    """Per-(tenant, ``size_class``) TTFT ``_count`` and ``_sum`` increases of pod subsets over
+    successive sub-windows, in one query (the sequential canary rule's cells).
+
+    ``sides`` names each pod subset (``canary``, ``baseline``); sub-window k ends
+    ``offsets_s[k]`` seconds before the evaluation time. Each series is tagged
+    ``part="SIDE/K/count"`` or ``"SIDE/K/sum"``."""
+    by = _by(check_label(tenant_label), metrics.SIZE_CLASS_LABEL)
+    rng = window(sub_window_s)
+    exprs = []
+    for side, pods in sides.items():
+        matchers = pod_matchers(namespace, deployment, pods)
+        for k, offset in enumerate(offsets_s):
+            shift = f" offset {window(offset)}" if offset > 0 else ""
+            for part in ("count", "sum"):
+                sel = selector(f"{metrics.TTFT_BY_SIZE_CLASS_SECONDS}_{part}", matchers)
+                exprs.append(tagged(f"{side}/{k}/{part}", f"sum by ({by}) (increase({sel}[{rng}]{shift}))"))
+    return union(*exprs)

@@ -16,6 +16,10 @@ Rules:
   whose target is 2 s is one window's noise, not a worse setting (found in the closed-loop
   demo). The controller sets each tenant's floor to a fraction of its p99 TTFT target. A
   tenant whose baseline p99 is 0 regresses only above its floor.
+
+`sequential.decide` is the rule that compares same-size requests over sub-windows and may
+answer Continue (`from_sequential` makes its verdict); the machine then keeps analysing up
+to its limit, where the rule must decide.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from slipstream.rollout import sequential
 
 
 class PodLatency(Protocol):
@@ -36,6 +42,14 @@ class PodLatency(Protocol):
     async def tenant_p99(
         self, namespace: str, deployment: str, pods: Sequence[str], start_s: float, end_s: float
     ) -> dict[str, float]: ...
+
+    async def sub_windows(
+        self, namespace: str, deployment: str, canaries: Sequence[str], baseline: Sequence[str],
+        start_s: float, end_s: float, sub_window_s: float,
+    ) -> list[sequential.SubWindow]:
+        """Canary and baseline (tenant, size class) cells over the whole sub-windows from
+        `start_s` to `end_s`, oldest first (the sequential rule's input)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,13 @@ class Verdict:
     passed: bool
     summary: str
     tenants: tuple[TenantComparison, ...] = ()
+    undecided: bool = False
+    """The sequential rule's Continue: keep analysing (``passed`` is False, and it is no
+    failure either); only `sequential.decide` gives one, and never once it is final."""
+
+    @property
+    def outcome(self) -> sequential.Outcome:
+        return "Continue" if self.undecided else "Promote" if self.passed else "Rollback"
 
 
 def compare(
@@ -94,6 +115,11 @@ def compare(
         return Verdict(False, f"regressed beyond {max_regression_percent:g}%: {listed}", rows)
     listed = "; ".join(r.words() for r in rows)
     return Verdict(True, f"no tenant regressed beyond {max_regression_percent:g}%: {listed}", rows)
+
+
+def from_sequential(result: sequential.Result) -> Verdict:
+    """The sequential rule's result as the rollout machine's verdict."""
+    return Verdict(result.outcome == "Promote", result.summary, undecided=result.outcome == "Continue")
 
 
 def failed_read(error: str) -> Verdict:

@@ -22,7 +22,9 @@ The rollout, step by step:
 3. Analysis. After `analysis_window_s`, compare the canaries' per-tenant p99 TTFT with the
    baseline pods' (`analysis.compare`): any tenant worse by more than
    `max_regression_percent`, or no figures to judge by, rolls back; otherwise promote. A
-   target that changed meanwhile rolls back too (the next rollout starts from the fleet).
+   sequential verdict may be undecided: the analysis then goes on, step by step, until
+   `analysis_limit_factor` windows, where an undecided verdict rolls back. A target that
+   changed meanwhile rolls back too (the next rollout starts from the fleet).
 4. Promoting. The ConfigMap takes the candidate first (a pod starting now gets it), then
    every pod is set to it. When every pod reports it, the candidate is the fleet's setting
    (phase Idle, result Promoted). A pod that keeps failing rolls the whole fleet back.
@@ -82,6 +84,9 @@ class Policy:
     """Seconds canaries and baseline are compared (spec.tuning.rollout.analysisWindowSeconds)."""
     max_regression_percent: float = 5.0
     """Largest p99 TTFT regression any tenant may show on the canaries (spec)."""
+    analysis_limit_factor: float = 3.0
+    """An undecided (sequential) verdict keeps the analysis going up to this many analysis
+    windows; at the limit the rule must decide (`analysis_final`)."""
     max_attempts: int = 3
     """Rounds of admin calls per phase before giving up: an engine that refuses three times
     (5xx, timeout, connection refused) is not going to take the setting; roll back."""
@@ -167,6 +172,13 @@ def analysis_due(state: models.RolloutStatus, policy: Policy, now: float) -> boo
     """Whether the caller must fetch canary and baseline figures before calling `decide`."""
     started = seconds(state.started_at)
     return state.phase == "Analysis" and started is not None and now - started >= policy.analysis_window_s
+
+
+def analysis_final(state: models.RolloutStatus, policy: Policy, now: float) -> bool:
+    """Whether the analysis has reached its limit: the rule must now say Promote or Rollback."""
+    started = seconds(state.started_at)
+    limit = policy.analysis_limit_factor * policy.analysis_window_s
+    return state.phase == "Analysis" and started is not None and now - started >= limit
 
 
 def decide(
@@ -340,6 +352,10 @@ class _Step:
             started = seconds(self.state.started_at) or self.now
             left = started + self.policy.analysis_window_s - self.now
             return self.decision("Hold", self.state, self.baseline, message=f"analysis: {left:.0f} s left")
+        if verdict is not None and verdict.undecided:
+            if analysis_final(self.state, self.policy, self.now):
+                return self.roll_back(f"canary analysis undecided at its limit: {verdict.summary}")
+            return self.decision("Hold", self.state, self.baseline, message=f"analysis continues: {verdict.summary}")
         if verdict is None or not verdict.passed:
             why = verdict.summary if verdict is not None else "no canary figures to judge by"
             return self.roll_back(f"canary analysis failed: {why}")

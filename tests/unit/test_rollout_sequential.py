@@ -1,0 +1,112 @@
+"""The sequential canary rule: A/A holds, a 2x slower canary is caught, one giant prompt on
+the canary does not roll back, missing cells and too few samples are Continue."""
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+from slipstream.rollout import sequential as sq
+
+RULE = sq.Rule()
+
+
+def window(k: int, canary: dict, baseline: dict) -> sq.SubWindow:
+    return sq.SubWindow(10.0 * k, 10.0 * (k + 1), canary, baseline)
+
+
+def cells(mean_s: float, n: int = 20, classes: tuple[str, ...] = ("le1k", "le8k")) -> dict:
+    return {("chat", c): sq.Histogram(n, n * mean_s) for c in classes}
+
+
+def test_aa_pairs_promote_and_never_roll_back():
+    # equal sides within the tolerance: the test crosses to Promote
+    windows = [window(k, cells(1.0 + (0.03 if k % 2 else -0.03)), cells(1.0)) for k in range(36)]
+    result = sq.decide(windows, RULE)
+    assert result.outcome == "Promote"
+    assert result.llr <= RULE.lower and result.decided_at_s is not None
+    assert "Promote" in result.summary and f"{RULE.upper:+.2f}" in result.summary
+    # each side slower half the time: never a rollback on the way, Promote at the limit
+    coin = [window(k, cells(1.5 if k % 2 else 0.7), cells(1.0)) for k in range(36)]
+    assert all(sq.decide(coin[:k], RULE).outcome != "Rollback" for k in range(1, 37))
+    assert sq.decide(coin, RULE, final=True).outcome == "Promote"
+
+
+def test_a_2x_slower_canary_rolls_back():
+    windows = [window(k, cells(2.0), cells(1.0)) for k in range(36)]
+    result = sq.decide(windows, RULE)
+    assert result.outcome == "Rollback"
+    assert result.slower == result.observations
+    assert result.decided_at_s is not None and result.decided_at_s < 36 * 10
+
+
+def test_a_lone_giant_prompt_on_the_canary_does_not_roll_back():
+    giant = {("chat", "le300k"): sq.Histogram(1, 14.0)}
+    # the giant's cell (a size class the baseline never saw) and its blocking of every other
+    # canary request for two sub-windows
+    windows = [window(0, {**cells(8.0), **giant}, cells(1.0)), window(1, cells(6.0), cells(1.0))]
+    windows += [window(k, cells(1.0), cells(1.0)) for k in range(2, 36)]
+    for k in range(1, len(windows) + 1):
+        assert sq.decide(windows[:k], RULE).outcome != "Rollback"
+    assert sq.decide(windows, RULE, final=True).outcome == "Promote"
+
+
+def test_the_giants_own_cell_never_counts():
+    only_giant = window(0, {("chat", "le300k"): sq.Histogram(1, 14.0)}, cells(1.0))
+    _, counted = sq.pooled_ratio(only_giant, RULE.min_samples)
+    assert counted == 0
+
+
+def test_missing_cells_and_too_few_samples_continue_never_roll_back():
+    few = [window(k, cells(10.0, n=RULE.min_samples - 1), cells(1.0)) for k in range(36)]
+    other_tenant = [window(k, {("code", "le1k"): sq.Histogram(50, 500.0)}, cells(1.0)) for k in range(36)]
+    empty = [window(k, {}, {}) for k in range(36)]
+    for windows in (few, other_tenant, empty):
+        result = sq.decide(windows, RULE)
+        assert result.outcome == "Continue"
+        assert result.observations == 0
+    # at the limit, nothing to judge by keeps the running setting
+    assert sq.decide(empty, RULE, final=True).outcome == "Rollback"
+    assert "nothing to judge by" in sq.decide(empty, RULE, final=True).summary
+
+
+def test_truncation_promotes_weak_evidence_and_rolls_back_strong():
+    mixed = [window(k, cells(2.0 if k % 2 else 0.5), cells(1.0)) for k in range(4)]
+    assert sq.decide(mixed, RULE).outcome == "Continue"
+    assert sq.decide(mixed, RULE, final=True).outcome == "Promote"
+    leaning = [window(k, cells(2.0), cells(1.0)) for k in range(6)]
+    assert sq.decide(leaning, RULE).outcome == "Continue"
+    assert sq.decide(leaning, RULE, final=True).outcome == "Rollback"
+
+
+def small_spec(tmp_path) -> str:
+    doc = {
+        "name": "small", "profile": "kimi-k3-8xh200", "seed": 3, "duration_s": 200,
+        "engine": {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000},
+        "tenants": [{"name": "chat", "rate_per_s": 3.0,
+                     "prompt_tokens": {"dist": "lognormal", "median": 2000, "sigma": 0.3, "min": 500, "max": 6000},
+                     "output_tokens": {"dist": "lognormal", "median": 20, "sigma": 0.5, "min": 1, "max": 100}}],
+    }
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_canary_check_json_on_a_small_workload(tmp_path):
+    cmd = [sys.executable, "-m", "slipstream.cli", "canary-check", "--workload", small_spec(tmp_path),
+           "--pairs", "4", "--analysis-window", "40", "--limit", "120", "--json"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    assert out["pairs"] == 4 and out["slow_factor"] == 2.0
+    assert len(out["pairs_detail"]["aa"]) == 4 and len(out["pairs_detail"]["slow"]) == 4
+    assert out["false_rollback_rate"] == sum(r["outcome"] == "Rollback" for r in out["pairs_detail"]["aa"]) / 4
+    assert out["detection_rate"] == 1.0  # a 2x slower engine on steady traffic is caught every time
+    assert out["false_rollback_rate"] == 0.0
+    assert all(40 <= r["decided_after_s"] <= 120 for rows in out["pairs_detail"].values() for r in rows)
+
+
+def test_canary_check_refuses_a_workload_too_short(tmp_path):
+    cmd = [sys.executable, "-m", "slipstream.cli", "canary-check", "--workload", small_spec(tmp_path)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "warmup + limit" in run.stderr

@@ -30,3 +30,19 @@ def test_figures_are_whole_phases_and_static_cap_beats_off_in_the_heterogeneous_
     cap = offline.figures(offline.static(workload, "ceiling:4096/srpt"), spans)
     assert set(off) == {p.name for p in spans} | {"whole"}
     assert cap[spans[1].name] * 5 <= off[spans[1].name], (cap, off)
+
+
+def test_demo_comparison_prints_off_best_static_and_both_autos(plan, capsys):
+    from slipstream.demo import driver
+
+    workload, spans = plan
+    live = offline.static(workload, "floor:4096/srpt").results  # stands in for the live run
+    driver.compare(workload, spans, live)
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert "(best static)" in rows["ceiling:4096/srpt"], lines
+    assert "(Off)" in rows["stock"], lines
+    live_row = next(line for line in lines if "auto (live" in line)
+    want = offline.figures(offline.Run(live), spans)["whole"]
+    assert float(live_row.split()[-1]) == pytest.approx(want, abs=0.005), (live_row, want)
+    assert any("auto (twin's loop)" in line for line in lines), lines

@@ -129,12 +129,12 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
         print(f"{p.name:16s} p99 TTFT per tenant (twin s): {shown}")
     failed = sum(1 for r in results if not r.ok)
     print(f"{len(results)} requests, {failed} failed")
-    compare(workload, spans, results)
     out = Path(args.plot)
     from slipstream.demo import plot
 
     plot.timeline(watcher.samples, results, spans, out, {r.rid: r.prompt_tokens for r in workload.requests})
     print(f"wrote {out}")
+    compare(workload, spans, results)
     print("\nTo watch the same by hand: `slipstream cluster up`, `export KUBECONFIG=...` as it prints,")
     print("then `make demo` (it reuses that cluster), and in another terminal:")
     for command in (
@@ -156,7 +156,8 @@ def compare(workload: Any, spans: list[phases.Phase], live: list[loop.Result]) -
     first second (no settling exclusion)."""
     from slipstream.demo import offline
 
-    print("\nthe same traffic on the twin (two engines), worst tenant's p99 TTFT over whole phases, twin s:")
+    print("\nthe same traffic on the twin (two engines; about a minute), worst tenant's p99 TTFT "
+          "over whole phases, twin s:")
     rows = {name: offline.figures(offline.static(workload, name), spans) for name in offline.STATIC}
     best = min((n for n in rows if n != "stock"), key=lambda n: rows[n]["whole"])
     rows["auto (twin's loop)"] = offline.figures(offline.closed_loop(workload, spans, 17.0), spans)

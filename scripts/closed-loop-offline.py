@@ -1,131 +1,81 @@
-"""The closed-loop test's phases on two twin engines with the operator's tuner, in seconds.
+"""The demo's phases on two twin engines with the operator's tuner, at every timer offset.
 
-Retunes the demo's phases (slipstream.demo.phases) or the test's constants cheaply
-before any cluster run: the phases' requests go round robin to two twin engines (as the
-load generator spreads them over the ready pods), and every interval the operator's own
-tuner (tune.tuner.tune_once with the operator's guardrails: min samples 50, no dwell)
-judges the fleet's last window as Prometheus would show it (tune.observed). A Move starts
-on one canary engine at once and on the other one analysis window later (a promotion;
-the canary's analysis itself is not modelled), and the engines are re-run with the new
-schedule (deterministic, so the past does not change).
+Retunes the demo's phases (slipstream.demo.phases) or the closed-loop test's constants
+cheaply before any cluster run (slipstream.demo.offline models the fleet: round robin over
+two twin engines, the operator's tuner every interval, a canary then a promotion one
+analysis window later). The operator's interval timer is not aligned with the phases in
+a cluster, so the script sweeps its offset relative to the load's start (default: every
+10 s of one interval) and checks at each offset that the tuner decides correctly:
 
-    .venv/bin/python scripts/closed-loop-offline.py --offsets 0,14,30
-    .venv/bin/python scripts/closed-loop-offline.py --rate-factor 8   # wall-clock rates, before 24201ab
-    .venv/bin/python scripts/closed-loop-offline.py --off             # tuning Off: the baseline
+- the first uniform phase is never capped (nothing to gain there);
+- each heterogeneous phase is capped within two intervals of its start and ends capped;
+- each uniform phase ends uncapped (the tuner steps back).
 
-``--offset`` is when the operator's interval timer fires relative to the load's start
-(it is not aligned with the phases in a cluster). Prints every interval's decision and
-each phase's per-tenant p99 TTFT, over the whole phase and after the test's settling time.
+The worst tenant's p99 TTFT over each whole phase (from its first second) is printed
+beside Off's, not asserted: the canary's analysis window, on one engine of two, is in it.
+
+    .venv/bin/python scripts/closed-loop-offline.py                 # sweep, assert, exit 1 on a miss
+    .venv/bin/python scripts/closed-loop-offline.py --offsets 0,17 --verbose
+    .venv/bin/python scripts/closed-loop-offline.py --rate-factor 8  # wall-clock rates (the old overload)
+
+Prints each offset's moves and each phase's worst-tenant p99 TTFT beside Off's.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from dataclasses import replace
 
-from slipstream.api.snapshot import PodSetting, WorkloadSnapshot
-from slipstream.demo import loop, phases
-from slipstream.sim import engine, policies, profiles
-from slipstream.sim.workload import Request, build
-from slipstream.tune import candidates, guardrails, observed, tuner
-from slipstream.tune.recommend import policy_name
-
-STOCK = policies.Setting(0, "ceiling", "fcfs")
-Schedule = list[tuple[float, policies.Setting]]
+from slipstream.demo import offline, phases
 
 
-def run_engines(per_engine: Sequence[Sequence[Request]], schedules: Sequence[Schedule],
-                profile: profiles.Profile, cfg: policies.EngineConfig) -> list[list[engine.Job]]:
-    """Each engine's jobs, its setting changed at the scheduled times."""
-    out = []
-    for k, requests in enumerate(per_engine):
-        pending = sorted(schedules[k], key=lambda x: x[0])
-
-        def control(view: policies.RoundView, pending: Schedule = pending) -> policies.Setting | None:
-            got = None
-            while pending and pending[0][0] <= view.now_s:
-                got = pending.pop(0)[1]
-            return got
-
-        policy = policies.parse("stock", cfg, controller=control, interval_s=1.0)
-        out.append(list(engine.simulate(build(f"engine-{k}", list(requests)), policy, profile, cfg).jobs))
-    return out
-
-
-def first_tokens(jobs: Sequence[Sequence[engine.Job]]) -> list[policies.FirstToken]:
-    return sorted((policies.FirstToken(j.req.tenant, j.arrival_s, j.first_token_s, j.req.prompt_tokens, j.uncached,
-                                       j.req.output_tokens)
-                   for js in jobs for j in js if j.first_token_s >= 0), key=lambda f: f.first_token_s)  # fmt: skip
-
-
-def as_prometheus_reads(snap: WorkloadSnapshot, replicas: int, rate_factor: float) -> WorkloadSnapshot:
-    """The fleet's snapshot with its pods listed (the twin divides rates by them), rates
-    multiplied by ``rate_factor`` (8: what the operator saw of a x8 stack before it divided)."""
-    snap = replace(snap, pods=tuple(PodSetting(f"pod-{k}", 0, "ceiling", "fcfs") for k in range(replicas)))
-    if rate_factor == 1 or not snap.valid:
-        return snap
-    tenants = tuple(replace(t, requests_per_s=t.requests_per_s * rate_factor) for t in snap.tenants)
-    return replace(snap, tenants=tenants, window_s=snap.window_s / rate_factor)
+def capped(name: str) -> bool:
+    """A policy name (recommend.policy_name) that caps prefill concurrency: a threshold set."""
+    return name.split("/")[0] != "stock"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase-s", type=float, default=720.0, help="twin seconds per phase (default %(default)s)")
-    ap.add_argument("--offsets", default="17", help="interval timer offsets, twin s, comma-separated")
+    ap.add_argument("--offsets", default=None, help="timer offsets, twin s, comma-separated "
+                                                     "(default: 0 to the interval, every 10 s)")  # fmt: skip
     ap.add_argument("--interval", type=float, default=60.0)
     ap.add_argument("--cooldown", type=float, default=180.0)
     ap.add_argument("--analysis", type=float, default=120.0)
     ap.add_argument("--max-concurrency", type=int, default=2)
     ap.add_argument("--rate-factor", type=float, default=1.0)
-    ap.add_argument("--settle", type=float, default=332.0, help="twin s into a phase the test judges from")
-    ap.add_argument("--off", action="store_true", help="never move: tuning Off")
-    ap.add_argument("--quiet", action="store_true", help="print only the moves and the figures")
+    ap.add_argument("--verbose", action="store_true", help="print every interval's decision")
     args = ap.parse_args()
 
-    replicas = 2
-    profile = profiles.load(phases.PROFILE)
-    cfg = policies.EngineConfig(chunked_prefill_size=8192, page_size=1)
-    spec = candidates.TuningSpec(8192, 1, 1, args.max_concurrency, 2.0)
-    settings = tuner.TunerSettings(spec, guardrails.GuardrailSettings(
-        min_samples=50, cooldown_s=args.cooldown, interval_s=args.interval * 0.9, dwell_cooldowns=0))
-    workload, spans = phases.plan(args.phase_s, replicas=replicas)
-    per_engine = [[r for i, r in enumerate(workload.requests) if i % replicas == k] for k in range(replicas)]
-    arrivals = {r.rid: r.arrival_s for r in workload.requests}
-
-    for offset in (float(o) for o in args.offsets.split(",")):
-        print(f"== interval timer at {offset:g} s")
-        schedules: list[Schedule] = [[] for _ in range(replicas)]
-        state = guardrails.TunerState(STOCK)
-        rollout_until, now = -1.0, offset
-        jobs = run_engines(per_engine, schedules, profile, cfg)
-        while now < spans[-1].end_s:
-            snap = observed.snapshot_of("sd", first_tokens(jobs), now, args.interval)
-            snap = as_prometheus_reads(snap, replicas, args.rate_factor)
-            decision = tuner.tune_once(snap, replace(state, rollout_in_progress=now < rollout_until),
-                                       settings, profile, cfg, now)  # fmt: skip
-            phase = next((p.name for p in spans if p.holds(now)), "?")
-            if isinstance(decision, guardrails.Move) and not args.off:
-                print(f"{now:7.0f} [{phase}] Move {policy_name(decision.from_)} -> {policy_name(decision.to)}: "
-                      f"{decision.reason}")  # fmt: skip
-                schedules[0].append((now, decision.to))
-                for k in range(1, replicas):
-                    schedules[k].append((now + args.analysis, decision.to))
-                rollout_until = now + args.analysis
-                state = state.stepped(decision.to, now)
-                jobs = run_engines(per_engine, schedules, profile, cfg)
-            elif not args.quiet:
-                print(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
-            now += args.interval
-        results = [loop.Result(j.req.tenant, j.rid, arrivals[j.rid], j.first_token_s - j.arrival_s, j.first_token_s >= 0)
-                   for js in jobs for j in js]  # fmt: skip
+    workload, spans = phases.plan(args.phase_s, replicas=offline.REPLICAS)
+    offsets = ([float(o) for o in args.offsets.split(",")] if args.offsets
+               else [float(o) for o in range(0, int(args.interval), 10)])  # fmt: skip
+    lset = offline.LoopSettings(args.interval, args.cooldown, args.analysis, args.max_concurrency, args.rate_factor)
+    off = offline.figures(offline.static(workload, "stock"), spans)
+    print("Off (stock): " + "  ".join(f"{k} {v:.2f}s" for k, v in off.items()))
+    misses: list[str] = []
+    for offset in offsets:
+        run = offline.closed_loop(workload, spans, offset, lset, log=print if args.verbose else None)
+        got = offline.figures(run, spans)
+        print(f"== timer at {offset:g} s: {len(run.moves)} move(s): "
+              + "; ".join(f"{at:.0f} {a} -> {b}" for at, a, b, _ in run.moves))  # fmt: skip
+        print("   auto: " + "  ".join(f"{k} {v:.2f}s ({v / off[k]:.2f}x Off)" for k, v in got.items()))
         for p in spans:
-            settled = loop.tenant_p99(results, p.start_s + args.settle, p.end_s)
-            whole = loop.tenant_p99(results, p.start_s, p.end_s)
-            print(f"{p.name:16s} p99 TTFT from {args.settle:.0f} s: "
-                  + " ".join(f"{t} {v:.2f}" for t, v in settled.items())
-                  + " | whole phase: " + " ".join(f"{t} {v:.2f}" for t, v in whole.items()))  # fmt: skip
-    return 0
+            final = next((to for at, _, to, _ in reversed(run.moves) if at < p.end_s), "stock")
+            first_cap = next((at for at, _, to, _ in run.moves if p.holds(at) and capped(to)), None)
+            if p.kind == phases.HETEROGENEOUS:
+                if not capped(final):
+                    misses.append(f"offset {offset:g}: {p.name} ends on {final}, not capped")
+                if first_cap is None or first_cap - p.start_s > 2 * args.interval:
+                    misses.append(f"offset {offset:g}: {p.name} not capped within two intervals "
+                                  f"(first capped move: {first_cap})")  # fmt: skip
+            elif capped(final):
+                misses.append(f"offset {offset:g}: {p.name} (uniform) ends capped on {final}")
+            elif p.start_s == 0 and first_cap is not None:
+                misses.append(f"offset {offset:g}: {p.name} capped before any heterogeneous traffic")
+    for miss in misses:
+        print("MISS", miss)
+    print(f"{len(offsets)} offset(s), {len(misses)} miss(es)")
+    return 1 if misses else 0
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@
    uniform) against the engine Service's ready pods, time-scaled, while
    printing the ServingDeployment's Events as they happen and a status line
    (setting, heterogeneity, per-tenant p99 TTFT) under a progress bar.
-4. Print the kubectl commands that show the same, write a PNG of setting and
-   per-tenant p99 TTFT over time, and clean up: the namespace when the stack
+4. Print Auto beside Off and the best static setting (slipstream.demo.offline: the twin on
+   the same traffic for all, and the live Auto run beside it), whole phases.
+5. Print the kubectl commands that show the same, write a PNG of setting and
+   per-tenant p99 TTFT of the short requests (giants apart) over time, and clean up: the namespace when the stack
    was reused, the whole stack when it was its own.
 """
 
@@ -130,8 +132,9 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     out = Path(args.plot)
     from slipstream.demo import plot
 
-    plot.timeline(watcher.samples, results, spans, out)
+    plot.timeline(watcher.samples, results, spans, out, {r.rid: r.prompt_tokens for r in workload.requests})
     print(f"wrote {out}")
+    compare(workload, spans, results)
     print("\nTo watch the same by hand: `slipstream cluster up`, `export KUBECONFIG=...` as it prints,")
     print("then `make demo` (it reuses that cluster), and in another terminal:")
     for command in (
@@ -144,6 +147,26 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
         print(f"  {command}")
     print("The twin's benchmark of every policy: slipstream bench --workload builtin:multi-tenant")
     return 0
+
+
+def compare(workload: Any, spans: list[phases.Phase], live: list[loop.Result]) -> None:
+    """Auto beside Off and the best static setting: the twin on the same generated traffic
+    for all (running the live stack once per setting would triple the demo's time), and
+    the live Auto run beside it. Worst tenant's p99 TTFT over whole phases, each from its
+    first second (no settling exclusion)."""
+    from slipstream.demo import offline
+
+    print("\nthe same traffic on the twin (two engines; about a minute), worst tenant's p99 TTFT "
+          "over whole phases, twin s:")
+    rows = {name: offline.figures(offline.static(workload, name), spans) for name in offline.STATIC}
+    best = min((n for n in rows if n != "stock"), key=lambda n: rows[n]["whole"])
+    rows["auto (twin's loop)"] = offline.figures(offline.closed_loop(workload, spans, 17.0), spans)
+    rows["auto (live, above)"] = offline.figures(offline.Run(live), spans)
+    cols = [p.name for p in spans] + ["whole"]
+    print(f"  {'setting':32s}" + "".join(f"{c:>18s}" for c in cols))
+    for name, fig in rows.items():
+        label = {"stock": "stock (Off)", best: f"{best} (best static)"}.get(name, name)
+        print(f"  {label:32s}" + "".join(f"{fig[c]:18.2f}" for c in cols))
 
 
 def _service_targets(target: loop.Target) -> Any:

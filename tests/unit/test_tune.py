@@ -234,7 +234,7 @@ def test_snapshot_codec_round_trips():
 
 GUARD = GuardrailSettings(min_samples=50, min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60)
 HET_REC = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE, settings=recommend.RecommenderSettings(
-    bursts=(1,), confirm_requests=0, max_step_factor=0, model_band=0))
+    bursts=(1,), confirm_requests=0, robust_draws=0, max_step_factor=0, model_band=0))
 """The screen alone, on Poisson arrivals, unchecked: the guardrails' tests below each isolate one rule."""
 UNI_REC = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
 
@@ -287,7 +287,7 @@ def test_hysteresis_holds_below_the_margin():
     # The same twin workload as HET_REC's, and the selection sample's gain alone. The window
     # was observed under off, not the current setting: the model check is off, this is the
     # margin alone. The current setting: one predicted within 15% of the best, not the best.
-    poisson = recommend.RecommenderSettings(bursts=(1,), confirm_requests=0, max_step_factor=0, model_band=0)
+    poisson = recommend.RecommenderSettings(bursts=(1,), confirm_requests=0, robust_draws=0, max_step_factor=0, model_band=0)
     seen = heterogeneous()
     nears = [p.setting for p in HET_REC.predictions
              if p.setting != HET_REC.best.setting and p.allowed
@@ -495,7 +495,11 @@ def test_a_gain_that_does_not_hold_on_an_independent_resample_holds():
     # The same screen and confirmation, a resample that shows no gain: no step.
     flat = replace(rec, resample_gain=0.05)
     d = decide(heterogeneous(), flat, TunerState(OFF))
-    assert isinstance(d, Hold) and d.reason == guardrails.NOT_ON_RESAMPLE and "5% on an independent resample" in d.message
+    assert isinstance(d, Hold) and d.reason == guardrails.NOT_ON_RESAMPLE and "5% across independent resamples" in d.message
+    # The gain is the robust one: the best's worst regret over the draws against the current's.
+    by = {s.candidate: s for s in rec.regrets}
+    assert len(by[OFF].regrets) == 1 + recommend.RecommenderSettings().robust_draws
+    assert rec.resample_gain == pytest.approx(1 - by[rec.best.setting].score / by[OFF].score)
     # Nothing to resample when the best is the current setting.
-    assert math.isnan(recommend.resample(heterogeneous(), OFF, OFF, 1, rec.model, SPEC, PROFILE,
-                                         recommend.EngineConfig(), recommend.RecommenderSettings()))
+    at_best = recommend.recommend(heterogeneous(under=rec.best.setting), rec.best.setting, SPEC, PROFILE)
+    assert at_best.best.setting != rec.best.setting or math.isnan(at_best.resample_gain)

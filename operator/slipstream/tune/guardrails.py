@@ -30,10 +30,11 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    Move: the best has less concurrency than the current setting,
    predicts within ``step_back_tolerance`` of it and the mix is near-uniform (heterogeneity
    at most ``step_back_max_heterogeneity``): uniform traffic returns to off;
-7b. a Move by gain whose gain does not hold on an independent resample (another seed, the
-   neighbouring burst size: ``Recommendation.resample_gain`` below ``min_gain``): Hold
-   ``NotOnResample``: the screen and the confirmation share the snapshot's synthesis and
-   burst, so a bias they share would pass both;
+7b. a Move by gain whose gain does not hold across independent resamples (other seeds,
+   the neighbouring burst sizes: ``Recommendation.resample_gain``, the robust gain of
+   ``tune.robust``, below ``min_gain``): Hold ``NotOnResample``: the screen and the
+   confirmation share the snapshot's synthesis and burst, so a bias they share would pass
+   both, and a gain on one draw that the current setting wins back on another is noise;
 8. no allowed candidate meets the targets and the long-prompt bound: ``Infeasible`` (the
    user's targets are out of reach of any setting; status says so);
 9. the best is the current setting: Hold ``AtBest``;
@@ -225,7 +226,7 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, st
     by_gain = best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= margin
     if by_gain and math.isfinite(rec.resample_gain) and rec.resample_gain < settings.min_gain:
         return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
-                    f"{rec.resample_gain:.0%} on an independent resample (below {settings.min_gain:.0%}): "
+                    f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
                     f"{rec.reason}", rec)
     if by_gain and left_at is None:
         return Move(state.current, best, rec.reason, rec)

@@ -26,7 +26,15 @@ Steps (each a function below, plain data between them):
    run again on a longer, independent sample of the same mix (``confirm_requests``,
    replayed past the window's span), and the choice and its gain come from that run: a
    short run from an empty engine cannot see a backlog or a full KV pool building up,
-   and a second sample takes the winner's curse out of the gain.
+   and a second sample takes the winner's curse out of the gain;
+5. ``robust_choice``: the few best confirmed candidates (``robust_top``), the point
+   choice of step 3 and the current setting run again on ``robust_draws`` independent
+   resamples (other seeds, the fitted burst size's neighbours on the ladder), and the
+   choice is the one whose worst regret across the draws (its objective over that draw's
+   best) is least (``tune.robust``, which states the rule): one window is consistent with
+   several workloads, and a cap that costs 5% on a draw without giants is worth it when
+   no cap costs 10x on a draw with them. Its robust gain over the current setting is
+   ``resample_gain``, which the guardrails hold a move to (``NotOnResample``).
 
 A target is *attainable* when the tenant's own p99 TTFT alone (its prompts' prefill on an
 idle engine) is below it: no scheduler can bring a 600K-token prompt under 2 s, so such a
@@ -52,7 +60,7 @@ from slipstream.sim.metrics import percentile
 from slipstream.sim.policies import EngineConfig, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
-from slipstream.tune import modelcheck
+from slipstream.tune import modelcheck, robust
 from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, preference
 from slipstream.tune.heterogeneity import heterogeneity
 from slipstream.tune.twin_workload import synthesize
@@ -79,14 +87,31 @@ class RecommenderSettings:
     40. Being a second sample it also takes the winner's curse out of the gain: the least of
     45 noisy estimates is biased low."""
     shortlist: int = 4
+    """Best screened candidates (count) the confirming run re-checks, besides the current
+    setting and off in every order."""
+    robust_draws: int = 2
+    """Independent resamples (count; 0 turns the robust choice off: the point choice on the
+    confirming sample, and no resample) the best confirmed candidates and the current
+    setting run on besides the confirming sample (``tune.robust``): another seed each, at
+    the fitted burst size's neighbours on the ladder (above, then below: the fit's own
+    uncertainty), at the calibrated rate."""
+    robust_requests: int = 500
+    """Requests in each resample (count), replayed past the window's span like the
+    confirming sample. A quarter of its length: the resamples run only the top few
+    candidates, and their job is to show a draw with giants (or without), not a finer
+    figure."""
+    robust_top: int = 3
+    """Best confirmed candidates (count, by the confirming sample's objective among those
+    the constraints admit) that run on the resamples, besides the current setting."""
+    robust_quantile: float = 1.0
+    """Which of a candidate's per-draw regrets is its score (quantile; 1.0: the worst
+    draw). With three draws anything lower ignores the draw with the giants."""
     max_step_factor: float = 2.0
     """Most concurrency a step may reach, as a multiple of the current (off counts as 1; 0
     turns the limit off); fewer is never limited. More concurrent prefills hold more KV,
     a risk a window-long twin run sees late; stepping up by at most double lets each step
     show in the metrics before the next (on builtin:multi-tenant a first step from off
     straight to concurrency 4 raised the worst tenant's p99 slowdown from 464 to 1106)."""
-    """Best screened candidates (count) the confirming run re-checks, besides the current
-    setting and off in every order."""
     seed: int = 0
     """Seed of the workload's RNG: the same snapshot gives the same recommendation."""
     objective: str = "worst_tenant_slowdown_p99"
@@ -126,6 +151,10 @@ class RecommenderSettings:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.max_requests < 10:
             raise ValueError("max_requests must be >= 10")
+        if self.robust_draws < 0 or self.robust_top < 1 or self.robust_requests < 10:
+            raise ValueError("robust_draws must be >= 0, robust_top >= 1 and robust_requests >= 10")
+        if not 0.0 < self.robust_quantile <= 1.0:
+            raise ValueError(f"robust_quantile must be in (0, 1], got {self.robust_quantile}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,13 +230,18 @@ class Recommendation:
     """The shortlist re-run on the longer, independent confirming sample; ``best`` and
     ``current`` are from these (``predictions`` holds the screen of every candidate)."""
     resample_gain: float = math.nan
-    """The same relative gain (best over current) on an independent resample: another
-    seed's draw of the window at the neighbouring burst size of the fit (``resample``),
-    not the sample the choice was made on; NaN when not measured (best is current)."""
+    """The robust gain of best over current (``tune.robust``: 1 - best's worst per-draw
+    regret over the current's) across the confirming sample and the independent resamples
+    (other seeds, the fit's neighbouring burst sizes), not the one sample a point choice is
+    made on; NaN when not measured (best is current, or the robust choice is off)."""
     model: modelcheck.ModelCheck | None = None
     """The twin's replay of the window under the running setting beside the observed p99
     TTFT, after the offered-load calibration (``tune.modelcheck``); the guardrails hold
     ``ModelMismatch`` when it disagrees. None: not checked."""
+    regrets: tuple[robust.Scored[Setting], ...] = ()
+    """The candidates that ran on the resamples, each with its regret per draw (the
+    confirming sample first) and its score (``tune.robust``); empty when the robust choice
+    is off."""
 
     @property
     def gain(self) -> float:
@@ -291,9 +325,8 @@ def predict(workload: Workload, setting: Setting, profile: Profile, config: Engi
 def choose(predictions: Sequence[Prediction], settings: RecommenderSettings,
            chunked_prefill_size: int) -> tuple[Prediction, bool]:
     """(best, feasible) by the rules of the module doc."""
-    allowed = [p for p in predictions if p.allowed] or list(predictions)
-    ok = [p for p in allowed if p.within_long_bound and p.meets_targets]
-    pool = ok or [p for p in allowed if p.within_long_bound] or allowed
+    pool = eligible(predictions)
+    ok = [p for p in pool if p.within_long_bound and p.meets_targets]
     least = min(p.objective(settings.objective) for p in pool)
     ties = [p for p in pool if p.objective(settings.objective) <= least * (1 + settings.tie_tolerance)]
     best = min(ties, key=lambda p: preference(p.setting, chunked_prefill_size))
@@ -324,35 +357,69 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
         confirmed = bounded(tuple(predict(longer, s, profile, lcfg, spec)
                                   for s in shortlist(screened, current, settings, spec.chunked_prefill_size)),
                             settings)
-    best, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
+    point, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
     cur = next(p for p in confirmed if p.setting == current)
-    again = resample(snapshot, current, best.setting, burst, model, spec, profile, base, settings)
+    best, again, scored = robust_choice(snapshot, confirmed, cur, point, burst, model, spec, profile, base, settings)
     mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
                         spec.chunked_prefill_size)
     bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
     return Recommendation(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
-                          reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model)
+                          reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model, scored)
 
 
-def resample(snapshot: WorkloadSnapshot, current: Setting, best: Setting, burst: int, model: modelcheck.ModelCheck,
-             spec: TuningSpec, profile: Profile, config: EngineConfig, settings: RecommenderSettings) -> float:
-    """The gain of ``best`` over ``current`` on an independent resample (two twin runs; NaN
-    when they are the same setting). The screen and the confirmation share the fitted burst
-    size and the snapshot's synthesis, so a bias of either passes both; this draw uses
-    another seed and the burst size next to the fitted one on the ladder (the fit's own
-    uncertainty), at the calibrated rate: a gain that is real holds on it."""
-    if best == current:
-        return math.nan
-    ladder = settings.bursts or (1,)
+def eligible(predictions: Sequence[Prediction]) -> list[Prediction]:
+    """The pool ``choose`` picks from: the allowed candidates that meet every attainable
+    target and the long-prompt bound, else those within the bound, else all allowed."""
+    allowed = [p for p in predictions if p.allowed] or list(predictions)
+    ok = [p for p in allowed if p.within_long_bound and p.meets_targets]
+    return ok or [p for p in allowed if p.within_long_bound] or allowed
+
+
+def draw_bursts(burst: int, ladder: tuple[int, ...], n: int) -> list[int]:
+    """The burst sizes of ``n`` resamples: the fitted one's neighbours on the ladder, above
+    then below, alternating outwards (the fit's uncertainty); the fitted size itself where
+    the ladder has no more neighbours (another seed still draws other requests)."""
+    ladder = ladder or (1,)
     at = ladder.index(burst) if burst in ladder else 0
-    other = ladder[at + 1] if at + 1 < len(ladder) else ladder[at - 1] if at > 0 else 2 * burst
-    draw = synthesize(snapshot, settings.max_requests, settings.seed + 2, other)
-    draw = draw.scaled(model.rate_factor) if model.rate_factor != 1.0 else draw
-    cfg = twin_config(config, spec, draw)
-    a = predict(draw, current, profile, cfg, spec).objective(settings.objective)
-    b = predict(draw, best, profile, cfg, spec).objective(settings.objective)
-    return (a - b) / a if a > 0 and math.isfinite(a) and math.isfinite(b) else 0.0
+    out: list[int] = []
+    for step in range(1, n + 1):
+        offset = (step + 1) // 2 * (1 if step % 2 else -1)
+        k = at + offset
+        out.append(ladder[k] if 0 <= k < len(ladder) else 2 * burst if k >= len(ladder) else burst)
+    return out
+
+
+def robust_choice(snapshot: WorkloadSnapshot, confirmed: Sequence[Prediction], cur: Prediction, point: Prediction,
+                  burst: int, model: modelcheck.ModelCheck, spec: TuningSpec, profile: Profile,
+                  config: EngineConfig, settings: RecommenderSettings
+                  ) -> tuple[Prediction, float, tuple[robust.Scored[Setting], ...]]:
+    """(best, robust gain over the current setting, every resampled candidate scored): the
+    rule of ``tune.robust`` over the confirming sample and ``robust_draws`` resamples
+    (another seed each, ``draw_bursts``, the calibrated rate), run by the ``robust_top`` best
+    of ``eligible`` (by the confirming objective), the point choice and the current setting
+    only: the rest of the shortlist lost the confirming run already. The gain is NaN when
+    the best is the current setting; with no resamples the point choice stands (gain NaN)."""
+    if not settings.robust_draws:
+        return point, math.nan, ()
+    c = spec.chunked_prefill_size
+    pool = eligible(confirmed)
+    top = sorted(pool, key=lambda p: (p.objective(settings.objective), preference(p.setting, c)))
+    runs = list(dict.fromkeys([p.setting for p in top[: settings.robust_top]] + [point.setting, cur.setting]))
+    by = {p.setting: p for p in confirmed}
+    figures = {s: [by[s].objective(settings.objective)] for s in runs}
+    for k, size in enumerate(draw_bursts(burst, settings.bursts, settings.robust_draws)):
+        draw = synthesize(snapshot, settings.robust_requests, settings.seed + 2 + k, size, max_span_s=math.inf)
+        draw = draw.scaled(model.rate_factor) if model.rate_factor != 1.0 else draw
+        cfg = twin_config(config, spec, draw)
+        for s in runs:
+            figures[s].append(predict(draw, s, profile, cfg, spec).objective(settings.objective))
+    admitted = {p.setting for p in pool}
+    chosen, scored = robust.choose(figures, lambda s: preference(s, c), settings.robust_quantile,
+                                   settings.tie_tolerance, eligible=lambda s: s in admitted)
+    at = next(x for x in scored if x.candidate == cur.setting)
+    again = math.nan if chosen.candidate == cur.setting else robust.gain(chosen, at)
+    return by[chosen.candidate], again, tuple(scored)
 
 
 def checked(snapshot: WorkloadSnapshot, workload: Workload, current_run: Prediction, current: Setting,

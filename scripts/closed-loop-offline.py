@@ -14,8 +14,14 @@ schedule (deterministic, so the past does not change).
     .venv/bin/python scripts/closed-loop-offline.py --off             # tuning Off: the baseline
 
 ``--offset`` is when the operator's interval timer fires relative to the load's start
-(it is not aligned with the phases in a cluster). Prints every interval's decision and
-each phase's per-tenant p99 TTFT, over the whole phase and after the test's settling time.
+(it is not aligned with the phases in a cluster). ``--mix-poll S`` polls the queue mix every
+S twin seconds between steps, as the operator does (``tune.mixjump``: the uncached tokens of
+the window's first tokens and of the requests waiting then, by size class), and steps at
+once when it jumped; 0 steps on the timer only. Prints every interval's decision, each
+phase's per-tenant p99 TTFT, over the whole phase and after the test's settling time, and
+the time from each phase's start to every engine running the setting it ends the phase on.
+
+    .venv/bin/python scripts/closed-loop-offline.py --offsets 0,20,40 --mix-poll 10 --quiet
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 
+from slipstream.api import buckets
 from slipstream.api.snapshot import PodSetting, WorkloadSnapshot
 from slipstream.demo import loop, phases
 from slipstream.sim import engine, policies, profiles
 from slipstream.sim.workload import Request, build
-from slipstream.tune import candidates, guardrails, observed, tuner
+from slipstream.tune import candidates, guardrails, mixjump, observed, tuner
 from slipstream.tune.recommend import policy_name
 
 STOCK = policies.Setting(0, "ceiling", "fcfs")
@@ -59,6 +66,30 @@ def first_tokens(jobs: Sequence[Sequence[engine.Job]]) -> list[policies.FirstTok
                    for js in jobs for j in js if j.first_token_s >= 0), key=lambda f: f.first_token_s)  # fmt: skip
 
 
+def mix_at(jobs: Sequence[Sequence[engine.Job]], now: float, window_s: float) -> mixjump.Mix | None:
+    """The queue mix the engines' size-class series would show at ``now``: the uncached
+    tokens of the window's first tokens plus those of the requests waiting at ``now``."""
+    work: dict[str, float] = {}
+    requests = 0
+    for js in jobs:
+        for j in js:
+            done = now - window_s < j.first_token_s <= now
+            waiting = j.arrival_s <= now and not 0 <= j.first_token_s <= now
+            if done or waiting:
+                tokens = float(j.uncached if j.uncached > 0 else j.req.prompt_tokens)
+                name = buckets.size_class(tokens)
+                work[name] = work.get(name, 0.0) + tokens
+                requests += 1
+    return mixjump.shares(work, requests)
+
+
+def settled_after(schedules: Sequence[Schedule], start: float, end: float) -> float:
+    """Seconds from ``start`` to the last change of any engine's setting before ``end``
+    (0: none changed in the span): when every engine runs the setting it ends the span on."""
+    changes = [t for schedule in schedules for t, _ in schedule if start <= t < end]
+    return max(changes, default=start) - start
+
+
 def as_prometheus_reads(snap: WorkloadSnapshot, replicas: int, rate_factor: float) -> WorkloadSnapshot:
     """The fleet's snapshot with its pods listed (the twin divides rates by them), rates
     multiplied by ``rate_factor`` (8: what the operator saw of a x8 stack before it divided)."""
@@ -79,6 +110,8 @@ def main() -> int:
     ap.add_argument("--max-concurrency", type=int, default=2)
     ap.add_argument("--rate-factor", type=float, default=1.0)
     ap.add_argument("--settle", type=float, default=332.0, help="twin s into a phase the test judges from")
+    ap.add_argument("--mix-poll", type=float, default=0.0,
+                    help="twin s between queue-mix polls (step early on a jump); 0: the timer only")
     ap.add_argument("--off", action="store_true", help="never move: tuning Off")
     ap.add_argument("--quiet", action="store_true", help="print only the moves and the figures")
     args = ap.parse_args()
@@ -98,6 +131,7 @@ def main() -> int:
         schedules: list[Schedule] = [[] for _ in range(replicas)]
         state = guardrails.TunerState(STOCK)
         rollout_until, now = -1.0, offset
+        watch = mixjump.MixWatch()
         jobs = run_engines(per_engine, schedules, profile, cfg)
         while now < spans[-1].end_s:
             snap = observed.snapshot_of("sd", first_tokens(jobs), now, args.interval)
@@ -116,7 +150,18 @@ def main() -> int:
                 jobs = run_engines(per_engine, schedules, profile, cfg)
             elif not args.quiet:
                 print(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
-            now += args.interval
+            watch = watch.stepped(mix_at(jobs, now, args.interval))
+            step_at, poll = now + args.interval, now + args.mix_poll
+            while args.mix_poll > 0 and poll < step_at:
+                if poll < rollout_until:  # a rollout in flight: the operator steps every few s anyway
+                    poll += args.mix_poll
+                    continue
+                watch, fired = watch.see(mix_at(jobs, poll, args.interval))
+                if fired:
+                    print(f"{poll:7.0f} queue mix jumped: stepping {step_at - poll:.0f} s before the timer")
+                    step_at = poll
+                poll += args.mix_poll
+            now = step_at
         results = [loop.Result(j.req.tenant, j.rid, arrivals[j.rid], j.first_token_s - j.arrival_s, j.first_token_s >= 0)
                    for js in jobs for j in js]  # fmt: skip
         for p in spans:
@@ -124,7 +169,8 @@ def main() -> int:
             whole = loop.tenant_p99(results, p.start_s, p.end_s)
             print(f"{p.name:16s} p99 TTFT from {args.settle:.0f} s: "
                   + " ".join(f"{t} {v:.2f}" for t, v in settled.items())
-                  + " | whole phase: " + " ".join(f"{t} {v:.2f}" for t, v in whole.items()))  # fmt: skip
+                  + " | whole phase: " + " ".join(f"{t} {v:.2f}" for t, v in whole.items())
+                  + f" | on its final setting {settled_after(schedules, p.start_s, p.end_s):.0f} s in")  # fmt: skip
     return 0
 
 

@@ -42,8 +42,8 @@ class ControllerSettings:
     """Seconds between the loop's polls of its queue mix while it waits for its next step
     (scaled by tuning_time_scale): a mix that jumped from the one the last step decided on
     (`tune.mixjump`) makes the step happen now, not at the timer. A poll is answered from
-    the fleet read the deployments of a Prometheus share (reused for `reuse_s`), so it
-    sends no query of its own. 0: no polls, the timer only. Env: SLIPSTREAM_MIX_POLL_SECONDS."""
+    the fleet read the deployments of a Prometheus share (reused for `reuse_s`): polls
+    start at most one fleet read per `reuse_s` per Prometheus, as steps do. 0: no polls, the timer only. Env: SLIPSTREAM_MIX_POLL_SECONDS."""
 
     admin_timeout_seconds: float = 5.0
     """Timeout of one engine admin call (/get_server_info, /set_internal_state). A hot

@@ -4,7 +4,8 @@ The tuning loop steps once per interval. A phase change (giant cold prompts star
 arrive, or stop) shows in the engines' queue-mix series at once, and waiting for the timer
 costs up to a whole interval before the tuner even looks. So between steps the loop polls
 its snapshot (the fleet read it shares with every deployment on the same Prometheus,
-reused for ``reuse_s``, so a poll costs no query of its own) and asks ``MixWatch.see``
+reused for ``reuse_s``: at most one fleet read per ``reuse_s`` per Prometheus, whatever
+the number of deployments polling) and asks ``MixWatch.see``
 whether the size-class mix moved far from the one the last step decided on; if so, it
 steps now. The step is an ordinary step: the guardrails (cooldown, minimum samples,
 missing metrics, a rollout in flight) still decide whether anything moves.

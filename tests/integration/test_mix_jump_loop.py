@@ -119,12 +119,13 @@ def test_a_mix_jump_makes_the_step_happen_before_the_timer() -> None:
     holds = Holds()
     fired, ended, clock, first, second = run(JUMP_AT, holds)
     assert first.delay_s == 60.0
-    # Polls every 10 s: the first poll after the jump (at +30 s) ends the wait, 30 s early.
-    assert fired and ended == T0 + 30.0, clock.slept
-    assert holds.asked == [T0, T0 + 30.0]
+    # Polls every 10 s: the second poll after the jump (+30 s, +40 s) confirms it and ends
+    # the wait, 20 s early.
+    assert fired and ended == T0 + 40.0, clock.slept
+    assert holds.asked == [T0, T0 + 40.0]
     assert "QueueMixChanged" in reasons(second) and "QueueMixChanged" not in reasons(first)
     event = next(e for e in second.events if e.reason == "QueueMixChanged")
-    assert "gt300k" in event.message and "30 s before the timer" in event.message
+    assert "gt300k" in event.message and "20 s before the timer" in event.message
 
 
 def test_a_steady_mix_waits_for_the_timer() -> None:

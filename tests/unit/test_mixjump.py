@@ -50,6 +50,8 @@ def test_a_jump_fires_once_and_rearms_only_after_the_mix_settles() -> None:
     assert mixjump.distance(before, after) >= mixjump.ENTER
     watch = mixjump.MixWatch().stepped(before)
     watch, fired = watch.see(after)
+    assert not fired and watch.seen == 1  # the first look: not yet
+    watch, fired = watch.see(after)
     assert fired and not watch.armed
     # The window keeps showing the new phase: no second firing, before or after the step
     # the firing caused (its mix is the new reference; the watch re-arms near it).
@@ -59,16 +61,33 @@ def test_a_jump_fires_once_and_rearms_only_after_the_mix_settles() -> None:
     watch, fired = watch.see(after)
     assert not fired and watch.armed
     # Back to the first phase: a jump again, fired once.
+    watch, first = watch.see(before)
     watch, fired = watch.see(before)
+    assert not first and fired
+    assert not watch.see(before)[1] and not watch.see(before)[0].see(before)[1]
+
+
+def test_a_step_that_sees_the_jump_first_keeps_the_old_reference() -> None:
+    rng = random.Random(5)
+    before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
+    assert before is not None and after is not None
+    # The timer's step lands just after the phase change: its window has barely changed,
+    # and as a reference it would hide the jump from every later poll.
+    watch = mixjump.MixWatch().stepped(before).stepped(after)
+    assert watch.decided == before and watch.seen == 1
+    watch, fired = watch.see(after)
     assert fired
-    assert not watch.see(before)[1]
+    # A step that confirms the jump is the step the jump asked for: its mix is the reference.
+    stepped = mixjump.MixWatch().stepped(before).stepped(after).stepped(after)
+    assert stepped.decided == after and not stepped.armed and not stepped.see(after)[1]
 
 
 def test_a_waiting_giant_counts_before_it_gets_its_first_token() -> None:
     rng = random.Random(2)
     chat = uniform(rng, 100)
     watch = mixjump.MixWatch().stepped(mixjump.mix_of(snap_of(chat)))
-    assert watch.see(mixjump.mix_of(snap_of(chat, waiting=[350_000.0, 380_000.0])))[1]
+    waiting = mixjump.mix_of(snap_of(chat, waiting=[350_000.0, 380_000.0]))
+    assert watch.see(waiting)[0].see(waiting)[1]
 
 
 def test_noise_around_a_steady_mix_does_not_fire() -> None:
@@ -91,13 +110,14 @@ def test_a_mix_hovering_inside_the_band_fires_once() -> None:
     assert mixjump.EXIT < mixjump.distance(near, decided) < mixjump.ENTER <= mixjump.distance(far, decided)
     watch = mixjump.MixWatch(decided)
     fired = []
-    for mix in (far, near, far, near, far):
+    for mix in (far, near, far, far, near, far, far, near, far, far):
         watch, f = watch.see(mix)
         fired.append(f)
-    assert fired == [True, False, False, False, False]
+    # The second `far` in a row fires; after it, hovering fires nothing, however long.
+    assert fired == [False, False, False, True, False, False, False, False, False, False]
     watch, f = watch.see(back)  # within EXIT of the decided mix: armed again
     assert not f and watch.armed
-    assert watch.see(far)[1]
+    assert watch.see(far)[0].see(far)[1]
 
 
 def test_missing_or_thin_metrics_judge_nothing() -> None:

@@ -25,9 +25,10 @@ threshold is about.
 
 The rule, with hysteresis so that it cannot flap:
 
-- it fires when the distance to the decided mix reaches ``ENTER`` (0.25), at most once:
-  after firing it is disarmed;
-- it re-arms only when a poll finds the mix within ``EXIT`` (0.10) of the mix last
+- it fires when ``CONFIRM`` (2) looks in a row (polls, or the timer's step and a poll)
+  find the distance to the decided mix at least ``ENTER`` (0.15), at most once: after
+  firing it is disarmed; a step that sees the jump first keeps the old reference;
+- it re-arms only when a poll finds the mix within ``EXIT`` (0.05) of the mix last
   decided on (the regular steps keep updating that reference), so a transition that keeps
   moving for a whole window (the window filling with the new phase) fires once, and noise
   around a steady mix (within ``EXIT`` .. ``ENTER``) never fires;
@@ -35,12 +36,12 @@ The rule, with hysteresis so that it cannot flap:
   invalid snapshot or one without the queue-mix series never fires and changes nothing:
   missing metrics never move anything, not even the clock.
 
-The constants are chosen by reasoning, not fitted on a run: ``ENTER`` is a quarter of the
-largest move (for example 40% of the work moving from ``le8k`` to ``le300k``, or two 400k
-prompts arriving in a window of 600 chat turns of 2k tokens); ``tests/unit/test_mixjump.py``
-checks that a uniform-to-giants jump fires and that window-to-window noise of a steady
-phase (50 uniform requests, or 400 with one in ten a giant) never does, on synthetic
-windows.
+``ENTER`` and ``CONFIRM`` are in-sample: chosen on the demo's phases
+(``scripts/closed-loop-offline.py --mix-poll 10``), whose uniform-to-heterogeneous change
+moves the distance to 0.16-0.24 (30-45% of the work from ``le8k`` to ``le300k``), which 0.25
+missed. ``tests/unit/test_mixjump.py`` checks them elsewhere, on synthetic windows: a
+uniform-to-giants jump fires, and the window-to-window noise of steady phases (50 uniform
+requests: at most 0.04; 400 with one in ten a giant: at most 0.06) never does.
 """
 
 from __future__ import annotations
@@ -51,10 +52,14 @@ from dataclasses import dataclass, replace
 from slipstream.api import buckets
 from slipstream.api.snapshot import WorkloadSnapshot
 
-ENTER = 0.25
+ENTER = 0.15
 """Distance (``distance``) from the decided mix at which the watch fires."""
-EXIT = 0.10
+EXIT = 0.05
 """Distance within which it re-arms (below ``ENTER``: the hysteresis band)."""
+CONFIRM = 2
+"""Looks in a row (polls, or a step and a poll) that must see the jump before it fires: the
+first poll after a phase change sees a window the new phase has barely entered, on which
+the tuner cannot yet tell (the demo's heterogeneous phase 10 s in: heterogeneity 0.09)."""
 MIN_REQUESTS = 20.0
 """Requests (first tokens in the window plus waiting now) a mix needs to be judged."""
 
@@ -96,10 +101,12 @@ def distance(a: Sequence[float], b: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class MixWatch:
-    """The mix the last step decided on, and whether a jump from it may fire."""
+    """The mix the last step decided on, whether a jump from it may fire, and how many
+    looks in a row (polls or steps) have seen the mix at least ``ENTER`` from it."""
 
     decided: Mix | None = None
     armed: bool = True
+    seen: int = 0
 
     def see(self, mix: Mix | None) -> tuple[MixWatch, bool]:
         """(the watch after this poll, whether to step now)."""
@@ -107,16 +114,24 @@ class MixWatch:
             return self, False
         d = distance(mix, self.decided)
         if self.armed and d >= ENTER:
-            return replace(self, armed=False), True
+            if self.seen + 1 >= CONFIRM:
+                return replace(self, armed=False, seen=0), True
+            return replace(self, seen=self.seen + 1), False
         if not self.armed and d <= EXIT:
-            return replace(self, armed=True), False
-        return self, False
+            return replace(self, armed=True, seen=0), False
+        return replace(self, seen=0), False
 
     def stepped(self, mix: Mix | None) -> MixWatch:
-        """After a step: its mix is the new reference (a step on no mix keeps the old one).
-        Arming is left as it was: a jump that fired re-arms only once a poll sees the mix
-        settle near the one decided on."""
-        return self if mix is None else MixWatch(mix, self.armed)
+        """After a step on `mix`: it counts as a look, and becomes the new reference unless
+        it is the first look at a jump not yet confirmed (the step was on a window that
+        the new phase has barely entered; its reference would hide the jump). A step on
+        no mix keeps the watch as it was."""
+        if mix is None:
+            return self
+        watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
+        if watch.seen > 0:
+            return watch
+        return MixWatch(mix, watch.armed)
 
 
 def describe(mix: Mix) -> str:

@@ -12,7 +12,10 @@ a cluster, so the script sweeps its offset relative to the load's start (default
 - each uniform phase ends uncapped (the tuner steps back).
 
 The worst tenant's p99 TTFT over each whole phase (from its first second) is printed
-beside Off's, not asserted: the canary's analysis window, on one engine of two, is in it.
+beside Off's, not asserted: the canary's analysis window, on one engine of two, is in it,
+with the time from each phase's start to every engine running the setting it ends on.
+``--mix-poll S`` polls the queue mix every S twin seconds between steps, as the operator
+does (default: its ``mix_poll_seconds``), and steps at once on a jump; 0: the timer only.
 
     .venv/bin/python scripts/closed-loop-offline.py                 # sweep, assert, exit 1 on a miss
     .venv/bin/python scripts/closed-loop-offline.py --offsets 0,17 --verbose
@@ -33,23 +36,31 @@ def capped(name: str) -> bool:
     return name.split("/")[0] != "stock"
 
 
+DEFAULTS = offline.LoopSettings()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase-s", type=float, default=720.0, help="twin seconds per phase (default %(default)s)")
     ap.add_argument("--offsets", default=None, help="timer offsets, twin s, comma-separated "
                                                      "(default: 0 to the interval, every 10 s)")  # fmt: skip
-    ap.add_argument("--interval", type=float, default=60.0)
-    ap.add_argument("--cooldown", type=float, default=180.0)
-    ap.add_argument("--analysis", type=float, default=120.0)
-    ap.add_argument("--max-concurrency", type=int, default=2)
+    ap.add_argument("--interval", type=float, default=DEFAULTS.interval_s, help="twin s (default %(default)s: the CRD's)")
+    ap.add_argument("--cooldown", type=float, default=DEFAULTS.cooldown_s, help="twin s (default %(default)s: the CRD's)")
+    ap.add_argument("--analysis", type=float, default=DEFAULTS.analysis_s, help="twin s (default %(default)s: the CRD's)")
+    ap.add_argument("--max-concurrency", type=int, default=DEFAULTS.max_concurrency)
     ap.add_argument("--rate-factor", type=float, default=1.0)
+    ap.add_argument("--mix-poll", type=float, default=DEFAULTS.mix_poll_s,
+                    help="twin s between queue-mix polls (step early on a jump); 0: the timer only "
+                         "(default %(default)s, the operator's)")  # fmt: skip
+    ap.add_argument("--off", action="store_true", help="never move (tuning Off): the decisions are still printed")
     ap.add_argument("--verbose", action="store_true", help="print every interval's decision")
     args = ap.parse_args()
 
     workload, spans = phases.plan(args.phase_s, replicas=offline.REPLICAS)
     offsets = ([float(o) for o in args.offsets.split(",")] if args.offsets
                else [float(o) for o in range(0, int(args.interval), 10)])  # fmt: skip
-    lset = offline.LoopSettings(args.interval, args.cooldown, args.analysis, args.max_concurrency, args.rate_factor)
+    lset = offline.LoopSettings(args.interval, args.cooldown, args.analysis, args.max_concurrency, args.rate_factor,
+                                args.off, args.mix_poll)  # fmt: skip
     off = offline.figures(offline.static(workload, "stock"), spans)
     print("Off (stock): " + "  ".join(f"{k} {v:.2f}s" for k, v in off.items()))
     misses: list[str] = []
@@ -59,6 +70,8 @@ def main() -> int:
         print(f"== timer at {offset:g} s: {len(run.moves)} move(s): "
               + "; ".join(f"{at:.0f} {a} -> {b}" for at, a, b, _ in run.moves))  # fmt: skip
         print("   auto: " + "  ".join(f"{k} {v:.2f}s ({v / off[k]:.2f}x Off)" for k, v in got.items()))
+        print("   on the final setting: " + "  ".join(f"{p.name} {run.settled_after(p.start_s, p.end_s):.0f} s in"
+                                                      for p in spans))  # fmt: skip
         for p in spans:
             final = next((to for at, _, to, _ in reversed(run.moves) if at < p.end_s), "stock")
             first_cap = next((at for at, _, to, _ in run.moves if p.holds(at) and capped(to)), None)

@@ -15,6 +15,7 @@ import concurrent.futures
 import datetime
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -70,6 +71,10 @@ ROLLOUTS = prometheus_client.Counter(
 )
 ROLLOUT_ENDS = {"ThresholdChanged": "Promoted", "RolledBack": "RolledBack"}
 """The rollout's closing Events (rollout.machine) and the result each counts as."""
+MIX_JUMPS = prometheus_client.Counter(
+    "slipstream_mix_jump_steps", "Tuning steps taken before their timer because the queue mix jumped from the one "
+    "the last step decided on (tune/mixjump.py).",
+)
 TUNING_STEP_SECONDS = prometheus_client.Histogram(
     "slipstream_tuning_step_seconds", "Wall time of one tuning step (observe, tune, rollout).",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -439,7 +444,10 @@ def register(
             while not stopped:
                 wake.clear()
                 delay, memory, failed = await step_once(body, memory, failed, logger)
-                await pause(stopped, wake, delay)
+                early = loop.until_mix_jump(deps, lambda: step_view(body)[0], memory, delay)
+                if await pause(stopped, wake, delay, early):
+                    MIX_JUMPS.inc()
+                    logger.info("stepping early: %s", memory.jumped)
         finally:
             wakes.pop(uid, None)
 
@@ -569,13 +577,26 @@ def step_view(body: kopf.Body) -> tuple[models.ServingDeployment | None, dict[st
         return None, read  # reconcile reports it (InvalidSpec); nothing moves meanwhile
 
 
-async def pause(stopped: kopf.DaemonStopped, wake: asyncio.Event, delay: float) -> None:
-    """Sleep `delay` seconds, or less when the operator stops or the spec changes."""
+async def pause(stopped: kopf.DaemonStopped, wake: asyncio.Event, delay: float,
+                early: Coroutine[Any, Any, bool] | None = None) -> bool:  # fmt: skip
+    """Sleep `delay` seconds, or less when the operator stops, the spec changes or `early`
+    (`loop.until_mix_jump`) returns True; whether it was `early` that ended the pause."""
 
     async def until_stopped() -> None:
         await stopped.wait(delay)
 
+    async def until_early(early: Coroutine[Any, Any, bool]) -> bool:
+        try:
+            if await early:
+                return True
+        except Exception as error:  # a failed watch leaves the timer, never a busy loop
+            log.warning("queue-mix watch failed: %s", error)
+        await asyncio.Event().wait()  # the timer or the wake ends the pause
+        return False
+
+    jumped = asyncio.ensure_future(until_early(early)) if early is not None else None
     waits = {asyncio.ensure_future(until_stopped()), asyncio.ensure_future(wake.wait())}
-    _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    done, pending = await asyncio.wait(waits | ({jumped} if jumped else set()), return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
+    return jumped is not None and jumped in done and jumped.result()

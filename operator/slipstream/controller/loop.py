@@ -14,7 +14,10 @@ never delay another's loop, and there is no lock shared between loops. A step:
 7. record: status (what the engines run, read back), conditions and Events.
 
 While a rollout is in flight the loop steps every `rollout_poll_seconds`; otherwise every
-`spec.tuning.intervalSeconds` (times `tuning_time_scale`), or at once when the spec changes.
+`spec.tuning.intervalSeconds` (times `tuning_time_scale`), or at once when the spec changes,
+or early when the queue mix jumps: between steps `until_mix_jump` polls the snapshot every
+`mix_poll_seconds` (from the shared fleet read) and `tune.mixjump` judges it against the
+mix the last step decided on.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin
 from slipstream.rollout import analysis, engines, machine, sequential
+from slipstream.tune import mixjump
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +111,8 @@ class Deps:
     tuner: concurrent.futures.Executor | None = None
     """Where the twin runs (`Recommender.recommend`): a pool of `tuner_concurrency()` threads
     apart from the I/O threads (`settings.tuner_threads`); None: the default executor."""
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """How `until_mix_jump` waits between polls (tests pair it with `clock`)."""
 
 
 @dataclass
@@ -118,6 +124,10 @@ class Memory:
     conditions: list[models.Condition] | None = None
     refusals: dict[str, str] = field(default_factory=dict)
     """Pod -> why its last change failed (a later read shows only the setting it kept)."""
+    mix: mixjump.MixWatch = field(default_factory=mixjump.MixWatch)
+    """The queue mix the last step decided on, and whether a jump from it may fire."""
+    jumped: str = ""
+    """Why the next step comes before its timer (the mix jump), for its Event; "" if not."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +268,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
     snap, recommendation = await observe(deps, sd, fleet, now)
+    memory.mix = memory.mix.stepped(mixjump.mix_of(snap))
     target = tuning.target(sd, recommendation)
     pol = tuning.policy(sd, config)
 
@@ -291,6 +302,9 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     decision = machine.decide(state, fleet, target, views, pol, now, verdict)
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
+    if memory.jumped:
+        events.append(machine.Event("Normal", "QueueMixChanged", memory.jumped))
+        memory.jumped = ""
     if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
         events.append(event)
     if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
@@ -322,3 +336,40 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
     delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
     return Outcome(patch, events, delay, decision)
+
+
+async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeployment | None], memory: Memory,
+                         delay: float) -> bool:  # fmt: skip
+    """Wait out `delay` seconds, polling the queue mix every `mix_poll_seconds`; True as soon
+    as it jumped from the mix the last step decided on (`tune.mixjump`): step now.
+
+    Polls only while no rollout is in flight (the loop then steps every few seconds anyway)
+    and in the modes that observe. `current` gives the deployment as it is now (None: an
+    invalid spec); it is read at each poll and not held between them. A poll that fails or
+    reads an invalid snapshot judges nothing (missing metrics never move the clock either)."""
+    poll = tuning.scale(deps.config.mix_poll_seconds, deps.config)
+    end = deps.clock() + delay
+    while (left := end - deps.clock()) > 0:
+        if poll <= 0 or poll >= left or (memory.rollout is not None and memory.rollout.phase != "Idle"):
+            await deps.sleep(left)
+            return False
+        await deps.sleep(poll)
+        sd = current()
+        if sd is None or not tuning.observes(sd):
+            continue
+        now = deps.clock()
+        try:
+            snap = await asyncio.wait_for(deps.observer.snapshot(sd, tuning.interval(sd, deps.config), now),
+                                          timeout=2 * deps.config.prometheus_timeout_seconds)  # fmt: skip
+        except Exception:  # the step reports failed reads; a poll only skips its judgement
+            continue
+        mix = mixjump.mix_of(snap)
+        before = memory.mix
+        memory.mix, fired = memory.mix.see(mix)
+        if fired and mix is not None and before.decided is not None:
+            memory.jumped = (f"the queue mix moved {mixjump.distance(mix, before.decided):.2f} from the one the last "
+                             f"step decided on (at least {mixjump.ENTER:g}): "
+                             f"{mixjump.describe(before.decided)} -> {mixjump.describe(mix)}; stepping now, "
+                             f"{end - now:.0f} s before the timer")  # fmt: skip
+            return True
+    return False

@@ -38,6 +38,13 @@ class ControllerSettings:
     canary's verification and the end of its analysis window are noticed this soon.
     Env: SLIPSTREAM_ROLLOUT_POLL_SECONDS."""
 
+    mix_poll_seconds: float = 10.0
+    """Seconds between the loop's polls of its queue mix while it waits for its next step
+    (scaled by tuning_time_scale): a mix that jumped from the one the last step decided on
+    (`tune.mixjump`) makes the step happen now, not at the timer. A poll is answered from
+    the fleet read the deployments of a Prometheus share (reused for `reuse_s`): polls
+    start at most one fleet read per `reuse_s` per Prometheus, as steps do. 0: no polls, the timer only. Env: SLIPSTREAM_MIX_POLL_SECONDS."""
+
     admin_timeout_seconds: float = 5.0
     """Timeout of one engine admin call (/get_server_info, /set_internal_state). A hot
     update is one RPC to the scheduler; 5 s bounds a stuck pod without mistaking a busy one

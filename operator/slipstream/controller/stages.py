@@ -234,7 +234,9 @@ class TwinRecommender:
         DECISIONS.labels(outcome, outcome if isinstance(decision, guardrails.Move) else decision.reason).inc()
         mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
-            return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction)
+            gains = [g for g in (rec.gain, rec.resample_gain) if math.isfinite(g)] if rec is not None else []
+            return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction,
+                                         gain=min(gains, default=0.0))  # fmt: skip
         best = engine_setting(rec.best.setting) if rec is not None else fleet
         return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix, prediction, mismatch)
 

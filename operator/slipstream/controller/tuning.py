@@ -61,6 +61,9 @@ class Recommendation:
     model_mismatch: str = ""
     """Set when the twin does not explain the window (the guardrails held ``ModelMismatch``):
     the worst tenant's predicted and observed p99, for ``MetricsAvailable`` and its Event."""
+    gain: float = 0.0
+    """The predicted relative gain of a move: the lesser of the confirming run's and the
+    independent resample's (the canary's risk rule, `rollout.machine.skip_canary`)."""
 
     @property
     def prediction_error_ratio(self) -> float | None:
@@ -81,7 +84,9 @@ def target(sd: models.ServingDeployment, recommendation: Recommendation | None) 
     if tuning.mode == "Auto":
         if recommendation is None or not recommendation.move:
             return None
-        return machine.Target(recommendation.setting, recommendation.reason, canary=True)
+        proven = tuple(e.setting for e in sd.status.left_settings)
+        return machine.Target(recommendation.setting, recommendation.reason, canary=True, gain=recommendation.gain,
+                              proven=proven)  # fmt: skip
     reasons = {
         "Off": "tuning is Off: the stock engine (threshold 0)",
         "Fixed": f"spec.tuning.threshold is {tuning.threshold} (mode Fixed)",

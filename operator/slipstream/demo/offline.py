@@ -6,7 +6,10 @@ the ready pods). For the closed loop, every interval the operator's own tuner
 the fleet's last window as Prometheus would show it (tune.observed). A Move starts on
 one canary engine at once and on the other one analysis window later (a promotion; the
 canary's analysis itself is not modelled), and the engines are re-run with the new
-schedule (deterministic, so the past does not change).
+schedule (deterministic, so the past does not change). Between steps the queue mix is
+polled every ``mix_poll_s`` (as the operator's ``mix_poll_seconds``: the uncached tokens of
+the window's first tokens and of the requests waiting then, by size class), and a jump
+(``tune.mixjump``) brings the next step forward to the poll that saw it.
 
 Used by ``scripts/closed-loop-offline.py`` (the timer-offset sweep) and by the demo's
 closing comparison (Auto beside Off and the best static setting, on the same traffic,
@@ -18,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from slipstream.api import buckets, models
 from slipstream.api.snapshot import PodSetting, WorkloadSnapshot
 from slipstream.demo import loop, phases
 from slipstream.sim import engine, policies, profiles
 from slipstream.sim.workload import Request, Workload, build
-from slipstream.tune import candidates, guardrails, observed, tuner
+from slipstream.controller import settings as controller_settings
+from slipstream.tune import candidates, guardrails, mixjump, observed, tuner
 from slipstream.tune.recommend import policy_name
 
 STOCK = policies.Setting(0, "ceiling", "fcfs")
@@ -37,12 +42,14 @@ Schedule = list[tuple[float, policies.Setting]]
 class LoopSettings:
     """The operator's timing and bound, in twin seconds (the demo's ServingDeployment)."""
 
-    interval_s: float = 60.0
-    cooldown_s: float = 180.0
-    analysis_s: float = 120.0
+    interval_s: float = float(models.Tuning.model_fields["interval_seconds"].default)
+    cooldown_s: float = float(models.Tuning.model_fields["cooldown_seconds"].default)
+    analysis_s: float = float(models.Rollout.model_fields["analysis_window_seconds"].default)
     max_concurrency: int = 2
     rate_factor: float = 1.0
     off: bool = False
+    mix_poll_s: float = controller_settings.ControllerSettings().mix_poll_seconds
+    """Twin seconds between queue-mix polls (the operator's default); 0: the timer only."""
 
 
 @dataclass
@@ -51,6 +58,14 @@ class Run:
 
     results: list[loop.Result]
     moves: list[tuple[float, str, str, str]] = field(default_factory=list)
+    schedules: list[Schedule] = field(default_factory=list)
+    """Per engine, (twin s, setting) of each change it was given."""
+
+    def settled_after(self, start_s: float, end_s: float) -> float:
+        """Seconds from ``start_s`` to the last change of any engine's setting before
+        ``end_s`` (0: none changed): when every engine runs the setting it ends the span on."""
+        changes = [t for schedule in self.schedules for t, _ in schedule if start_s <= t < end_s]
+        return max(changes, default=start_s) - start_s
 
 
 def engine_config() -> policies.EngineConfig:
@@ -84,6 +99,23 @@ def first_tokens(jobs: Sequence[Sequence[engine.Job]]) -> list[policies.FirstTok
     return sorted((policies.FirstToken(j.req.tenant, j.arrival_s, j.first_token_s, j.req.prompt_tokens, j.uncached,
                                        j.req.output_tokens)
                    for js in jobs for j in js if j.first_token_s >= 0), key=lambda f: f.first_token_s)  # fmt: skip
+
+
+def mix_at(jobs: Sequence[Sequence[engine.Job]], now: float, window_s: float) -> mixjump.Mix | None:
+    """The queue mix the engines' size-class series would show at ``now``: the uncached
+    tokens of the window's first tokens plus those of the requests waiting at ``now``."""
+    work: dict[str, float] = {}
+    requests = 0
+    for js in jobs:
+        for j in js:
+            done = now - window_s < j.first_token_s <= now
+            waiting = j.arrival_s <= now and not 0 <= j.first_token_s <= now
+            if done or waiting:
+                tokens = float(j.uncached if j.uncached > 0 else j.req.prompt_tokens)
+                name = buckets.size_class(tokens)
+                work[name] = work.get(name, 0.0) + tokens
+                requests += 1
+    return mixjump.shares(work, requests)
 
 
 def as_prometheus_reads(snap: WorkloadSnapshot, replicas: int, rate_factor: float) -> WorkloadSnapshot:
@@ -124,6 +156,7 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
     state = guardrails.TunerState(STOCK)
     rollout_until, now = -1.0, offset_s
     moves: list[tuple[float, str, str, str]] = []
+    watch = mixjump.MixWatch()
     jobs = run_engines(per_engine, schedules, profile, cfg)
     while now < spans[-1].end_s:
         snap = observed.snapshot_of("sd", first_tokens(jobs), now, lset.interval_s)
@@ -143,8 +176,26 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             jobs = run_engines(per_engine, schedules, profile, cfg)
         elif log:
             log(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
-        now += lset.interval_s
-    return Run(results_of(jobs, workload), moves)
+        watch = watch.stepped(mix_at(jobs, now, lset.interval_s))
+        now, watch = next_step(jobs, now, rollout_until, watch, lset, log)
+    return Run(results_of(jobs, workload), moves, schedules)
+
+
+def next_step(jobs: Sequence[Sequence[engine.Job]], now: float, rollout_until: float, watch: mixjump.MixWatch,
+              lset: LoopSettings, log: Callable[[str], None] | None) -> tuple[float, mixjump.MixWatch]:
+    """When the next step runs: one interval on, or at the first mix poll that saw a jump.
+    While a rollout is in flight the operator steps every few seconds anyway: no polls."""
+    step_at = now + lset.interval_s
+    poll = now + lset.mix_poll_s
+    while lset.mix_poll_s > 0 and poll < step_at:
+        if poll >= rollout_until:
+            watch, fired = watch.see(mix_at(jobs, poll, lset.interval_s))
+            if fired:
+                if log:
+                    log(f"{poll:7.0f} queue mix jumped: stepping {step_at - poll:.0f} s before the timer")
+                return poll, watch
+        poll += lset.mix_poll_s
+    return step_at, watch
 
 
 def worst_tenant_p99(results: Sequence[loop.Result], start_s: float, end_s: float) -> float:

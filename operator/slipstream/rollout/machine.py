@@ -13,6 +13,9 @@ The rollout, step by step:
 1. Idle. When the target differs from the fleet's setting, start a rollout. With a canary
    (mode Auto) the first `canary_replicas` pods that run the fleet's setting become
    canaries (phase Canary); without one (a user's Fixed edit, Off) go straight to Promoting.
+   An Auto candidate skips its canary only by the risk rule `skip_canary` (proven on this
+   deployment, never rolled back, a large predicted gain): straight to Promoting, with a
+   CanarySkipped Event that says why.
    A candidate that was rolled back is not tried again before `retry_after_s`. While Idle,
    any pod that reports another setting than the fleet's (a pod started from a stale
    ConfigMap, an engine restarted, a hand edit) is set back to the fleet's setting.
@@ -74,6 +77,12 @@ class Target:
     canary: bool
     """Roll out through canaries and analysis (Auto); False applies it to every pod at once
     (a user's own Fixed edit, Off: the user asked for exactly this)."""
+    gain: float = 0.0
+    """The tuner's predicted relative gain (0.5: the worst tenant's objective halves), the
+    lesser of its confirming run's and its independent resample's; 0 when not predicted."""
+    proven: tuple[Setting, ...] = ()
+    """Settings this deployment's whole fleet ran until a promotion left them
+    (status.leftSettings): the risk rule's record of what is proven here."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,41 @@ def explain(pod: Pod) -> str:
         return pod.error or "its setting could not be read"
     runs = "runs " + show(pod.setting)
     return f"{runs}; {pod.error}" if pod.error else runs
+
+
+# -- the risk rule ---------------------------------------------------------------------------
+
+SKIP_GAIN = 0.5
+"""Least predicted gain (relative; 0.5 halves the worst tenant's objective) with which a
+proven candidate skips its canary (`skip_canary`)."""
+
+
+def skip_canary(target: Target, state: models.RolloutStatus) -> str:
+    """Why `target` may go to every pod without a canary, or "" (the canary runs).
+
+    The canary's analysis window is most of the time from a phase change to the fleet on
+    the right setting, and on heavy-tailed traffic it is also the riskiest part (one giant
+    prompt on the one canary pod reads as a regression). It is skipped only when all of:
+
+    - the candidate is proven on this deployment: its whole fleet ran it until a promotion
+      left it (`Target.proven`, from status.leftSettings; the setting the deployment
+      started on counts, it ran on every pod), so it is known to run on these engines;
+    - it was not rolled back since: the last rollout's result is not a rollback of it;
+    - the tuner predicts a large gain, at least `SKIP_GAIN`, on its confirming run and on
+      an independent resample (`Target.gain` is the lesser).
+
+    What it risks: a setting that was fine under an earlier mix regresses under this one
+    with no canary to catch it; the next step's observed window (the tuner's model check
+    and its gain) is then the check, one interval later. A first try of any setting always
+    runs its canary."""
+    candidate = target.setting
+    if not target.canary or candidate not in target.proven or not target.gain >= SKIP_GAIN:
+        return ""
+    if state.result == "RolledBack" and state.candidate == candidate:
+        return ""
+    return (f"canary skipped: every pod of this deployment ran {show(candidate)} before, left by a promotion and "
+            f"not rolled back since, and the predicted gain {target.gain:.0%} is at least {SKIP_GAIN:.0%} "
+            "(risk rule: docs/operator.md, \"When the canary is skipped\")")  # fmt: skip
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -296,7 +340,8 @@ class _Step:
     def start(self, target: Target) -> Decision:
         change = self.change(self.fleet, target.setting)
         on_fleet = [p for p in self.pods if p.setting == self.fleet]
-        if target.canary and on_fleet:
+        skipped = skip_canary(target, self.state)
+        if target.canary and on_fleet and not skipped:
             canaries = sorted(on_fleet, key=lambda p: p.name)[: self.policy.canary_replicas]
             state = self.phase("Canary", candidate=target.setting, baseline=self.fleet,
                                canary_pods=[p.name for p in canaries], result=None, finished_at=None,
@@ -309,10 +354,11 @@ class _Step:
             return self.decision("StartCanary", state, self.fleet, apply=canaries, setting=target.setting,
                                  events=(event,), message=message)  # fmt: skip
         state = self.phase("Promoting", candidate=target.setting, baseline=self.fleet,
-                           canary_pods=[], result=None, finished_at=None, reason=target.reason)  # fmt: skip
+                           canary_pods=[], result=None, finished_at=None,
+                           reason=f"{target.reason}; {skipped}" if skipped else target.reason)  # fmt: skip
         why = "" if target.canary else " (applied to every pod at once: no canary for a setting the spec fixes)"
-        message = f"{change}: {target.reason}{why}"
-        event = Event("Normal", "RolloutStarted", message)
+        message = f"{change}: {target.reason}{'; ' + skipped if skipped else why}"
+        event = Event("Normal", "CanarySkipped" if skipped else "RolloutStarted", message)
         return self.decision("Promote", state, target.setting, apply=self.pods, setting=target.setting,
                              events=(event,), message=message)  # fmt: skip
 

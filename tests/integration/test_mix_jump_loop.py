@@ -1,0 +1,192 @@
+"""A queue-mix jump makes the tuning loop step before its timer (issue 16, item 4).
+
+`controller.loop.step` over real HTTP (an engine's admin API on loopback, the Kubernetes
+API in memory: `loop_helpers`), then `loop.until_mix_jump`, the loop's wait between steps,
+on an injected clock and sleep: an observer whose engines start showing giant prompts part
+way through the interval ends the wait at the first poll after the jump; a steady mix
+waits out the whole interval. The early step is an ordinary step: in the cooldown the
+tuner's own gate still holds it. And the handler's `pause` ends when the watch fires."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from loop_helpers import Engine, Key, PodsAndConfigMaps
+
+from slipstream.api import buckets, models, snapshot
+from slipstream.controller import handlers, loop, stages, tuning
+from slipstream.controller import settings as settings_
+
+T0 = 100_000.0
+JUMP_AT = T0 + 25.0
+
+
+def window(now: float, giants: bool) -> snapshot.WorkloadSnapshot:
+    """A valid 60 s window of 600 chat turns of 2k tokens; with `giants`, ten 350k-token
+    prompts arrived too and three wait."""
+    chat = snapshot.TenantWindow("chat", 10.0, snapshot.histogram_of([0.3] * 600, buckets.TTFT_SECONDS),
+                                 snapshot.histogram_of([2000.0] * 600, buckets.PROMPT_TOKENS))  # fmt: skip
+    classes = {name: snapshot.SizeClassWindow(name) for name in buckets.SIZE_CLASS_NAMES}
+    classes["le8k"] = snapshot.SizeClassWindow("le8k", 600.0, 1_200_000.0)
+    if giants:
+        classes["gt300k"] = snapshot.SizeClassWindow("gt300k", 7.0, 2_450_000.0, 0.0, 3.0, 1_050_000.0)
+    mix = snapshot.TenantMix("chat", 10.0, tuple(classes.values()))
+    return snapshot.WorkloadSnapshot("prod/kimi", now, 60.0, (chat,), queue_mix=(mix,))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.t += seconds
+
+
+class Phases:
+    """The engines' metrics: chat only until `jump_at`, giants too from then."""
+
+    def __init__(self, jump_at: float | None) -> None:
+        self.jump_at = jump_at
+        self.reads: list[float] = []
+
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+        self.reads.append(now)
+        return window(now, self.jump_at is not None and now >= self.jump_at)
+
+
+class Holds:
+    """A recommender that never moves (counts the steps it was asked for)."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def without_twin(self, sd: Any, snap: Any, fleet: models.EngineSetting, now: float) -> tuning.Recommendation:
+        self.asked.append(now)
+        return tuning.Recommendation(fleet, False, "AtBest: hold")
+
+    def recommend(self, *args: Any) -> tuning.Recommendation:
+        raise AssertionError("no twin run expected")
+
+
+def sd(port: int, status: dict[str, Any] | None = None) -> models.ServingDeployment:
+    return models.ServingDeployment.model_validate({
+        "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 1},
+        "spec": {"replicas": 1, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192, "port": port},
+                 "tuning": {"mode": "Auto", "threshold": 0, "cooldownSeconds": 600, "intervalSeconds": 60},
+                 "prometheus": {"url": "http://127.0.0.1:9090"}},
+        "status": status or {},
+    })  # fmt: skip
+
+
+def run(jump_at: float | None, recommender: Any, status: dict[str, Any] | None = None
+        ) -> tuple[bool, float, Clock, loop.Outcome, loop.Outcome]:  # fmt: skip
+    """A step, the wait after it, and the next step: (fired, when the wait ended, the
+    clock, the first and the second outcome)."""
+
+    async def go() -> tuple[bool, float, Clock, loop.Outcome, loop.Outcome]:
+        engine = Engine()
+        port = int((await engine.start()).rsplit(":", 1)[1])
+        try:
+            clock = Clock()
+            deps = loop.Deps(kube=PodsAndConfigMaps(port),  # type: ignore[arg-type]
+                             config=settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0),
+                             keys=Key(), observer=Phases(jump_at), recommender=recommender, clock=clock,  # type: ignore[arg-type]
+                             sleep=clock.sleep)  # fmt: skip
+            dep = sd(port, status)
+            memory = loop.Memory()
+            first = await loop.step(deps, dep, memory)
+            fired = await loop.until_mix_jump(deps, lambda: dep, memory, first.delay_s)
+            ended = clock.t
+            second = await loop.step(deps, dep, memory)
+            return fired, ended, clock, first, second
+        finally:
+            await engine.runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def reasons(outcome: loop.Outcome) -> list[str]:
+    return [e.reason for e in outcome.events]
+
+
+def test_a_mix_jump_makes_the_step_happen_before_the_timer() -> None:
+    holds = Holds()
+    fired, ended, clock, first, second = run(JUMP_AT, holds)
+    assert first.delay_s == 60.0
+    # Polls every 10 s: the second poll after the jump (+30 s, +40 s) confirms it and ends
+    # the wait, 20 s early.
+    assert fired and ended == T0 + 40.0, clock.slept
+    assert holds.asked == [T0, T0 + 40.0]
+    assert "QueueMixChanged" in reasons(second) and "QueueMixChanged" not in reasons(first)
+    event = next(e for e in second.events if e.reason == "QueueMixChanged")
+    assert "gt300k" in event.message and "20 s before the timer" in event.message
+
+
+def test_a_steady_mix_waits_for_the_timer() -> None:
+    fired, ended, clock, _, second = run(None, Holds())
+    assert not fired and ended == T0 + 60.0
+    assert clock.slept == [10.0] * 5 + [10.0]  # five polls, then the rest of the interval
+    assert "QueueMixChanged" not in reasons(second)
+
+
+def test_an_early_step_still_obeys_the_cooldown() -> None:
+    # Promoted 100 s before T0: the cooldown (600 s) holds the early step as it would the timer's.
+    promoted = {"lastDecision": {"time": "1970-01-02T03:45:00Z", "to": {"threshold": 2048}, "reason": "r"},
+                "rollout": {"phase": "Idle", "result": "Promoted", "finishedAt": "1970-01-02T03:45:00Z",
+                            "candidate": {"threshold": 2048}}}  # fmt: skip
+    twin = Recorded(stages.TwinRecommender(settings_.ControllerSettings()))
+    fired, _, _, _, second = run(JUMP_AT, twin, promoted)
+    assert fired
+    assert len(twin.said) == 2 and twin.said[-1].reason.startswith("Cooldown"), twin.said
+    assert not twin.said[-1].move and not second.decision.in_flight and second.decision.action == "Hold"
+
+
+class Recorded:
+    """The operator's recommender, its answers kept."""
+
+    def __init__(self, inner: stages.TwinRecommender) -> None:
+        self.inner, self.said = inner, []  # type: ignore[var-annotated]
+
+    def without_twin(self, *args: Any) -> tuning.Recommendation | None:
+        got = self.inner.without_twin(*args)
+        if got is not None:
+            self.said.append(got)
+        return got
+
+    def recommend(self, *args: Any) -> tuning.Recommendation:
+        self.said.append(got := self.inner.recommend(*args))
+        return got
+
+
+class Stopped:
+    """`kopf.DaemonStopped` as `pause` uses it: `wait(delay)` returns after the delay."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def wait(self, delay: float) -> None:
+        await asyncio.sleep(self.seconds)
+
+
+def test_the_pause_ends_when_the_watch_fires() -> None:
+    async def fires() -> bool:
+        return True
+
+    async def waits_out() -> bool:
+        await asyncio.sleep(0)
+        return False
+
+    async def go() -> tuple[bool, bool, bool]:
+        wake = asyncio.Event()
+        early = await asyncio.wait_for(handlers.pause(Stopped(3600), wake, 3600, fires()), 30)  # type: ignore[arg-type]
+        timer = await handlers.pause(Stopped(0.01), wake, 0.01, waits_out())  # type: ignore[arg-type]
+        plain = await handlers.pause(Stopped(0.01), wake, 0.01)  # type: ignore[arg-type]
+        return early, timer, plain
+
+    assert asyncio.run(go()) == (True, False, False)

@@ -1,0 +1,134 @@
+"""The queue-mix jump detector (tune.mixjump): a jump fires once, noise does not, and the
+hysteresis band keeps a mix that hovers near the threshold from firing again."""
+
+from __future__ import annotations
+
+import random
+
+from slipstream.api import buckets, snapshot
+from slipstream.tune import mixjump
+
+NAMES = buckets.SIZE_CLASS_NAMES
+
+
+def snap_of(sizes: list[float], waiting: list[float] = (), *, valid: bool = True,  # type: ignore[assignment]
+            fallback: str | None = None) -> snapshot.WorkloadSnapshot:
+    """A window whose first tokens had `sizes` uncached tokens and `waiting` wait now."""
+    classes = []
+    for name in NAMES:
+        done = [s for s in sizes if buckets.size_class(s) == name]
+        queued = [s for s in waiting if buckets.size_class(s) == name]
+        classes.append(snapshot.SizeClassWindow(name, float(len(done)), float(sum(done)), 0.0,
+                                                float(len(queued)), float(sum(queued))))  # fmt: skip
+    mix = (snapshot.TenantMix("chat", len(sizes) / 60.0, tuple(classes)),) if fallback is None else ()
+    return snapshot.WorkloadSnapshot("prod/kimi", 0.0, 60.0, invalid=None if valid else snapshot.NO_TRAFFIC,
+                                     queue_mix=mix, mix_fallback=fallback)  # fmt: skip
+
+
+def uniform(rng: random.Random, n: int) -> list[float]:
+    """A steady phase: chat turns and documents (log-uniform 300 to 6,000 tokens)."""
+    return [300 * 20 ** rng.random() for _ in range(n)]
+
+
+def giants(rng: random.Random, n: int) -> list[float]:
+    """The same with one request in ten a giant cold prompt (150k to 400k tokens)."""
+    return [rng.uniform(150_000, 400_000) if rng.random() < 0.1 else s for s in uniform(rng, n)]
+
+
+def test_the_distance_counts_how_far_the_work_moved() -> None:
+    first, last = (1.0, 0, 0, 0, 0), (0, 0, 0, 0, 1.0)
+    assert mixjump.distance(first, last) == 1.0 and mixjump.distance(first, first) == 0.0
+    # Work crossing one boundary between neighbours moves it a quarter as much.
+    assert abs(mixjump.distance((0, 0, 0, 1.0, 0), last) - 0.25) < 1e-12
+    assert mixjump.distance(first, last) == mixjump.distance(last, first)
+
+
+def test_a_jump_fires_once_and_rearms_only_after_the_mix_settles() -> None:
+    rng = random.Random(1)
+    before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
+    assert before is not None and after is not None
+    assert mixjump.distance(before, after) >= mixjump.ENTER
+    watch = mixjump.MixWatch().stepped(before)
+    watch, fired = watch.see(after)
+    assert not fired and watch.seen == 1  # the first look: not yet
+    watch, fired = watch.see(after)
+    assert fired and not watch.armed
+    # The window keeps showing the new phase: no second firing, before or after the step
+    # the firing caused (its mix is the new reference; the watch re-arms near it).
+    watch, fired = watch.see(after)
+    assert not fired
+    watch = watch.stepped(after)
+    watch, fired = watch.see(after)
+    assert not fired and watch.armed
+    # Back to the first phase: a jump again, fired once.
+    watch, first = watch.see(before)
+    watch, fired = watch.see(before)
+    assert not first and fired
+    assert not watch.see(before)[1] and not watch.see(before)[0].see(before)[1]
+
+
+def test_a_step_that_sees_the_jump_first_keeps_the_old_reference() -> None:
+    rng = random.Random(5)
+    before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
+    assert before is not None and after is not None
+    # The timer's step lands just after the phase change: its window has barely changed,
+    # and as a reference it would hide the jump from every later poll.
+    watch = mixjump.MixWatch().stepped(before).stepped(after)
+    assert watch.decided == before and watch.seen == 1
+    watch, fired = watch.see(after)
+    assert fired
+    # A step that confirms the jump is the step the jump asked for: its mix is the reference.
+    stepped = mixjump.MixWatch().stepped(before).stepped(after).stepped(after)
+    assert stepped.decided == after and not stepped.armed and not stepped.see(after)[1]
+
+
+def test_a_waiting_giant_counts_before_it_gets_its_first_token() -> None:
+    rng = random.Random(2)
+    chat = uniform(rng, 100)
+    watch = mixjump.MixWatch().stepped(mixjump.mix_of(snap_of(chat)))
+    waiting = mixjump.mix_of(snap_of(chat, waiting=[350_000.0, 380_000.0]))
+    assert watch.see(waiting)[0].see(waiting)[1]
+
+
+def test_noise_around_a_steady_mix_does_not_fire() -> None:
+    for make, n in ((uniform, 50), (giants, 400)):
+        rng = random.Random(3)
+        watch = mixjump.MixWatch().stepped(mixjump.mix_of(snap_of(make(rng, n))))
+        worst = 0.0
+        for _ in range(300):
+            mix = mixjump.mix_of(snap_of(make(rng, n)))
+            assert mix is not None and watch.decided is not None
+            worst = max(worst, mixjump.distance(mix, watch.decided))
+            watch, fired = watch.see(mix)
+            assert not fired, (make.__name__, n, worst)
+        assert worst > 0  # the windows did differ
+
+
+def test_a_mix_hovering_inside_the_band_fires_once() -> None:
+    decided = (0.5, 0.5, 0.0, 0.0, 0.0)
+    near, far, back = (0.5, 0.0, 0.5, 0.0, 0.0), (0.0, 0.5, 0.5, 0.0, 0.0), (0.4, 0.6, 0.0, 0.0, 0.0)
+    assert mixjump.EXIT < mixjump.distance(near, decided) < mixjump.ENTER <= mixjump.distance(far, decided)
+    watch = mixjump.MixWatch(decided)
+    fired = []
+    for mix in (far, near, far, far, near, far, far, near, far, far):
+        watch, f = watch.see(mix)
+        fired.append(f)
+    # The second `far` in a row fires; after it, hovering fires nothing, however long.
+    assert fired == [False, False, False, True, False, False, False, False, False, False]
+    watch, f = watch.see(back)  # within EXIT of the decided mix: armed again
+    assert not f and watch.armed
+    assert watch.see(far)[0].see(far)[1]
+
+
+def test_missing_or_thin_metrics_judge_nothing() -> None:
+    rng = random.Random(4)
+    sizes = uniform(rng, 100)
+    assert mixjump.mix_of(None) is None
+    assert mixjump.mix_of(snap_of(sizes, valid=False)) is None
+    assert mixjump.mix_of(snap_of(sizes, fallback=snapshot.NO_MIX_SERIES)) is None
+    assert mixjump.mix_of(snap_of(sizes[: int(mixjump.MIN_REQUESTS) - 1])) is None
+    watch = mixjump.MixWatch().stepped(mixjump.mix_of(snap_of(sizes)))
+    assert watch.see(None) == (watch, False)
+    assert watch.stepped(None) == watch  # a step on no mix keeps the reference
+    # No reference yet (no step has seen a mix): nothing to jump from.
+    assert mixjump.MixWatch().see(mixjump.mix_of(snap_of(giants(rng, 100)))) == (mixjump.MixWatch(), False)

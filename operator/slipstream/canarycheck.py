@@ -90,7 +90,7 @@ def first_tokens(results: Sequence[engine.SimResult]) -> FirstTokens:
     return sorted(out)
 
 
-def histograms(tokens: FirstTokens, start_s: float, end_s: float) -> dict[sequential.Cell, sequential.Histogram]:
+def histograms(tokens: FirstTokens, start_s: float, end_s: float) -> dict[sequential.Cell, sequential.CellHistogram]:
     """The ``_count`` and ``_sum`` increase of each cell over [start_s, end_s)."""
     count: dict[sequential.Cell, int] = defaultdict(int)
     total: dict[sequential.Cell, float] = defaultdict(float)
@@ -98,11 +98,11 @@ def histograms(tokens: FirstTokens, start_s: float, end_s: float) -> dict[sequen
         if start_s <= t < end_s:
             count[cell] += 1
             total[cell] += ttft
-    return {c: sequential.Histogram(count[c], total[c]) for c in count}
+    return {c: sequential.CellHistogram(count[c], total[c]) for c in count}
 
 
 def analyse(canary: FirstTokens, baseline: FirstTokens, start_s: float, check: Check,
-            rule: sequential.Rule) -> tuple[sequential.Result, float]:  # fmt: skip
+            rule: sequential.SequentialRule) -> tuple[sequential.SequentialResult, float]:  # fmt: skip
     """The rule's outcome as the machine reaches it, and when (seconds after the start)."""
     n = max(1, math.ceil(check.limit_s / check.sub_window_s))
     windows = []
@@ -118,7 +118,7 @@ def analyse(canary: FirstTokens, baseline: FirstTokens, start_s: float, check: C
 
 
 def run(workload: Workload, profile: Profile, config: policies.EngineConfig, check: Check,
-        rule: sequential.Rule) -> dict[str, object]:  # fmt: skip
+        rule: sequential.SequentialRule) -> dict[str, object]:  # fmt: skip
     """Every pair, A/A and slow, and the rates (the JSON ``canary-check`` prints)."""
     if check.pods < 2:
         raise ValueError("pods must be >= 2: a canary and at least one baseline pod")

@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="when the rule is first asked (default %(default)s)")
     cc.add_argument("--limit", type=float, default=canarycheck.Check.limit_s, metavar="S",
                     help="when the rule must decide (default %(default)s)")
-    cc.add_argument("--max-regression-percent", type=float, default=sequential.Rule.tolerance_percent)
+    cc.add_argument("--max-regression-percent", type=float, default=sequential.SequentialRule.tolerance_percent)
     cc.add_argument("--json", action="store_true", help="print one JSON object")
     cc.set_defaults(func=cmd_canary_check)
 
@@ -616,7 +616,7 @@ def cmd_canary_check(args: argparse.Namespace) -> int:
     check = canarycheck.Check(pairs=args.pairs, pods=args.pods, policy=args.policy, slow_factor=args.slow_factor,
                               sub_window_s=args.sub_window, analysis_window_s=args.analysis_window,
                               limit_s=args.limit)
-    rule = sequential.Rule(tolerance_percent=args.max_regression_percent)
+    rule = sequential.SequentialRule(tolerance_percent=args.max_regression_percent)
     try:
         out = canarycheck.run(loaded.workload, profiles.load(loaded.profile), loaded.engine, check, rule)
     except ValueError as error:

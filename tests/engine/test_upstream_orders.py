@@ -173,7 +173,7 @@ def test_ties(order):
         pair.arrive(pair.fresh(100 if k % 2 else 300), 1.0)  # all enter at the same time
     _check(pair, "round 1 (all ratios 0)")
     pair.admit(3, 700)
-    for k in range(5):
+    for _ in range(5):
         pair.arrive(pair.fresh(100), 2.0)
     _check(pair, "round 2")
 

@@ -85,11 +85,11 @@ def sd(port: int, status: dict[str, Any] | None = None) -> models.ServingDeploym
 
 
 def run(jump_at: float | None, recommender: Any, status: dict[str, Any] | None = None
-        ) -> tuple[bool, float, Clock, loop.Outcome, loop.Outcome]:  # fmt: skip
+        ) -> tuple[bool, float, Clock, loop.StepOutcome, loop.StepOutcome]:  # fmt: skip
     """A step, the wait after it, and the next step: (fired, when the wait ended, the
     clock, the first and the second outcome)."""
 
-    async def go() -> tuple[bool, float, Clock, loop.Outcome, loop.Outcome]:
+    async def go() -> tuple[bool, float, Clock, loop.StepOutcome, loop.StepOutcome]:
         engine = Engine()
         port = int((await engine.start()).rsplit(":", 1)[1])
         try:
@@ -111,7 +111,7 @@ def run(jump_at: float | None, recommender: Any, status: dict[str, Any] | None =
     return asyncio.run(go())
 
 
-def reasons(outcome: loop.Outcome) -> list[str]:
+def reasons(outcome: loop.StepOutcome) -> list[str]:
     return [e.reason for e in outcome.events]
 
 

@@ -140,7 +140,7 @@ def test_models_round_trip_camel_case() -> None:
     assert out["engine"]["chunkedPrefillSize"] == 16384 and out["tuning"]["threshold"] == 4096
     with pytest.raises(ValueError):
         models.ServingDeploymentSpec.model_validate({"engine": {"image": "i", "model": "m", "typo": 1}})
-    decision = models.Decision.model_validate(
+    decision = models.DecisionRecord.model_validate(
         {"time": "2026-01-01T00:00:00Z", "from": {"threshold": 0}, "to": {"threshold": 4096}, "reason": "mix"}
     )
     assert decision.to_k8s()["from"] == {"threshold": 0, "mode": "ceiling", "schedulePolicy": "fcfs"}

@@ -42,9 +42,9 @@ def test_the_answer_becomes_sub_windows_and_garbage_is_left_out():
     ]
     windows = stages.size_class_cells(samples, [110.0, 120.0], 10.0)
     assert [(w.start_s, w.end_s) for w in windows] == [(100.0, 110.0), (110.0, 120.0)]
-    assert windows[0].canary == {("acme", "le1k"): sequential.Histogram(10, 5.0)}
-    assert windows[0].baseline == {("acme", "le1k"): sequential.Histogram(20, 8.0)}
+    assert windows[0].canary == {("acme", "le1k"): sequential.CellHistogram(10, 5.0)}
+    assert windows[0].baseline == {("acme", "le1k"): sequential.CellHistogram(20, 8.0)}
     assert windows[1].canary == {}
-    assert windows[1].baseline == {("acme", "le1k"): sequential.Histogram(7, 3.5)}
+    assert windows[1].baseline == {("acme", "le1k"): sequential.CellHistogram(7, 3.5)}
     # a sub-window with no cell on one side is no observation: Continue
-    assert sequential.decide(windows[1:], sequential.Rule()).outcome == "Continue"
+    assert sequential.decide(windows[1:], sequential.SequentialRule()).outcome == "Continue"

@@ -15,14 +15,14 @@ from slipstream.rollout import machine
 S = models.EngineSetting
 OLD = S(threshold=0)
 NEW = S(threshold=4096, schedule_policy="srpt")
-POLICY = machine.Policy(canary_replicas=1, analysis_window_s=120, retry_after_s=600)
+POLICY = machine.RolloutPolicy(canary_replicas=1, analysis_window_s=120, retry_after_s=600)
 T0 = 1_800_000_000.0
 PODS = [machine.Pod(f"engine-{i}", OLD) for i in range(3)]
-PROVEN = machine.Target(NEW, "predicted worst-tenant p99 TTFT 28 s -> 2.5 s", canary=True, gain=0.9,
+PROVEN = machine.RolloutTarget(NEW, "predicted worst-tenant p99 TTFT 28 s -> 2.5 s", canary=True, gain=0.9,
                         proven=(S(threshold=2048), NEW))  # fmt: skip
 
 
-def start(target: machine.Target, state: models.RolloutStatus | None = None) -> machine.Decision:
+def start(target: machine.RolloutTarget, state: models.RolloutStatus | None = None) -> machine.RolloutDecision:
     return machine.decide(state, OLD, target, PODS, POLICY, T0)
 
 
@@ -44,7 +44,7 @@ def test_a_proven_candidate_with_a_large_gain_skips_the_canary() -> None:
     ("no predicted gain", replace(PROVEN, gain=0.0)),
     ("not a tuner move", replace(PROVEN, canary=False)),
 ])  # fmt: skip
-def test_otherwise_the_canary_runs(why: str, target: machine.Target) -> None:
+def test_otherwise_the_canary_runs(why: str, target: machine.RolloutTarget) -> None:
     assert machine.skip_canary(target, models.RolloutStatus()) == "", why
     d = start(target)
     assert "CanarySkipped" not in [e.reason for e in d.events], why

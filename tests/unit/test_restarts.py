@@ -23,7 +23,7 @@ DEADLINE_S = 20.0
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets_after_a_stable_run() -> None:
-    b = restarts.Backoff(initial_s=1, factor=2, cap_s=10, stable_s=60)
+    b = restarts.RestartBackoff(initial_s=1, factor=2, cap_s=10, stable_s=60)
     delays = []
     previous = None
     for _ in range(6):
@@ -102,7 +102,7 @@ def kill_and_see_down(keeper: restarts.Keeper, child: Child) -> int:
 
 def test_a_child_that_dies_is_reaped_and_restarted_after_a_growing_delay(child: Child) -> None:
     clock = Clock()
-    keeper = restarts.Keeper([child.part()], restarts.Backoff(initial_s=1, factor=2, cap_s=4, stable_s=30), clock)
+    keeper = restarts.Keeper([child.part()], restarts.RestartBackoff(initial_s=1, factor=2, cap_s=4, stable_s=30), clock)
     keeper.check()
     assert row(keeper) == {"name": "child", "pid": child.component.pid, "state": "running", "restarts": 0}
 
@@ -143,7 +143,7 @@ def test_a_failed_restart_counts_as_a_crash_and_a_requested_one_resets_the_backo
             raise RuntimeError("not healthy within 90s")
 
     part = restarts.Part("child", lambda: child.component.pid, lambda: child.component.running(), flaky)
-    keeper = restarts.Keeper([part], restarts.Backoff(initial_s=1, factor=2, cap_s=60, stable_s=30), clock)
+    keeper = restarts.Keeper([part], restarts.RestartBackoff(initial_s=1, factor=2, cap_s=60, stable_s=30), clock)
     kill_and_see_down(keeper, child)
     clock.t += 1
     keeper.check()

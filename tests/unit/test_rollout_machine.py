@@ -14,9 +14,9 @@ from slipstream.rollout import analysis, machine, sequential
 S = models.EngineSetting
 OLD = S(threshold=4096)
 NEW = S(threshold=2048, schedule_policy="srpt")
-POLICY = machine.Policy(canary_replicas=1, analysis_window_s=300, max_regression_percent=5, max_attempts=3,
+POLICY = machine.RolloutPolicy(canary_replicas=1, analysis_window_s=300, max_regression_percent=5, max_attempts=3,
                         retry_after_s=600, chunked_prefill_size=8192)  # fmt: skip
-AUTO = machine.Target(NEW, "heterogeneity 0.81, predicted worst-tenant p99 TTFT 38.2 s -> 1.9 s", canary=True)
+AUTO = machine.RolloutTarget(NEW, "heterogeneity 0.81, predicted worst-tenant p99 TTFT 38.2 s -> 1.9 s", canary=True)
 T0 = 1_800_000_000.0
 
 PASS = analysis.compare({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.05}, 5)
@@ -43,7 +43,7 @@ class Fleet:
             for n, s in sorted(self.settings.items())
         ]
 
-    def step(self, target: machine.Target | None, now: float, verdict: analysis.Verdict | None = None) -> machine.Decision:
+    def step(self, target: machine.RolloutTarget | None, now: float, verdict: analysis.Verdict | None = None) -> machine.RolloutDecision:
         d = machine.decide(self.state, self.fleet, target, self.pods(), POLICY, now, verdict)
         for name, setting in d.apply.items():
             if name not in self.failing | self.refusing:
@@ -60,9 +60,17 @@ def fleet(n: int = 3) -> Fleet:
     return Fleet({f"engine-{i}": OLD for i in range(n)})
 
 
+def fleet_in_analysis() -> Fleet:
+    """Three pods in Auto whose canary runs the candidate: the analysis began at T0 + 5."""
+    f = fleet()
+    f.step(AUTO, T0)
+    f.step(AUTO, T0 + 5)
+    return f
+
+
 def test_idle_with_nothing_to_do_holds() -> None:
     f = fleet()
-    d = f.step(machine.Target(OLD, "spec", canary=True), T0)
+    d = f.step(machine.RolloutTarget(OLD, "spec", canary=True), T0)
     assert d.action == "Hold" and not d.apply and not d.events and d.configmap == OLD and not d.in_flight
 
 
@@ -105,9 +113,7 @@ def test_canary_analysis_promote_with_the_numbers_in_the_events() -> None:
 
 
 def test_a_regressing_canary_is_rolled_back_and_the_fleet_ends_uniform() -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     d = f.step(AUTO, T0 + 305, REGRESS)
     assert d.action == "RollBack" and d.apply == {"engine-0": OLD} and d.configmap == OLD
     assert "b p99 TTFT 3.00 s vs 2.00 s (+50%)" in d.events[0].message and d.events[0].type == "Warning"
@@ -123,23 +129,19 @@ def test_a_regressing_canary_is_rolled_back_and_the_fleet_ends_uniform() -> None
 
 @pytest.mark.parametrize("verdict", [None, analysis.compare({}, {"a": 1.0}, 5), analysis.failed_read("HTTP 500")])
 def test_no_figures_to_judge_by_rolls_back(verdict: analysis.Verdict | None) -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     assert f.step(AUTO, T0 + 305, verdict).action == "RollBack"
 
 
 def sequential_verdict(canary_mean_s: float, windows: int, final: bool = False) -> analysis.Verdict:
-    cells = {("a", "le1k"): sequential.Histogram(20, 20 * canary_mean_s)}
-    base = {("a", "le1k"): sequential.Histogram(20, 20.0)}
+    cells = {("a", "le1k"): sequential.CellHistogram(20, 20 * canary_mean_s)}
+    base = {("a", "le1k"): sequential.CellHistogram(20, 20.0)}
     subs = [sequential.SubWindow(10.0 * k, 10.0 * (k + 1), cells, base) for k in range(windows)]
-    return analysis.from_sequential(sequential.decide(subs, sequential.Rule(), final))
+    return analysis.from_sequential(sequential.decide(subs, sequential.SequentialRule(), final))
 
 
 def test_an_undecided_sequential_verdict_continues_the_analysis_until_its_limit() -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     undecided = sequential_verdict(2.0, 3)
     assert undecided.outcome == "Continue"
     d = f.step(AUTO, T0 + 305, undecided)
@@ -150,17 +152,13 @@ def test_an_undecided_sequential_verdict_continues_the_analysis_until_its_limit(
     d = f.step(AUTO, T0 + 500, sequential_verdict(2.0, 36))
     assert d.action == "RollBack" and "Rollback (crossed)" in d.events[0].message
     # an undecided verdict past the limit (a caller that did not ask for a final answer) rolls back
-    g = fleet()
-    g.step(AUTO, T0)
-    g.step(AUTO, T0 + 5)
+    g = fleet_in_analysis()
     assert machine.analysis_final(g.state, POLICY, T0 + 5 + 3 * 300)
     assert g.step(AUTO, T0 + 5 + 3 * 300, undecided).action == "RollBack"
 
 
 def test_a_sequential_promote_promotes() -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     verdict = sequential_verdict(1.0, 36)
     assert verdict.outcome == "Promote"
     d = f.step(AUTO, T0 + 305, verdict)
@@ -181,9 +179,7 @@ def test_a_canary_that_keeps_failing_is_rolled_back_after_bounded_retries() -> N
 
 
 def test_a_pod_failing_during_promotion_rolls_the_fleet_back() -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     f.failing = {"engine-2"}
     f.step(AUTO, T0 + 305, PASS)
     assert f.settings["engine-1"] == NEW and f.configmap == NEW
@@ -199,7 +195,7 @@ def test_a_pod_failing_during_promotion_rolls_the_fleet_back() -> None:
 
 def test_fixed_edit_goes_to_every_pod_at_once() -> None:
     f = fleet(2)
-    fixed = machine.Target(S(threshold=1024), "spec.tuning.threshold changed", canary=False)
+    fixed = machine.RolloutTarget(S(threshold=1024), "spec.tuning.threshold changed", canary=False)
     d = f.step(fixed, T0)
     assert d.action == "Promote" and set(d.apply) == {"engine-0", "engine-1"} and d.configmap == S(threshold=1024)
     assert "no canary" in d.events[0].message
@@ -208,7 +204,7 @@ def test_fixed_edit_goes_to_every_pod_at_once() -> None:
 
 def test_with_no_pods_a_change_is_the_configmap_alone() -> None:
     f = Fleet({})
-    fixed = machine.Target(NEW, "spec", canary=True)
+    fixed = machine.RolloutTarget(NEW, "spec", canary=True)
     assert f.step(fixed, T0).action == "Promote"
     assert f.step(fixed, T0 + 1).action == "Promoted" and f.configmap == NEW and f.fleet == NEW
 
@@ -216,14 +212,12 @@ def test_with_no_pods_a_change_is_the_configmap_alone() -> None:
 def test_a_target_changed_during_the_canary_rolls_back_first() -> None:
     f = fleet()
     f.step(AUTO, T0)
-    d = f.step(machine.Target(S(threshold=1024), "newer", canary=True), T0 + 1)
+    d = f.step(machine.RolloutTarget(S(threshold=1024), "newer", canary=True), T0 + 1)
     assert d.action == "RollBack" and "target changed" in d.message
 
 
 def test_a_canary_that_goes_away_or_drifts_rolls_back() -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     f.settings["engine-0"] = OLD  # restarted from the ConfigMap
     d = f.step(AUTO, T0 + 10)
     assert d.action == "RollBack" and "no longer run the candidate" in d.message
@@ -234,9 +228,7 @@ def test_a_canary_that_goes_away_or_drifts_rolls_back() -> None:
 
 
 def test_a_restarted_operator_resumes_from_the_status_alone() -> None:
-    f = fleet()
-    f.step(AUTO, T0)
-    f.step(AUTO, T0 + 5)
+    f = fleet_in_analysis()
     saved = f.state.to_k8s()
     assert saved["phase"] == "Analysis" and saved["candidate"]["threshold"] == 2048
     assert saved["baseline"]["threshold"] == 4096 and saved["canaryPods"] == ["engine-0"]

@@ -51,9 +51,9 @@ def test_policy_scales_the_spec_durations() -> None:
     assert tuning.interval(sd, config) == 6
 
 
-def decision(in_flight: bool = False) -> machine.Decision:
+def decision(in_flight: bool = False) -> machine.RolloutDecision:
     state = models.RolloutStatus(phase="Canary" if in_flight else "Idle", candidate=S(threshold=2048))
-    return machine.Decision("Hold", state, S(threshold=4096), S(threshold=4096))
+    return machine.RolloutDecision("Hold", state, S(threshold=4096), S(threshold=4096))
 
 
 def test_conditions_and_one_warning_per_new_problem() -> None:
@@ -84,7 +84,7 @@ def test_status_patch_shows_the_fleet_and_the_decision() -> None:
                                    snapshot.histogram_of([100.0], (1000.0,)))  # fmt: skip
     snap = snapshot.WorkloadSnapshot("prod/kimi", 0, 60, tenants=(tenant,))
     d = decision(in_flight=True)
-    d = machine.Decision("StartCanary", d.state.model_copy(update={"baseline": S(threshold=4096), "reason": "why"}),
+    d = machine.RolloutDecision("StartCanary", d.state.model_copy(update={"baseline": S(threshold=4096), "reason": "why"}),
                          S(threshold=4096), S(threshold=4096))  # fmt: skip
     patch = tuning.status_patch(sd, d, [], snap, REC, True, "2026-01-01T00:00:00Z")
     assert (patch["threshold"], patch["concurrency"]) == (4096, 2), "status shows what runs, not the candidate"
@@ -98,7 +98,7 @@ def test_status_patch_shows_the_fleet_and_the_decision() -> None:
 def test_a_promotion_records_the_setting_it_left() -> None:
     promoted = models.RolloutStatus(phase="Idle", result="Promoted", candidate=S(threshold=2048),
                                     baseline=S(threshold=4096))  # fmt: skip
-    d = machine.Decision("Promoted", promoted, S(threshold=2048), S(threshold=2048))
+    d = machine.RolloutDecision("Promoted", promoted, S(threshold=2048), S(threshold=2048))
     patch = tuning.status_patch(make({"mode": "Auto"}), d, [], None, None, False, "2026-01-01T00:10:00Z")
     assert patch["leftSettings"] == [{"setting": S(threshold=4096).to_k8s(), "leftAt": "2026-01-01T00:10:00Z"}]
     # The list is bounded: a ninth promotion drops the oldest entry.
@@ -276,7 +276,7 @@ def test_a_window_the_twin_does_not_explain_is_model_mismatch_with_one_event() -
 
 # -- status that is true now ---------------------------------------------------------------
 
-POLICY = machine.Policy(canary_replicas=1, analysis_window_s=300, max_regression_percent=5, max_attempts=3,
+POLICY = machine.RolloutPolicy(canary_replicas=1, analysis_window_s=300, max_regression_percent=5, max_attempts=3,
                         retry_after_s=600, chunked_prefill_size=8192)  # fmt: skip
 
 
@@ -352,8 +352,8 @@ class RecordedCells:
         cell = ("chat", "le1k")
         n = int((end_s - start_s) // sub_s)
         return [sequential.SubWindow(start_s + k * sub_s, start_s + (k + 1) * sub_s,
-                                     {cell: sequential.Histogram(20, 20 * self.canary_mean_s)},
-                                     {cell: sequential.Histogram(20, 20.0)}) for k in range(n)]  # fmt: skip
+                                     {cell: sequential.CellHistogram(20, 20 * self.canary_mean_s)},
+                                     {cell: sequential.CellHistogram(20, 20.0)}) for k in range(n)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("canary_mean_s", "outcome"), [(1.0, "Promote"), (3.0, "Rollback")])

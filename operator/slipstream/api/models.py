@@ -82,7 +82,7 @@ NAME_MAX = 52
 (<= 63); 52 leaves room for the pods' generated suffixes and `-engine-setting`."""
 
 
-class Rule(NamedTuple):
+class CelRule(NamedTuple):
     """A cross-field rule, written twice side by side: in CEL for the apiserver (the CRD's
     `x-kubernetes-validations`) and in Python for the models, so that a spec checked
     locally is refused for the same reason, with the same message, as at apply
@@ -93,7 +93,7 @@ class Rule(NamedTuple):
     holds: Callable[[Any], bool]
 
 
-NAME_RULE = Rule(
+NAME_RULE = CelRule(
     f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {NAME_MAX}",
     "metadata.name must be a DNS label of at most 52 characters (lower-case letters, digits and "
     "'-', starting with a letter, no dots): it names the engine Service and labels every "
@@ -103,7 +103,7 @@ NAME_RULE = Rule(
 """On the CRD's root (crdgen puts it there): the name is metadata, outside every spec model."""
 
 
-def _rules(*rules: Rule) -> ConfigDict:
+def _rules(*rules: CelRule) -> ConfigDict:
     """Model config carrying CEL rules (rule, message) into the CRD."""
     validations: list[JsonValue] = [{"rule": r.cel, "message": r.message} for r in rules]
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": validations})
@@ -121,7 +121,7 @@ class Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, strict=True
     )
-    cel_rules: ClassVar[tuple[Rule, ...]] = ()
+    cel_rules: ClassVar[tuple[CelRule, ...]] = ()
     """The model's cross-field rules; `model_config = _rules(*cel_rules)` puts them in the CRD."""
 
     @model_validator(mode="after")
@@ -159,7 +159,7 @@ class ResourceRequirements(Model):
 
 class EnvVar(Model):
     cel_rules = (
-        Rule(
+        CelRule(
             "!(has(self.value) && has(self.secretKeyRef))",
             "spec.engine.env: an entry takes value or secretKeyRef, not both: remove one of them",
             lambda e: not (e.value is not None and e.secret_key_ref is not None),
@@ -178,18 +178,18 @@ class Toleration(Model):
     """A pod toleration; the rules are Pod validation's, refused here at apply instead."""
 
     cel_rules = (
-        Rule(
+        CelRule(
             "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
             "spec.engine.tolerations: operator Exists takes no value: remove the value or use operator Equal",
             lambda t: t.operator != "Exists" or not t.value,
         ),
-        Rule(
+        CelRule(
             "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
             "spec.engine.tolerations: an entry without a key must use operator Exists (it then "
             "tolerates every taint): set a key or operator Exists",
             lambda t: bool(t.key) or t.operator == "Exists",
         ),
-        Rule(
+        CelRule(
             "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
             "spec.engine.tolerations: tolerationSeconds applies only to effect NoExecute: remove "
             "it or set effect NoExecute",
@@ -209,7 +209,7 @@ class HiCache(Model):
     """SGLang's hierarchical KV cache (host memory, optionally storage) behind the GPU pool."""
 
     cel_rules = (
-        Rule(
+        CelRule(
             "!(has(self.ratio) && has(self.sizeGB))",
             "spec.engine.hicache: set only one of ratio or sizeGB (sizeGB overrides ratio in "
             "the engine): remove one of them",
@@ -269,13 +269,13 @@ class Engine(Model):
     """The patched SGLang engine each pod runs."""
 
     cel_rules = (
-        Rule(
+        CelRule(
             "self.chunkedPrefillSize % self.pageSize == 0",
             "spec.engine.chunkedPrefillSize must be a multiple of spec.engine.pageSize: round "
             "chunkedPrefillSize to a whole number of pages",
             lambda e: e.chunked_prefill_size % e.page_size == 0,
         ),
-        Rule(
+        CelRule(
             "!has(self.gpus) || self.gpus == 0 || self.gpus >= self.tensorParallelSize",
             "spec.engine.gpus must be at least spec.engine.tensorParallelSize (or 0: no GPU "
             "request, as for simulated engines): each tensor-parallel rank needs its own GPU",
@@ -395,7 +395,7 @@ class Tuning(Model):
     """What T to run and how Slipstream may move it."""
 
     cel_rules = (
-        Rule(
+        CelRule(
             # has(): the rule is also checked against the CRD's `default: {}` of tuning.
             "!has(self.minConcurrency) || !has(self.maxConcurrency) "
             "|| self.minConcurrency <= self.maxConcurrency",
@@ -457,13 +457,13 @@ class Prometheus(Model):
 
 class ServingDeploymentSpec(Model):
     cel_rules = (
-        Rule(
+        CelRule(
             "self.tuning.mode != 'Fixed' || has(self.tuning.threshold)",
             "spec.tuning.threshold is required when spec.tuning.mode is Fixed: set "
             "spec.tuning.threshold (0 turns the cap off) or choose mode Auto, Recommend or Off",
             lambda s: s.tuning.mode != "Fixed" or s.tuning.threshold is not None,
         ),
-        Rule(
+        CelRule(
             "!has(self.tuning.threshold) || self.tuning.threshold <= self.engine.chunkedPrefillSize",
             "spec.tuning.threshold must be <= spec.engine.chunkedPrefillSize: lower the threshold "
             "or raise chunkedPrefillSize (with DP attention, --enable-dp-attention --dp-size N in "
@@ -471,25 +471,25 @@ class ServingDeploymentSpec(Model):
             "rank: keep T <= chunkedPrefillSize / N, which the engine enforces)",
             lambda s: s.tuning.threshold is None or s.tuning.threshold <= s.engine.chunked_prefill_size,
         ),
-        Rule(
+        CelRule(
             "!has(self.tuning.threshold) || self.tuning.threshold % self.engine.pageSize == 0",
             "spec.tuning.threshold must be a multiple of spec.engine.pageSize: round it to a "
             "whole number of pages (0 turns the cap off)",
             lambda s: s.tuning.threshold is None or s.tuning.threshold % s.engine.page_size == 0,
         ),
-        Rule(
+        CelRule(
             "self.tuning.maxConcurrency * self.engine.pageSize <= self.engine.chunkedPrefillSize",
             "spec.tuning.maxConcurrency must be <= spec.engine.chunkedPrefillSize / "
             "spec.engine.pageSize: each concurrent prefill needs at least one page a round",
             lambda s: s.tuning.max_concurrency * s.engine.page_size <= s.engine.chunked_prefill_size,
         ),
-        Rule(
+        CelRule(
             "!(self.tuning.mode in ['Auto', 'Recommend']) || has(self.prometheus.url)",
             "spec.prometheus.url is required when spec.tuning.mode is Auto or Recommend: set it "
             "to your Prometheus, or choose mode Fixed or Off",
             lambda s: s.tuning.mode not in ("Auto", "Recommend") or s.prometheus.url is not None,
         ),
-        Rule(
+        CelRule(
             "self.tuning.mode != 'Auto' || self.tuning.rollout.canaryReplicas <= self.replicas",
             "spec.tuning.rollout.canaryReplicas must be <= spec.replicas in mode Auto: lower "
             "canaryReplicas or add replicas",
@@ -512,7 +512,7 @@ class EngineSetting(Model):
     schedule_policy: SchedulePolicy = Field(default="fcfs")
 
 
-class Decision(Model):
+class DecisionRecord(Model):
     time: str = Field(json_schema_extra={"format": "date-time"}, description="When it was decided.")
     from_: EngineSetting | None = Field(default=None, alias="from", description="Setting before.")
     to: EngineSetting = Field(description="Setting after.")
@@ -586,7 +586,7 @@ class ServingDeploymentStatus(Model):
         "the last window under the running setting; outside 0.25-4 the tuner holds (ModelMismatch).",
     )
     recommendation: EngineSetting | None = Field(default=None, description="What the tuner would run.")
-    last_decision: Decision | None = None
+    last_decision: DecisionRecord | None = None
     left_settings: list[LeftSetting] = Field(
         default_factory=list, max_length=8, description="Settings recently left by a promotion, oldest first."
     )

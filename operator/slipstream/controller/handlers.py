@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Coroutine
@@ -82,7 +83,7 @@ TUNING_STEP_SECONDS = prometheus_client.Histogram(
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ApplyOutcome:
     """What one pass of applying the owned objects did."""
 
     setting: models.EngineSetting
@@ -132,7 +133,7 @@ def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | 
 
 def apply_objects(
     kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment, keep_replicas: bool = True
-) -> Outcome:
+) -> ApplyOutcome:
     """Blocking: run it in a thread. Applies every owned object that should exist;
     spec.replicas of the Deployment only with `keep_replicas` (not while another writer
     has it: `replicas`)."""
@@ -170,7 +171,7 @@ def apply_objects(
             changes.append((obj["kind"], obj["metadata"]["name"], change))
     if problem is not None and deployment is None:
         deployment = kube.get("apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name)
-    return Outcome(setting, changes, rolled, deployment, problem)
+    return ApplyOutcome(setting, changes, rolled, deployment, problem)
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,7 @@ def refused(obj: dict[str, Any], error: kube_.ApiError) -> tuple[str, str]:
     )
 
 
-def change_message(kind: str, name: str, change: str, sd: models.ServingDeployment, outcome: Outcome) -> str:
+def change_message(kind: str, name: str, change: str, sd: models.ServingDeployment, outcome: ApplyOutcome) -> str:
     message = f"{change.capitalize()} {kind} {name}"
     if kind == "Deployment" and outcome.rolled:
         message += ": pod template changed, rolling the engine pods"
@@ -313,235 +314,275 @@ def utcnow() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def register(
-    registry: kopf.OperatorRegistry, config: settings_.ControllerSettings, kube: kube_.Kube
-) -> None:
-    """Attach the handlers to a registry (a fresh one per operator or per test)."""
-    resource = (models.GROUP, models.VERSION, models.PLURAL)
-    tokens = stages.PrometheusTokens(kube)
-    fleet = stages.fleet_observer(config, tokens)
-    keys = adminkeys.AdminKeys(kube, config)
-    tuner = concurrent.futures.ThreadPoolExecutor(config.tuner_concurrency(), thread_name_prefix="slipstream-tuner")
-    deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
-                     recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens),
-                     tuner=tuner)  # fmt: skip
-    views = deployments.Views(config.status_watch_seconds)
+@dataclass
+class Context:
+    """What the handlers of one operator (one registry) share: its settings and clients, the
+    tuning loops' dependencies, and the state the watches keep between events."""
+
+    config: settings_.ControllerSettings
+    kube: kube_.Kube
+    keys: adminkeys.AdminKeys
+    deps: loop.Deps
+    tuner: concurrent.futures.ThreadPoolExecutor
+    views: deployments.Views
     """The engine Deployments as the drift watch last saw them (for the status refresh)."""
-    wakes: dict[str, asyncio.Event] = {}
+    wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     """uid -> the event that wakes that deployment's tuning loop (set on every spec change)."""
-
-    def record_changes(body: kopf.Body, sd: models.ServingDeployment, outcome: Outcome) -> None:
-        for kind, name, change in outcome.changes:
-            OBJECT_CHANGES.labels(kind, change).inc()
-            kopf.event(body, type="Normal", reason=change.capitalize(),
-                       message=change_message(kind, name, change, sd, outcome))  # fmt: skip
-
-    @kopf.on.login(id="login", registry=registry)
-    async def login(**kwargs: Any) -> kopf.AiohttpSession | None:
-        # The same credentials as `kube`: in-cluster ServiceAccount, else $KUBECONFIG; kopf's
-        # own session, with a bound on its connections (`apisession`).
-        info = kopf.login_via_client(**kwargs)
-        return None if info is None else apisession.bounded(info, config.api_connections)
-
-    @kopf.on.startup(id="configure", registry=registry)
-    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        asyncio.get_running_loop().set_default_executor(
-            concurrent.futures.ThreadPoolExecutor(config.worker_threads, thread_name_prefix="slipstream")
-        )
-        # The CRD's structural schema prunes unknown status fields: keep kopf's own state
-        # in annotations, under our group.
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=models.GROUP, key="last-handled-configuration"
-        )
-        settings.persistence.finalizer = f"{models.GROUP}/finalizer"
-        # Events are for what the operator changes, not for every handler log line.
-        settings.posting.level = logging.WARNING
-        settings.posting.reporting_component = "slipstream"
-        settings.peering.lifetime = config.peering_lifetime_seconds
-
-    @kopf.on.cleanup(id="tuner-threads", registry=registry)
-    async def stop_tuner(**_: Any) -> None:
-        tuner.shutdown(wait=False, cancel_futures=True)  # queued runs are for loops that stopped
-
-    @kopf.on.resume(*resource, id="reconcile", registry=registry)
-    @kopf.on.create(*resource, id="reconcile", registry=registry)
-    @kopf.on.update(*resource, id="reconcile", registry=registry)
-    async def reconcile(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, diff: kopf.Diff = (), **_: Any) -> None:
-        try:
-            sd = models.ServingDeployment.model_validate(dict(body))
-        except pydantic.ValidationError as error:  # the CRD let through what the models refuse
-            message = status.invalid_spec_message(error)
-            before = (body.get("status") or {}).get("conditions") or []
-            patch.status.update(status.invalid_spec_patch(before, message, body["metadata"].get("generation", 0), utcnow()))
-            if not any(c.get("reason") == "InvalidSpec" and c.get("status") == "False" for c in before):
-                kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
-            RECONCILES.labels("invalid").inc()
-            raise kopf.PermanentError(message) from None  # until the spec changes
-        # A user's change of spec.replicas takes the field back from another writer.
-        taken_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
-        keep = taken_back or not replicas.contested(sd)
-        outcome = await asyncio.to_thread(apply_objects, kube, keys, sd, keep)
-        record_changes(body, sd, outcome)
-        conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
-        if taken_back:
-            conditions = [c for c in conditions if c.type != replicas.CONDITION]
-            kopf.event(body, type="Normal", reason="ReplicasTakenBack",
-                       message=f"spec.replicas changed: the operator sets the engine Deployment's replicas "
-                       f"({sd.spec.replicas}) again")  # fmt: skip
-        first = objects.current_setting(sd) if sd.status.threshold is None else None
-        patch.status.update(status.patch(sd, first, conditions, outcome.deployment))
-        if (wake := wakes.get(sd.metadata.uid)) is not None:
-            wake.set()  # a changed spec (a Fixed edit) reaches the engines now, not next interval
-        if outcome.problem is not None:
-            RECONCILES.labels("deferred").inc()
-            if outcome.problem[0] not in {c.reason for c in sd.status.conditions if c.status == "False"}:
-                kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
-            raise kopf.TemporaryError(outcome.problem[1], delay=config.retry_delay_seconds)
-        RECONCILES.labels("ok").inc()
-        logger.info(
-            "%s/%s reconciled: %d object(s) changed", sd.metadata.namespace, sd.metadata.name,
-            len(outcome.changes),
-        )  # fmt: skip
-
-    @kopf.timer(
-        *resource, id="refresh", interval=config.status_interval_seconds,
-        initial_delay=config.status_interval_seconds, registry=registry,
-    )  # fmt: skip
-    async def refresh(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        try:
-            sd = models.ServingDeployment.model_validate(dict(body))
-        except pydantic.ValidationError:
-            return  # reconcile reports it (InvalidSpec)
-        if sd.status.observed_generation is None:
-            return  # not reconciled yet: reconcile writes the first status
-        asked = time.monotonic()
-        deployment = views.get(sd.metadata.namespace, sd.metadata.name, asked)
-        if deployment is None:  # not seen by the watch, deleted, or its view too old
-            deployment = await asyncio.to_thread(
-                kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
-            )
-            views.answered(sd.metadata.namespace, sd.metadata.name, deployment, asked)
-        conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
-        if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
-            # The operator owns spec.replicas alone again (taken back): a condition a stale
-            # write put back must not outlive it.
-            conditions = [c for c in conditions if c.type != replicas.CONDITION]
-        was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
-        now = next(c for c in conditions if c.type == status.READY)
-        if was != now.status:
-            reason = "EnginesReady" if now.status == "True" else "EnginesNotReady"
-            kopf.event(body, type="Normal", reason=reason, message=now.message)
-        patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
-
-    @kopf.daemon(*resource, id="tuning", cancellation_timeout=10, registry=registry)
-    async def tuning_loop(body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger, **_: Any) -> None:
-        """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
-        memory = loop.Memory()
-        wake = wakes.setdefault(uid, asyncio.Event())
-        failed: str | None = None
-        try:
-            while not stopped:
-                wake.clear()
-                delay, memory, failed = await step_once(body, memory, failed, logger)
-                early = loop.until_mix_jump(deps, lambda: step_view(body)[0], memory, delay)
-                if await pause(stopped, wake, delay, early):
-                    MIX_JUMPS.inc()
-                    logger.info("stepping early: %s", memory.jumped)
-        finally:
-            wakes.pop(uid, None)
-
-
-    async def step_once(
-        body: kopf.Body, memory: loop.Memory, failed: str | None, logger: kopf.Logger
-    ) -> tuple[float, loop.Memory, str | None]:
-        """One step of a tuning loop: (seconds to the next, the loop's memory, the failure
-        last reported). A function of its own so that what a step reads (the model, the
-        outcome) is freed when it returns, not held through the pause: 500 loops pausing
-        held 500 of each (docs/reliability.md, "Memory at 500")."""
-        sd, read = step_view(body)
-        delay = config.rollout_poll_seconds
-        if sd is None or sd.status.observed_generation is None:  # reconcile writes first
-            return delay, memory, failed
-        with TUNING_STEP_SECONDS.time():
-            try:
-                outcome = await loop.step(deps, sd, memory)
-                await asyncio.to_thread(write_status, kube, read, outcome.patch)
-            except Exception as error:  # fail static: nothing moves, say so once
-                TUNING_STEPS.labels("error").inc()
-                problem = f"{type(error).__name__}: {str(error)[:300]}"
-                logger.warning("tuning step failed: %s", problem)
-                if problem != failed:
-                    kopf.event(body, type="Warning", reason="TuningStepFailed",
-                               message=f"the tuning step failed; nothing was changed: {problem}")  # fmt: skip
-                return delay, loop.Memory(), problem  # re-read the persisted state next time
-        TUNING_STEPS.labels("ok").inc()
-        for event in outcome.events:
-            kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
-            if (result := ROLLOUT_ENDS.get(event.reason)) is not None:
-                ROLLOUTS.labels(sd.metadata.namespace, result).inc()
-        return outcome.delay_s, memory, None
-
-    reverts = replicas.Reverts()
-    judged = judged_.Judged()
+    reverts: replicas.Reverts = field(default_factory=replicas.Reverts)
+    judged: judged_.Judged = field(default_factory=judged_.Judged)
     """The drift watch's last good judgement of each owned object (`judged`)."""
 
-    async def reverted(kind: str, body: kopf.Body, event: str | None, logger: kopf.Logger) -> None:
-        live = dict(body)
-        if judged.unchanged(live, event):  # a status-only event: nothing the operator owns moved
-            DRIFT_EVENTS_SKIPPED.labels(kind).inc()
-            return
-        judged.forget(live)  # until this judgement ends well
-        DRIFT_EVENTS_JUDGED.labels(kind).inc()
-        try:
-            found = await asyncio.to_thread(revert_drift, kube, kind, live, reverts, time.monotonic())
-            if found is not None and found.contest is not None:
-                await asyncio.to_thread(contest_replicas, kube, found.owner, found.contest)
-        except kube_.ApiError as error:  # the next event retries; never a crash loop
-            logger.warning("reverting %s drift failed: %s", kind, error)
-            return
-        if found is None:
-            return
-        judged.record(found.settled, found.owner)
-        if found.contest is not None:
-            kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="ReplicasContested", message=found.contest)
-        if found.paths:
-            paths = found.paths
-            OBJECT_CHANGES.labels(kind, "reverted").inc()
-            listed = "; ".join(paths[:8]) + (f"; and {len(paths) - 8} more" if len(paths) > 8 else "")
-            kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="DriftReverted",
-                       message=f"Reverted {kind} {body['metadata']['name']} to the spec: {listed} "
-                       "(edit the ServingDeployment instead)")  # fmt: skip
+    @classmethod
+    def build(cls, config: settings_.ControllerSettings, kube: kube_.Kube) -> Context:
+        tokens = stages.PrometheusTokens(kube)
+        fleet = stages.fleet_observer(config, tokens)
+        keys = adminkeys.AdminKeys(kube, config)
+        tuner = concurrent.futures.ThreadPoolExecutor(config.tuner_concurrency(), thread_name_prefix="slipstream-tuner")
+        deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
+                         recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens),
+                         tuner=tuner)  # fmt: skip
+        return cls(config, kube, keys, deps, tuner, deployments.Views(config.status_watch_seconds))
 
+
+RESOURCE = (models.GROUP, models.VERSION, models.PLURAL)
+MANAGED = {"app.kubernetes.io/managed-by": "slipstream"}
+"""The label of the objects the operator owns (the drift watches select on it)."""
+
+
+def register(
+    registry: kopf.OperatorRegistry, config: settings_.ControllerSettings, kube: kube_.Kube
+) -> Context:
+    """Attach the handlers to a registry (a fresh one per operator or per test), bound to one
+    shared `Context`, which is returned."""
+    ctx = Context.build(config, kube)
+
+    def bound(fn: Any) -> Any:
+        return functools.update_wrapper(functools.partial(fn, ctx), fn)
+
+    kopf.on.login(id="login", registry=registry)(bound(login))
+    kopf.on.startup(id="configure", registry=registry)(bound(configure))
+    kopf.on.cleanup(id="tuner-threads", registry=registry)(bound(stop_tuner))
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(*RESOURCE, id="reconcile", registry=registry)(bound(reconcile))
+    kopf.timer(*RESOURCE, id="refresh", interval=config.status_interval_seconds,
+               initial_delay=config.status_interval_seconds, registry=registry)(bound(refresh))  # fmt: skip
+    kopf.daemon(*RESOURCE, id="tuning", cancellation_timeout=10, registry=registry)(bound(tuning_loop))
     # Hand edits of owned objects: watched as events (no kopf state is written on them) and
     # applied back at once. The ConfigMap is the tuning loop's: every step re-applies it.
     # Events that changed none of an object's owned parts since its last good judgement
     # (nearly all: a Deployment's status) are skipped without a read (`judged`).
-    managed = {"app.kubernetes.io/managed-by": "slipstream"}
+    kopf.on.event(*RESOURCE, id="drift-owners", registry=registry)(bound(owner_seen))
+    kopf.on.event("apps", "v1", "deployments", labels=MANAGED, id="deployment-drift",
+                  registry=registry)(bound(deployment_drift))  # fmt: skip
+    kopf.on.event("", "v1", "services", labels=MANAGED, id="service-drift", registry=registry)(bound(service_drift))
+    kopf.on.delete(*RESOURCE, id="deleted", optional=True, registry=registry)(deleted)
+    return ctx
 
-    @kopf.on.event(*resource, id="drift-owners", registry=registry)
-    async def owner_seen(body: kopf.Body, type: str | None, **_: Any) -> None:
-        shed_managed_fields(body)  # kopf keeps this body while the loop runs: keep it small
-        judged.owner_seen(dict(body), type)
 
-    async def drift_event(kind: str, body: kopf.Body, type: str | None, logger: kopf.Logger) -> None:
-        if type == "DELETED":
-            judged.forget(dict(body))
-        elif type in (None, "MODIFIED"):
-            await reverted(kind, body, type, logger)
+def record_changes(body: kopf.Body, sd: models.ServingDeployment, outcome: ApplyOutcome) -> None:
+    for kind, name, change in outcome.changes:
+        OBJECT_CHANGES.labels(kind, change).inc()
+        kopf.event(body, type="Normal", reason=change.capitalize(),
+                   message=change_message(kind, name, change, sd, outcome))  # fmt: skip
 
-    @kopf.on.event("apps", "v1", "deployments", labels=managed, id="deployment-drift", registry=registry)
-    async def deployment_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
-        views.seen(body, type, time.monotonic())
-        await drift_event("Deployment", body, type, logger)
 
-    @kopf.on.event("", "v1", "services", labels=managed, id="service-drift", registry=registry)
-    async def service_drift(body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
-        await drift_event("Service", body, type, logger)
+async def login(ctx: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
+    # The same credentials as `kube`: in-cluster ServiceAccount, else $KUBECONFIG; kopf's
+    # own session, with a bound on its connections (`apisession`).
+    info = kopf.login_via_client(**kwargs)
+    return None if info is None else apisession.bounded(info, ctx.config.api_connections)
 
-    @kopf.on.delete(*resource, id="deleted", optional=True, registry=registry)
-    async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
-        logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)
+
+async def configure(ctx: Context, settings: kopf.OperatorSettings, **_: Any) -> None:
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(ctx.config.worker_threads, thread_name_prefix="slipstream")
+    )
+    # The CRD's structural schema prunes unknown status fields: keep kopf's own state
+    # in annotations, under our group.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=models.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=models.GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{models.GROUP}/finalizer"
+    # Events are for what the operator changes, not for every handler log line.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "slipstream"
+    settings.peering.lifetime = ctx.config.peering_lifetime_seconds
+
+
+async def stop_tuner(ctx: Context, **_: Any) -> None:
+    ctx.tuner.shutdown(wait=False, cancel_futures=True)  # queued runs are for loops that stopped
+
+
+async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger,
+                    diff: kopf.Diff | tuple[()] = (), **_: Any) -> None:  # fmt: skip
+    """Create, update and resume: the owned objects from the spec, an Event per change, status."""
+    try:
+        sd = models.ServingDeployment.model_validate(dict(body))
+    except pydantic.ValidationError as error:  # the CRD let through what the models refuse
+        message = status.invalid_spec_message(error)
+        before = (body.get("status") or {}).get("conditions") or []
+        patch.status.update(status.invalid_spec_patch(before, message, body["metadata"].get("generation", 0), utcnow()))
+        if not any(c.get("reason") == "InvalidSpec" and c.get("status") == "False" for c in before):
+            kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
+        RECONCILES.labels("invalid").inc()
+        raise kopf.PermanentError(message) from None  # until the spec changes
+    # A user's change of spec.replicas takes the field back from another writer.
+    taken_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
+    keep = taken_back or not replicas.contested(sd)
+    outcome = await asyncio.to_thread(apply_objects, ctx.kube, ctx.keys, sd, keep)
+    record_changes(body, sd, outcome)
+    conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
+    if taken_back:
+        conditions = [c for c in conditions if c.type != replicas.CONDITION]
+        kopf.event(body, type="Normal", reason="ReplicasTakenBack",
+                   message=f"spec.replicas changed: the operator sets the engine Deployment's replicas "
+                   f"({sd.spec.replicas}) again")  # fmt: skip
+    first = objects.current_setting(sd) if sd.status.threshold is None else None
+    patch.status.update(status.patch(sd, first, conditions, outcome.deployment))
+    if (wake := ctx.wakes.get(sd.metadata.uid)) is not None:
+        wake.set()  # a changed spec (a Fixed edit) reaches the engines now, not next interval
+    if outcome.problem is not None:
+        RECONCILES.labels("deferred").inc()
+        if outcome.problem[0] not in {c.reason for c in sd.status.conditions if c.status == "False"}:
+            kopf.event(body, type="Warning", reason=outcome.problem[0], message=outcome.problem[1])
+        raise kopf.TemporaryError(outcome.problem[1], delay=ctx.config.retry_delay_seconds)
+    RECONCILES.labels("ok").inc()
+    logger.info(
+        "%s/%s reconciled: %d object(s) changed", sd.metadata.namespace, sd.metadata.name,
+        len(outcome.changes),
+    )  # fmt: skip
+
+
+async def refresh(ctx: Context, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """The timer: readiness from the engine Deployment (as the drift watch last saw it)."""
+    try:
+        sd = models.ServingDeployment.model_validate(dict(body))
+    except pydantic.ValidationError:
+        return  # reconcile reports it (InvalidSpec)
+    if sd.status.observed_generation is None:
+        return  # not reconciled yet: reconcile writes the first status
+    asked = time.monotonic()
+    deployment = ctx.views.get(sd.metadata.namespace, sd.metadata.name, asked)
+    if deployment is None:  # not seen by the watch, deleted, or its view too old
+        deployment = await asyncio.to_thread(
+            ctx.kube.get, "apps/v1", "Deployment", sd.metadata.namespace, sd.metadata.name
+        )
+        ctx.views.answered(sd.metadata.namespace, sd.metadata.name, deployment, asked)
+    conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
+    if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
+        # The operator owns spec.replicas alone again (taken back): a condition a stale
+        # write put back must not outlive it.
+        conditions = [c for c in conditions if c.type != replicas.CONDITION]
+    was = next((c.status for c in sd.status.conditions if c.type == status.READY), None)
+    now = next(c for c in conditions if c.type == status.READY)
+    if was != now.status:
+        reason = "EnginesReady" if now.status == "True" else "EnginesNotReady"
+        kopf.event(body, type="Normal", reason=reason, message=now.message)
+    patch.status.update(status.changed(sd, status.readiness_patch(conditions, deployment)))
+
+
+async def tuning_loop(ctx: Context, body: kopf.Body, uid: str, stopped: kopf.DaemonStopped, logger: kopf.Logger,
+                      **_: Any) -> None:  # fmt: skip
+    """The deployment's own tuning loop (see `loop`): observe -> tune -> rollout."""
+    memory = loop.Memory()
+    wake = ctx.wakes.setdefault(uid, asyncio.Event())
+    failed: str | None = None
+    try:
+        while not stopped:
+            wake.clear()
+            delay, memory, failed = await step_once(ctx, body, memory, failed, logger)
+            early = loop.until_mix_jump(ctx.deps, lambda: step_view(body)[0], memory, delay)
+            if await pause(stopped, wake, delay, early):
+                MIX_JUMPS.inc()
+                logger.info("stepping early: %s", memory.jumped)
+    finally:
+        ctx.wakes.pop(uid, None)
+
+
+async def step_once(
+    ctx: Context, body: kopf.Body, memory: loop.Memory, failed: str | None, logger: kopf.Logger
+) -> tuple[float, loop.Memory, str | None]:
+    """One step of a tuning loop: (seconds to the next, the loop's memory, the failure
+    last reported). A function of its own so that what a step reads (the model, the
+    outcome) is freed when it returns, not held through the pause, where every loop of a
+    large fleet would hold one of each."""
+    sd, read = step_view(body)
+    delay = ctx.config.rollout_poll_seconds
+    if sd is None or sd.status.observed_generation is None:  # reconcile writes first
+        return delay, memory, failed
+    with TUNING_STEP_SECONDS.time():
+        try:
+            outcome = await loop.step(ctx.deps, sd, memory)
+            await asyncio.to_thread(write_status, ctx.kube, read, outcome.patch)
+        except Exception as error:  # fail static: nothing moves, say so once
+            TUNING_STEPS.labels("error").inc()
+            problem = f"{type(error).__name__}: {str(error)[:300]}"
+            logger.warning("tuning step failed: %s", problem)
+            if problem != failed:
+                kopf.event(body, type="Warning", reason="TuningStepFailed",
+                           message=f"the tuning step failed; nothing was changed: {problem}")  # fmt: skip
+            return delay, loop.Memory(), problem  # re-read the persisted state next time
+    TUNING_STEPS.labels("ok").inc()
+    for event in outcome.events:
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
+        if (result := ROLLOUT_ENDS.get(event.reason)) is not None:
+            ROLLOUTS.labels(sd.metadata.namespace, result).inc()
+    return outcome.delay_s, memory, None
+
+
+async def reverted(ctx: Context, kind: str, body: kopf.Body, event: str | None, logger: kopf.Logger) -> None:
+    """Judge one event of an owned object; apply the spec back over a hand edit, with a Warning."""
+    live = dict(body)
+    if ctx.judged.unchanged(live, event):  # a status-only event: nothing the operator owns moved
+        DRIFT_EVENTS_SKIPPED.labels(kind).inc()
+        return
+    ctx.judged.forget(live)  # until this judgement ends well
+    DRIFT_EVENTS_JUDGED.labels(kind).inc()
+    try:
+        found = await asyncio.to_thread(revert_drift, ctx.kube, kind, live, ctx.reverts, time.monotonic())
+        if found is not None and found.contest is not None:
+            await asyncio.to_thread(contest_replicas, ctx.kube, found.owner, found.contest)
+    except kube_.ApiError as error:  # the next event retries; never a crash loop
+        logger.warning("reverting %s drift failed: %s", kind, error)
+        return
+    if found is None:
+        return
+    ctx.judged.record(found.settled, found.owner)
+    if found.contest is not None:
+        kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="ReplicasContested", message=found.contest)
+    if found.paths:
+        paths = found.paths
+        OBJECT_CHANGES.labels(kind, "reverted").inc()
+        listed = "; ".join(paths[:8]) + (f"; and {len(paths) - 8} more" if len(paths) > 8 else "")
+        kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="DriftReverted",
+                   message=f"Reverted {kind} {body['metadata']['name']} to the spec: {listed} "
+                   "(edit the ServingDeployment instead)")  # fmt: skip
+
+
+async def owner_seen(ctx: Context, body: kopf.Body, type: str | None, **_: Any) -> None:
+    shed_managed_fields(body)  # kopf keeps this body while the loop runs: keep it small
+    ctx.judged.owner_seen(dict(body), type)
+
+
+async def drift_event(ctx: Context, kind: str, body: kopf.Body, type: str | None, logger: kopf.Logger) -> None:
+    if type == "DELETED":
+        ctx.judged.forget(dict(body))
+    elif type in (None, "MODIFIED"):
+        await reverted(ctx, kind, body, type, logger)
+
+
+async def deployment_drift(ctx: Context, body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+    ctx.views.seen(cast(dict[str, Any], body), type, time.monotonic())
+    await drift_event(ctx, "Deployment", body, type, logger)
+
+
+async def service_drift(ctx: Context, body: kopf.Body, type: str | None, logger: kopf.Logger, **_: Any) -> None:
+    await drift_event(ctx, "Service", body, type, logger)
+
+
+async def deleted(name: str, namespace: str | None, logger: kopf.Logger, **_: Any) -> None:
+    logger.info("%s/%s deleted: its owned objects go with it (owner references)", namespace, name)
 
 
 def shed_managed_fields(body: kopf.Body) -> None:

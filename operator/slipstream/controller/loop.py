@@ -47,7 +47,7 @@ from slipstream.tune import mixjump
 log = logging.getLogger(__name__)
 
 
-class Observer(Protocol):
+class SnapshotSource(Protocol):
     """`slipstream.observe` as the loop uses it: never raises, says why a snapshot is invalid."""
 
     async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot: ...
@@ -102,7 +102,7 @@ class Deps:
     kube: kube_.Kube
     config: settings_.ControllerSettings
     keys: adminkeys.AdminKeys
-    observer: Observer = field(default_factory=NotBuilt)
+    observer: SnapshotSource = field(default_factory=NotBuilt)
     recommender: Recommender = field(default_factory=NotBuilt)
     latency: LatencyFor | None = None
     tokens: Callable[[models.ServingDeployment], Awaitable[None]] | None = None
@@ -131,13 +131,13 @@ class Memory:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class StepOutcome:
     """What one step did: the status patch, the Events to record, when to step again."""
 
     patch: dict[str, Any]
     events: list[machine.Event]
     delay_s: float
-    decision: machine.Decision
+    decision: machine.RolloutDecision
 
 
 def ready_pods(items: list[dict[str, Any]]) -> dict[str, str]:
@@ -239,7 +239,7 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
                                            started, now, sub_s)  # fmt: skip
     except Exception as error:
         return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
-    rule = sequential.Rule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
+    rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
     return analysis.from_sequential(sequential.decide(windows, rule, final=machine.analysis_final(state, pol, now)))
 
 
@@ -262,7 +262,7 @@ async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: mode
     return machine.Event("Normal", "Updated", f"Updated ConfigMap {name}: new pods start with {machine.show(setting)}")
 
 
-async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outcome:
+async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> StepOutcome:
     """One observe -> tune -> rollout step of one ServingDeployment."""
     config, now = deps.config, deps.clock()
     fleet = memory.fleet or tuning.fleet_setting(sd)
@@ -335,7 +335,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Outc
         patch.update(status.no_setting())  # refused, no engines: nothing is applied
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
     delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
-    return Outcome(patch, events, delay, decision)
+    return StepOutcome(patch, events, delay, decision)
 
 
 async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeployment | None], memory: Memory,

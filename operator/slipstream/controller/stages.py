@@ -93,7 +93,7 @@ class PrometheusTokens:
 
 
 def fleet_observer(config: settings_.ControllerSettings, tokens: PrometheusTokens | None = None) -> fleet_.FleetObserver:
-    """observe's fleet reads with the operator's settings (`loop.Observer`)."""
+    """observe's fleet reads with the operator's settings (`loop.SnapshotSource`)."""
     return fleet_.FleetObserver(ObserveSettings(
         min_samples=config.observe_min_samples,
         max_staleness_s=config.observe_max_staleness_seconds,
@@ -294,10 +294,10 @@ def size_class_cells(samples: Sequence[parse.Sample], ends: Sequence[float], sub
         if not (tenant and cls in buckets.SIZE_CLASS_NAMES and index.isdigit() and math.isfinite(sample.value)):
             continue
         parts.setdefault((side, int(index), (tenant, cls)), {})[part] = sample.value
-    sides: dict[str, list[dict[sequential.Cell, sequential.Histogram]]] = {
+    sides: dict[str, list[dict[sequential.Cell, sequential.CellHistogram]]] = {
         "canary": [{} for _ in ends], "baseline": [{} for _ in ends]}
     for (side, k, cell), got in parts.items():
         if side in sides and k < len(ends) and got.get("count", 0.0) > 0 and "sum" in got:
-            sides[side][k][cell] = sequential.Histogram(got["count"], got["sum"])
+            sides[side][k][cell] = sequential.CellHistogram(got["count"], got["sum"])
     return [sequential.SubWindow(end - sub_s, end, sides["canary"][k], sides["baseline"][k])
             for k, end in enumerate(ends)]  # fmt: skip

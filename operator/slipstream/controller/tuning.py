@@ -78,31 +78,31 @@ spec_setting = objects.spec_setting
 fleet_setting = objects.current_setting
 
 
-def target(sd: models.ServingDeployment, recommendation: Recommendation | None) -> machine.Target | None:
+def target(sd: models.ServingDeployment, recommendation: Recommendation | None) -> machine.RolloutTarget | None:
     """The setting the fleet should run; None: hold what it runs (Auto without a move)."""
     tuning = sd.spec.tuning
     if tuning.mode == "Auto":
         if recommendation is None or not recommendation.move:
             return None
         proven = tuple(e.setting for e in sd.status.left_settings)
-        return machine.Target(recommendation.setting, recommendation.reason, canary=True, gain=recommendation.gain,
+        return machine.RolloutTarget(recommendation.setting, recommendation.reason, canary=True, gain=recommendation.gain,
                               proven=proven)  # fmt: skip
     reasons = {
         "Off": "tuning is Off: the stock engine (threshold 0)",
         "Fixed": f"spec.tuning.threshold is {tuning.threshold} (mode Fixed)",
         "Recommend": f"mode Recommend runs spec.tuning.threshold ({tuning.threshold or 0}) and only reports",
     }
-    return machine.Target(spec_setting(sd), reasons[tuning.mode], canary=False)
+    return machine.RolloutTarget(spec_setting(sd), reasons[tuning.mode], canary=False)
 
 
 def scale(seconds: float, config: settings_.ControllerSettings) -> float:
     return seconds * config.tuning_time_scale
 
 
-def policy(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> machine.Policy:
+def policy(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> machine.RolloutPolicy:
     tuning = sd.spec.tuning
     window = scale(tuning.rollout.analysis_window_seconds, config)
-    return machine.Policy(
+    return machine.RolloutPolicy(
         canary_replicas=tuning.rollout.canary_replicas,
         analysis_window_s=window,
         max_regression_percent=tuning.rollout.max_regression_percent,
@@ -127,7 +127,7 @@ def observes(sd: models.ServingDeployment) -> bool:
 def conditions(
     sd: models.ServingDeployment,
     current: Sequence[models.Condition],
-    decision: machine.Decision,
+    decision: machine.RolloutDecision,
     pods: Sequence[machine.Pod],
     snap: snapshot.WorkloadSnapshot | None,
     now: str,
@@ -215,7 +215,7 @@ def tenants(sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot) -> li
 
 def status_patch(
     sd: models.ServingDeployment,
-    decision: machine.Decision,
+    decision: machine.RolloutDecision,
     conds: list[models.Condition],
     snap: snapshot.WorkloadSnapshot | None,
     recommendation: Recommendation | None,
@@ -244,7 +244,7 @@ def status_patch(
         if (ratio := recommendation.prediction_error_ratio) is not None:
             out["predictionErrorRatio"] = round(ratio, 3)
     if started and decision.state.candidate is not None:  # a rollout began this step
-        out["lastDecision"] = models.Decision.model_validate({
+        out["lastDecision"] = models.DecisionRecord.model_validate({
             "time": now, "from": (decision.state.baseline or fleet).to_k8s(),
             "to": decision.state.candidate.to_k8s(), "reason": (decision.state.reason or "")[:1024],
         }).to_k8s()  # fmt: skip

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field, replace
 
 from slipstream.api import buckets, models
 from slipstream.api.snapshot import PodSetting, WorkloadSnapshot
+from slipstream.controller import settings as controller_settings
 from slipstream.demo import loop, phases
 from slipstream.sim import engine, policies, profiles
 from slipstream.sim.workload import Request, Workload, build
-from slipstream.controller import settings as controller_settings
 from slipstream.tune import candidates, guardrails, mixjump, observed, tuner
 from slipstream.tune.recommend import policy_name
 

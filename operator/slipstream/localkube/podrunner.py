@@ -73,7 +73,7 @@ POLL_S = 0.5
 HEALTH_TIMEOUT_S = 1.0
 """Timeout of one /health probe; the simulator answers in milliseconds."""
 
-RESTART_BACKOFF = restarts.Backoff()
+RESTART_BACKOFF = restarts.RestartBackoff()
 """Delay before a simulator that exited is started again, as the supervisor's for its
 components and the kubelet's for a container: 1 s, doubling within a crash loop up to
 60 s (a crash loop must not eat the CPU the rest of the loop needs)."""

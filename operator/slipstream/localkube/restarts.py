@@ -5,7 +5,7 @@ the engine-pod runner):
 
 1. each pass asks the part whether it runs; asking reaps an exited child
    (``Popen.poll``), so a dead process never lingers as a zombie;
-2. when it is found down, the delay before the next start is ``Backoff.next_delay``:
+2. when it is found down, the delay before the next start is ``RestartBackoff.next_delay``:
    ``initial_s`` after a part that had run for ``stable_s`` or more (or never
    restarted), else the previous delay times ``factor``, at most ``cap_s``;
 3. once the delay has passed the part is restarted (its restart stops what is left
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Backoff:
+class RestartBackoff:
     """The kubelet's CrashLoopBackOff, scaled to a stack on one machine."""
 
     initial_s: float = 1.0
@@ -84,10 +84,10 @@ class Keeper:
     """Restarts each part that has died, after its backoff; one ``check()`` per pass."""
 
     def __init__(
-        self, parts: Sequence[Part], backoff: Backoff | None = None, clock: Callable[[], float] = time.monotonic
+        self, parts: Sequence[Part], backoff: RestartBackoff | None = None, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.parts = {part.name: part for part in parts}
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or RestartBackoff()
         self.clock = clock
         now = clock()
         self._records = {name: _Record(started_at=now) for name in self.parts}

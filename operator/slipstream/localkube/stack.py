@@ -59,7 +59,7 @@ SCRAPE_INTERVAL_S = 1.0
 """Prometheus scrapes every engine each second: the loop's intervals are seconds."""
 
 
-class PrometheusServer(Protocol):
+class PrometheusHandle(Protocol):
     """What the stack needs of localkube.prometheus's server handle."""
 
     url: str
@@ -102,7 +102,7 @@ class Stack:
         self.options = options
         self.owns_cluster = owns_cluster
         self._installed = False
-        self.prometheus: PrometheusServer | None = None
+        self.prometheus: PrometheusHandle | None = None
         self.operator: processes.Component | None = None
         self.operator_kubeconfig: Path | None = None
         self._operator_health: str | None = None
@@ -337,7 +337,7 @@ def write_env_file(path: Path, env: Mapping[str, str], argv: Sequence[str]) -> N
     path.write_text("\n".join(lines) + "\n")
 
 
-def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusServer:
+def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusHandle:
     """Prometheus scraping every engine pod each second, found through the apiserver
     (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd)."""
     namespaces = (options.engine_namespace,) if options.engine_namespace else ()

@@ -64,7 +64,7 @@ def fetch(observer: Observer, now: float) -> _Read:
 
 
 class FleetObserver:
-    """``controller.loop.Observer``: never raises; says why a snapshot is invalid."""
+    """``controller.loop.SnapshotSource``: never raises; says why a snapshot is invalid."""
 
     def __init__(
         self,

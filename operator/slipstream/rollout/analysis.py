@@ -81,7 +81,7 @@ class Verdict:
     failure either); only `sequential.decide` gives one, and never once it is final."""
 
     @property
-    def outcome(self) -> sequential.Outcome:
+    def outcome(self) -> sequential.Call:
         return "Continue" if self.undecided else "Promote" if self.passed else "Rollback"
 
 
@@ -117,7 +117,7 @@ def compare(
     return Verdict(True, f"no tenant regressed beyond {max_regression_percent:g}%: {listed}", rows)
 
 
-def from_sequential(result: sequential.Result) -> Verdict:
+def from_sequential(result: sequential.SequentialResult) -> Verdict:
     """The sequential rule's result as the rollout machine's verdict."""
     return Verdict(result.outcome == "Promote", result.summary, undecided=result.outcome == "Continue")
 

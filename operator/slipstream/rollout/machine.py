@@ -1,7 +1,7 @@
 """The rollout state machine: canary -> analysis -> promote | roll back, as one pure function.
 
 `decide(state, fleet, target, pods, policy, now, analysis)` looks at what every engine pod
-reports it runs and returns an explicit `Decision` (the VPA updater's style): which pods to
+reports it runs and returns an explicit `RolloutDecision` (the VPA updater's style): which pods to
 set to which setting through their admin API, what the ConfigMap (the setting new pods start
 with) must hold, the setting the fleet runs, the rollout state to persist in the CR status,
 and the Events to record. It does no I/O and takes the clock as an argument, so every
@@ -69,7 +69,7 @@ class Pod:
 
 
 @dataclass(frozen=True)
-class Target:
+class RolloutTarget:
     """The setting the fleet should run, and why (the tuner's reason or "spec")."""
 
     setting: Setting
@@ -86,7 +86,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Policy:
+class RolloutPolicy:
     canary_replicas: int = 1
     """Pods that try a candidate first (spec.tuning.rollout.canaryReplicas)."""
     analysis_window_s: float = 300.0
@@ -113,7 +113,7 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Decision:
+class RolloutDecision:
     action: Action
     state: models.RolloutStatus
     """The rollout state to persist in status.rollout."""
@@ -181,7 +181,7 @@ SKIP_GAIN = 0.5
 proven candidate skips its canary (`skip_canary`)."""
 
 
-def skip_canary(target: Target, state: models.RolloutStatus) -> str:
+def skip_canary(target: RolloutTarget, state: models.RolloutStatus) -> str:
     """Why `target` may go to every pod without a canary, or "" (the canary runs).
 
     The canary's analysis window is most of the time from a phase change to the fleet on
@@ -189,11 +189,11 @@ def skip_canary(target: Target, state: models.RolloutStatus) -> str:
     prompt on the one canary pod reads as a regression). It is skipped only when all of:
 
     - the candidate is proven on this deployment: its whole fleet ran it until a promotion
-      left it (`Target.proven`, from status.leftSettings; the setting the deployment
+      left it (`RolloutTarget.proven`, from status.leftSettings; the setting the deployment
       started on counts, it ran on every pod), so it is known to run on these engines;
     - it was not rolled back since: the last rollout's result is not a rollback of it;
     - the tuner predicts a large gain, at least `SKIP_GAIN`, on its confirming run and on
-      an independent resample (`Target.gain` is the lesser).
+      an independent resample (`RolloutTarget.gain` is the lesser).
 
     What it risks: a setting that was fine under an earlier mix regresses under this one
     with no canary to catch it; the next step's observed window (the tuner's model check
@@ -212,13 +212,13 @@ def skip_canary(target: Target, state: models.RolloutStatus) -> str:
 # -- the machine -----------------------------------------------------------------------------
 
 
-def analysis_due(state: models.RolloutStatus, policy: Policy, now: float) -> bool:
+def analysis_due(state: models.RolloutStatus, policy: RolloutPolicy, now: float) -> bool:
     """Whether the caller must fetch canary and baseline figures before calling `decide`."""
     started = seconds(state.started_at)
     return state.phase == "Analysis" and started is not None and now - started >= policy.analysis_window_s
 
 
-def analysis_final(state: models.RolloutStatus, policy: Policy, now: float) -> bool:
+def analysis_final(state: models.RolloutStatus, policy: RolloutPolicy, now: float) -> bool:
     """Whether the analysis has reached its limit: the rule must now say Promote or Rollback."""
     started = seconds(state.started_at)
     limit = policy.analysis_limit_factor * policy.analysis_window_s
@@ -228,12 +228,12 @@ def analysis_final(state: models.RolloutStatus, policy: Policy, now: float) -> b
 def decide(
     state: models.RolloutStatus | None,
     fleet: Setting,
-    target: Target | None,
+    target: RolloutTarget | None,
     pods: list[Pod],
-    policy: Policy,
+    policy: RolloutPolicy,
     now: float,
     verdict: analysis_.Verdict | None = None,
-) -> Decision:
+) -> RolloutDecision:
     """One step. `fleet` is the setting the fleet runs (status); `target` None: hold it.
     `verdict` is the canary analysis, needed only when `analysis_due`."""
     state = state or models.RolloutStatus()
@@ -253,9 +253,9 @@ def decide(
 class _Step:
     state: models.RolloutStatus
     fleet: Setting
-    target: Target | None
+    target: RolloutTarget | None
     pods: list[Pod]
-    policy: Policy
+    policy: RolloutPolicy
     now: float
 
     # helpers
@@ -286,10 +286,10 @@ class _Step:
 
     def decision(self, action: Action, state: models.RolloutStatus, configmap: Setting, apply: Sequence[Pod] = (),
                  setting: Setting | None = None, events: tuple[Event, ...] = (), fleet: Setting | None = None,
-                 message: str = "") -> Decision:  # fmt: skip
+                 message: str = "") -> RolloutDecision:  # fmt: skip
         targets = {p.name: setting for p in apply if setting is not None}
         state = state.model_copy(update={"message": message[:1024] or state.message})
-        return Decision(action, state, fleet or self.fleet, configmap, targets, events, message)
+        return RolloutDecision(action, state, fleet or self.fleet, configmap, targets, events, message)
 
     def superseded(self) -> bool:
         """A new target other than the candidate. None is no new target: in Auto the tuner
@@ -298,7 +298,7 @@ class _Step:
 
     # phases
 
-    def idle(self) -> Decision:
+    def idle(self) -> RolloutDecision:
         target = self.target
         if target is not None and target.setting != self.fleet:
             if self.blocked(target.setting):
@@ -318,7 +318,7 @@ class _Step:
             and finished is not None and self.now - finished < self.policy.retry_after_s
         )  # fmt: skip
 
-    def hold(self, why: str) -> Decision:
+    def hold(self, why: str) -> RolloutDecision:
         """Nothing to roll out: keep every pod on the fleet's setting."""
         stale = self.off(self.pods, self.fleet)
         fixable = [p for p in stale if p.setting is not None]
@@ -334,10 +334,10 @@ class _Step:
         action: Action = "Correct" if fixable or unreadable else "Hold"
         # The problem is this step's message only: status.rollout.message keeps the last
         # result's, so it is not left naming a problem that has since cleared.
-        return Decision(action, self.state.model_copy(update={"phase": "Idle"}), self.fleet, self.fleet,
+        return RolloutDecision(action, self.state.model_copy(update={"phase": "Idle"}), self.fleet, self.fleet,
                         {p.name: self.fleet for p in stale}, events, message)  # fmt: skip
 
-    def start(self, target: Target) -> Decision:
+    def start(self, target: RolloutTarget) -> RolloutDecision:
         change = self.change(self.fleet, target.setting)
         on_fleet = [p for p in self.pods if p.setting == self.fleet]
         skipped = skip_canary(target, self.state)
@@ -362,7 +362,7 @@ class _Step:
         return self.decision("Promote", state, target.setting, apply=self.pods, setting=target.setting,
                              events=(event,), message=message)  # fmt: skip
 
-    def canary(self) -> Decision:
+    def canary(self) -> RolloutDecision:
         canaries = [p for p in self.pods if p.name in self.state.canary_pods]
         gone = sorted(set(self.state.canary_pods) - {p.name for p in canaries})
         if gone:
@@ -384,7 +384,7 @@ class _Step:
         return self.decision("ApplyCanary", state, self.baseline, apply=waiting, setting=self.candidate,
                              message=f"setting {show(self.candidate)} on {', '.join(p.name for p in waiting)}")  # fmt: skip
 
-    def analysis(self, verdict: analysis_.Verdict | None) -> Decision:
+    def analysis(self, verdict: analysis_.Verdict | None) -> RolloutDecision:
         canaries = [p for p in self.pods if p.name in self.state.canary_pods]
         gone = sorted(set(self.state.canary_pods) - {p.name for p in canaries})
         if gone:
@@ -411,7 +411,7 @@ class _Step:
                              setting=self.candidate, events=(Event("Normal", "CanaryPassed", message),),
                              message=message)  # fmt: skip
 
-    def promoting(self) -> Decision:
+    def promoting(self) -> RolloutDecision:
         waiting = self.off(self.pods, self.candidate)
         if not waiting:
             change = self.change(self.baseline, self.candidate)
@@ -434,7 +434,7 @@ class _Step:
     def reason(self) -> str:
         return self.state.reason or "promoted"
 
-    def roll_back(self, why: str) -> Decision:
+    def roll_back(self, why: str) -> RolloutDecision:
         state = self.phase("RollingBack")
         message = f"rolling back {show(self.candidate)} to {show(self.baseline)}: {why}"
         targets = self.off(self.pods, self.baseline)
@@ -442,7 +442,7 @@ class _Step:
         return self.decision("RollBack", state, self.baseline, apply=targets, setting=self.baseline,
                              events=(event,), fleet=self.baseline, message=message)  # fmt: skip
 
-    def rolling_back(self) -> Decision:
+    def rolling_back(self) -> RolloutDecision:
         waiting = self.off(self.pods, self.baseline)
         if not waiting:
             state = self.state.model_copy(update={

@@ -35,7 +35,7 @@ Because one sub-window adds at most ``log(p1 / p0)`` (0.34 at the defaults) agai
 rollback bound of 2.98, no single burst (one giant prompt blocking the canary for a
 sub-window or two) can roll back a setting: a rollback before the limit takes at least
 nine slower sub-windows, one at the limit at least five.
-The rule is pure: plain counts in, a named `Outcome` with its numbers out.
+The rule is pure: plain counts in, a named `Call` with its numbers out.
 """
 
 from __future__ import annotations
@@ -45,13 +45,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-Outcome = Literal["Promote", "Rollback", "Continue"]
+Call = Literal["Promote", "Rollback", "Continue"]
 Cell = tuple[str, str]
 """(tenant, size_class)."""
 
 
 @dataclass(frozen=True)
-class Histogram:
+class CellHistogram:
     """One cell's TTFT histogram increase over a sub-window (``_count``, ``_sum`` seconds)."""
 
     count: float
@@ -68,12 +68,12 @@ class SubWindow:
 
     start_s: float
     end_s: float
-    canary: Mapping[Cell, Histogram]
-    baseline: Mapping[Cell, Histogram]
+    canary: Mapping[Cell, CellHistogram]
+    baseline: Mapping[Cell, CellHistogram]
 
 
 @dataclass(frozen=True)
-class Rule:
+class SequentialRule:
     tolerance_percent: float = 5.0
     """A sub-window is slower when the pooled canary/baseline mean ratio exceeds 1 + this
     (spec.tuning.rollout.maxRegressionPercent)."""
@@ -125,8 +125,8 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Result:
-    outcome: Outcome
+class SequentialResult:
+    outcome: Call
     summary: str
     llr: float
     observations: int
@@ -153,7 +153,7 @@ def pooled_ratio(window: SubWindow, min_samples: int) -> tuple[float, int]:
     return (math.exp(num / den), cells) if den > 0 else (math.nan, 0)
 
 
-def decide(windows: Sequence[SubWindow], rule: Rule, final: bool = False) -> Result:
+def decide(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = False) -> SequentialResult:
     """Run the test over the sub-windows in order (see the module docstring)."""
     up, down = rule.upper, rule.lower
     inc_slow, inc_ok = math.log(rule.p1 / P0), math.log((1 - rule.p1) / (1 - P0))
@@ -171,7 +171,7 @@ def decide(windows: Sequence[SubWindow], rule: Rule, final: bool = False) -> Res
         llr += inc_slow if is_slower else inc_ok
         steps.append(Step(w.start_s, w.end_s, cells, ratio, is_slower, llr))
         if llr >= up or llr <= down:
-            outcome: Outcome = "Rollback" if llr >= up else "Promote"
+            outcome: Call = "Rollback" if llr >= up else "Promote"
             return _result(outcome, rule, llr, observations, slower, w.end_s, steps, "crossed")
     if final:
         if observations == 0:
@@ -181,8 +181,8 @@ def decide(windows: Sequence[SubWindow], rule: Rule, final: bool = False) -> Res
     return _result("Continue", rule, llr, observations, slower, None, steps, "undecided")
 
 
-def _result(outcome: Outcome, rule: Rule, llr: float, n: int, slower: int, at: float | None,
-            steps: list[Step], how: str) -> Result:  # fmt: skip
+def _result(outcome: Call, rule: SequentialRule, llr: float, n: int, slower: int, at: float | None,
+            steps: list[Step], how: str) -> SequentialResult:  # fmt: skip
     ratios = [s.ratio for s in steps if s.cells]
     median = sorted(ratios)[len(ratios) // 2] if ratios else math.nan
     summary = (
@@ -191,4 +191,4 @@ def _result(outcome: Outcome, rule: Rule, llr: float, n: int, slower: int, at: f
         f"log-likelihood ratio {llr:+.2f} against bounds {rule.lower:+.2f} / {rule.upper:+.2f} "
         f"(alpha {rule.alpha:g}, beta {rule.beta:g}, p1 {rule.p1:g})"
     )
-    return Result(outcome, summary, llr, n, slower, at, tuple(steps))
+    return SequentialResult(outcome, summary, llr, n, slower, at, tuple(steps))

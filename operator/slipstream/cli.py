@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from slipstream import canarycheck
-from slipstream.demo import driver
+from slipstream.demo import driver, loopbench
 from slipstream.enginesim import flags as enginesim_flags
 from slipstream.localkube import supervisor
 from slipstream.rollout import sequential
@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.set_defaults(func=cmd_load)
     supervisor.add_parser(sub)
     driver.add_parser(sub)
+    loopbench.add_parser(sub)
     return parser
 
 

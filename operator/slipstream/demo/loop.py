@@ -287,6 +287,8 @@ class Result:
     arrival_s: float
     ttft_s: float
     ok: bool
+    late_s: float = 0.0
+    """Twin seconds the load sent it after its arrival time (the machine fell behind)."""
 
 
 class LoadRun:
@@ -318,7 +320,7 @@ class LoadRun:
             return
         arrival = {r.rid: r.arrival_s for r in self.requests}
         self.results = [
-            Result(o.tenant, o.rid, arrival.get(o.rid, math.nan), o.ttft_s, o.ok) for o in outcomes
+            Result(o.tenant, o.rid, arrival.get(o.rid, math.nan), o.ttft_s, o.ok, o.late_s) for o in outcomes
         ]
 
     def running(self) -> bool:

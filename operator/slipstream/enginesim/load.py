@@ -46,6 +46,8 @@ class Outcome:
     ok: bool
     error: str = ""
     target: str = ""
+    late_s: float = 0.0
+    """Twin seconds the request was sent after its arrival time (the load fell behind)."""
 
 
 class LoadError(ValueError):
@@ -112,10 +114,12 @@ class _Replay:
         self._next += 1
         return url.rstrip("/")
 
-    async def send(self, session: aiohttp.ClientSession, req: Request) -> None:
+    async def send(self, session: aiohttp.ClientSession, req: Request, due: float) -> None:
+        """Send ``req``, due at monotonic time ``due``; its Outcome says how late it went."""
+        late = max(0.0, time.monotonic() - due) * self.time_scale
         target = self.pick()
         if target is None:
-            self.outcomes.append(Outcome(req.tenant, req.rid, math.nan, False, "no target ready"))
+            self.outcomes.append(Outcome(req.tenant, req.rid, math.nan, False, "no target ready", late_s=late))
             return
         headers = {**self.headers,
                    engine_metrics.CUSTOM_LABELS_HEADER: json.dumps({"tenant": req.tenant})}
@@ -128,7 +132,7 @@ class _Replay:
                 if resp.status >= 400:
                     text = (await resp.text())[:200]
                     self.outcomes.append(Outcome(req.tenant, req.rid, math.nan, False,
-                                                 f"HTTP {resp.status}: {text}", target))
+                                                 f"HTTP {resp.status}: {text}", target, late))
                     return
                 async for line in resp.content:
                     if math.isnan(ttft) and line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
@@ -141,10 +145,10 @@ class _Replay:
                         ttft = float(exact)
             ok = not math.isnan(ttft)
             self.outcomes.append(Outcome(req.tenant, req.rid, ttft, ok, "" if ok else "no token streamed",
-                                         target))
+                                         target, late))
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             self.outcomes.append(Outcome(req.tenant, req.rid, math.nan, False,
-                                         f"{type(exc).__name__}: {exc}"[:200], target))
+                                         f"{type(exc).__name__}: {exc}"[:200], target, late))
         finally:
             self.in_flight -= 1
 
@@ -201,7 +205,7 @@ async def replay_async(
                 at = t0 + (req.arrival_s - first) / (rate_scale * time_scale)
                 if at >= deadline or not await _wait_until(at, stop):
                     break
-                task = asyncio.create_task(run.send(session, req))
+                task = asyncio.create_task(run.send(session, req, at))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:

@@ -26,6 +26,12 @@ PROMPT_TOKEN_BUCKETS = (
 MODES = ("ceiling", "floor")
 MAX_PARTIAL_PREFILLS = "sglang:max_partial_prefills"
 """Gauge (patch): the partials cap in force (--max-partial-prefills, settable in place)."""
+RELEASE_LAG_SECONDS = "slipstream_enginesim_release_lag_seconds"
+"""Histogram (simulator only): how far behind the scaled clock the simulator released each
+first token and completion, in twin seconds (its pump woke late, or the twin's passes took
+longer than the wall time they stand for). A machine that cannot keep the time scale shows
+here; benchmarks over the simulators refuse figures taken while it exceeded their bound."""
+LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -42,6 +48,9 @@ class EngineMetrics:
         r = self.registry
         self.ttft = Histogram(names.TTFT_SECONDS, "Histogram of time to first token in seconds.",
                               streaming, buckets=TTFT_BUCKETS, registry=r)
+        self.release_lag = Histogram(RELEASE_LAG_SECONDS, "Twin seconds the simulator released a first token or "
+                                     "a completion after it was due.", self.base, buckets=LAG_BUCKETS,
+                                     registry=r).labels(**self.base)  # fmt: skip
         self.e2e = Histogram(names.E2E_REQUEST_LATENCY_SECONDS,
                              "Histogram of End-to-end request latency in seconds", streaming,
                              buckets=E2E_BUCKETS, registry=r)
@@ -168,6 +177,10 @@ class EngineMetrics:
         self._policies.add(policy)
         for p in self._policies:
             self.policy.labels(**s, policy=p).set(1 if p == policy else 0)
+
+    def late(self, lag_s: float) -> None:
+        """A release ``lag_s`` twin seconds after it was due (``RELEASE_LAG_SECONDS``)."""
+        self.release_lag.observe(max(0.0, lag_s))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

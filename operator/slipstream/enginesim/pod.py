@@ -201,10 +201,12 @@ class SimPod:
                     still.append(t)
                     continue
                 t.ttft_s = at - t.arrival_s
+                self.metrics.late(now - at)
                 self.metrics.first_token(t.labels, t.inc.stream, t.ttft_s, t.inc.prompt_tokens, job.cached)
                 t.first.set()
             if job.finished_s >= 0 and job.finished_s + t.shift() <= now:
                 t.e2e_s = job.finished_s + t.shift() - t.arrival_s
+                self.metrics.late(now - (job.finished_s + t.shift()))
                 self.metrics.finished(t.labels, t.inc.stream, t.inc.prompt_tokens, job.cached,
                                       t.inc.output_tokens, t.e2e_s)
                 self.served += 1

@@ -1,0 +1,362 @@
+"""``slipstream loopbench``: the closed loop measured live against the best static settings.
+
+Mode Auto is worth running only if it beats leaving a good setting on. This benchmark
+replays one phased workload on the real stack (control plane, Prometheus, the operator
+installed with helm, simulated engines), one run per setting, reusing one stack:
+
+1. The twin ranks the static settings the demo considers (``offline.STATIC``) on the same
+   traffic, in hindsight, and the two best over the whole run are taken.
+2. Runs, one after the other, each in a fresh namespace: Auto (from stock), Off, and the
+   two static settings (mode Fixed). Each run is the demo's ServingDeployment (two engine
+   simulators) under the workload's requests, time-scaled.
+3. Per run: per-phase and whole-run p99 TTFT per tenant, every phase counted from its
+   first second (no settling period left out); the time from each phase change to the
+   fleet running the setting it ends the phase on (``status`` read once a second); the
+   changes (``ThresholdChanged``) and rollbacks (``RolledBack``).
+4. Every run also says whether the machine kept the time scale: the engine simulators'
+   release lag (``slipstream_enginesim_release_lag_seconds``, read from each pod's
+   /metrics at the run's end) and the load's send lag, as p99 twin seconds. A run whose
+   lag exceeds ``--max-lag`` is marked refused: its figures are printed but not judged.
+
+The targets (issue 16, item 7): Auto's whole-run worst-tenant p99 at most 1.1x the best
+static setting's and at most 0.5x Off's. The process exits 1 when a judged run misses
+them, 3 when a run was refused for lag, 0 otherwise.
+
+A workload file (``--workload FILE``) lists phases, each a twin workload spec
+(``slipstream.sim.spec``; rates are the fleet's, spread over the two engines)::
+
+    phases:
+      - {name: uniform, duration_s: 600, seed: 1, tenants: [...]}
+      - {name: giants, duration_s: 600, seed: 2, requests: [...], tenants: [...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from slipstream.demo import loop, phases
+from slipstream.enginesim import metrics as sim_metrics
+from slipstream.sim import spec as spec_mod
+from slipstream.sim.workload import Request, Workload, build
+
+NAMESPACE_PREFIX = "loopbench"
+NAME = "bench"
+READY_S = 180.0
+DEFAULT_MAX_LAG_S = 1.0
+"""Twin seconds: the p99 lag a run may have and still be judged. The demo's best static
+setting's worst-tenant p99 is about 1 s, so a larger lag could decide the comparison."""
+TARGET_VS_BEST = 1.1
+TARGET_VS_OFF = 0.5
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: a label and the ServingDeployment's tuning (mode, and the setting in Fixed)."""
+
+    label: str
+    mode: str
+    setting: str = "stock"
+    """A policy name (``ceiling:4096/srpt``, ``stock``): the Fixed setting; Auto starts on stock."""
+
+
+@dataclass
+class RunFigures:
+    """What one run measured (twin seconds)."""
+
+    label: str
+    mode: str
+    setting: str
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    """phase name -> tenant -> p99 TTFT over the whole phase."""
+    whole: dict[str, float] = field(default_factory=dict)
+    worst_whole: float = math.nan
+    settled_s: dict[str, float | None] = field(default_factory=dict)
+    """phase name -> twin s from its start to the fleet on its final setting (None: no status)."""
+    final_settings: dict[str, str] = field(default_factory=dict)
+    changes: int = 0
+    rollbacks: int = 0
+    requests: int = 0
+    failed: int = 0
+    sim_lag_p99_s: float = math.nan
+    load_lag_p99_s: float = math.nan
+    refused: str = ""
+
+
+def setting_fields(name: str) -> dict[str, Any]:
+    """The tuning fields of a policy name: ``ceiling:4096/srpt`` -> threshold 4096, engineMode
+    ceiling, schedulePolicy srpt; ``stock`` and ``stock/srpt`` have threshold 0."""
+    head, _, order = name.partition("/")
+    if head == "stock":
+        return {"threshold": 0, "engineMode": "ceiling", "schedulePolicy": order or "fcfs"}
+    mode, _, threshold = head.partition(":")
+    if mode not in ("ceiling", "floor") or not threshold.isdigit():
+        raise ValueError(f"setting {name!r}: expected stock[/ORDER] or ceiling|floor:T[/ORDER]")
+    return {"threshold": int(threshold), "engineMode": mode, "schedulePolicy": order or "fcfs"}
+
+
+def load_phases(path: str | Path) -> tuple[Workload, list[phases.Phase]]:
+    """A phased workload file (module docstring): one workload, the phases back to back."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{p}: cannot read a phased workload ({type(exc).__name__})") from None
+    items = doc.get("phases") if isinstance(doc, dict) else None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"{p}: expected a mapping with a non-empty list 'phases' of workload specs")
+    requests: list[Request] = []
+    spans: list[phases.Phase] = []
+    start = 0.0
+    for index, item in enumerate(items):
+        where = f"{p}: phases[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("duration_s"), int | float):
+            raise ValueError(f"{where}: each phase is a workload spec with a numeric duration_s")
+        try:
+            part = spec_mod.parse(yaml.safe_dump(item), where, tenant_base=index * 8).workload
+        except spec_mod.SpecError as exc:  # its line is the phase's re-dumped text's: leave it out
+            raise ValueError(re.sub(rf"^{re.escape(where)}:\d+", where, str(exc))) from None
+        name = f"{index + 1}-{item.get('name') or 'phase'}"
+        duration = float(item["duration_s"])
+        requests += [replace(r, rid=f"{name}/{r.rid}", arrival_s=r.arrival_s + start) for r in part.requests
+                     if r.arrival_s < duration]  # fmt: skip
+        spans.append(phases.Phase(name, str(item.get("name") or "phase"), start, start + duration))
+        start += duration
+    return build(p.stem, requests, " -> ".join(s.name for s in spans)), spans
+
+
+def best_static(workload: Workload, spans: Sequence[phases.Phase], count: int = 2) -> list[tuple[str, float]]:
+    """The ``count`` static settings with the lowest whole-run worst-tenant p99 on the twin."""
+    from slipstream.demo import offline  # the twin and the tuner: loaded when a bench runs
+
+    ranked = sorted((offline.figures(offline.static(workload, name), spans)["whole"], name)
+                    for name in offline.STATIC)  # fmt: skip
+    return [(name, whole) for whole, name in ranked[:count]]
+
+
+def p99(values: Sequence[float]) -> float:
+    return loop.percentile(list(values), 99)
+
+
+def histogram_p99(text: str, name: str) -> tuple[float, float]:
+    """(p99 upper bucket bound, count) of histogram ``name`` in an exposition (NaN, 0 if absent)."""
+    buckets: list[tuple[float, float]] = []
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                buckets.append((float(sample.labels["le"]), sample.value))
+    if not buckets:
+        return math.nan, 0.0
+    buckets.sort()
+    total = buckets[-1][1]
+    if total <= 0:
+        return 0.0, 0.0
+    bound = next(le for le, count in buckets if count >= 0.99 * total)
+    return bound, total
+
+
+def sim_lag_p99(urls: Sequence[str]) -> float:
+    """The worst pod's p99 release lag (twin s; a bucket's upper bound) from each /metrics."""
+    worst = math.nan
+    for url in urls:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/metrics", timeout=10) as response:
+            bound, count = histogram_p99(response.read().decode(), sim_metrics.RELEASE_LAG_SECONDS)
+        if count > 0:
+            worst = bound if math.isnan(worst) else max(worst, bound)
+    return worst
+
+
+def settled(samples: Sequence[loop.Sample], span: phases.Phase) -> tuple[float | None, str]:
+    """(twin s from the phase's start to the fleet on its final setting, that setting)."""
+    inside = [s for s in samples if span.holds(s.twin_s) and s.threshold is not None]
+    if not inside:
+        return None, "?"
+
+    def key(s: loop.Sample) -> tuple[Any, ...]:
+        return s.threshold, s.mode, s.schedule_policy
+
+    final = key(inside[-1])
+    last_other = max((k for k, s in enumerate(inside) if key(s) != final), default=None)
+    at = span.start_s if last_other is None else inside[last_other + 1].twin_s
+    return at - span.start_s, loop.setting_text(inside[-1])
+
+
+def figures_of(spec: RunSpec, results: Sequence[loop.Result], samples: Sequence[loop.Sample],
+               events: Sequence[dict[str, Any]], spans: Sequence[phases.Phase]) -> RunFigures:  # fmt: skip
+    """The run's figures from what it recorded (pure: the tests call it on plain data)."""
+    fig = RunFigures(spec.label, spec.mode, spec.setting)
+    for span in spans:
+        fig.phases[span.name] = loop.tenant_p99(results, span.start_s, span.end_s)
+        fig.settled_s[span.name], fig.final_settings[span.name] = settled(samples, span)
+    fig.whole = loop.tenant_p99(results, spans[0].start_s, spans[-1].end_s)
+    fig.worst_whole = max(fig.whole.values(), default=math.nan)
+    reasons = [e.get("reason") for e in events]
+    fig.changes = reasons.count("ThresholdChanged")
+    fig.rollbacks = reasons.count("RolledBack")
+    fig.requests = len(results)
+    fig.failed = sum(1 for r in results if not r.ok)
+    fig.load_lag_p99_s = p99([r.late_s for r in results])
+    return fig
+
+
+def verdict(runs: Sequence[RunFigures]) -> tuple[int, list[str]]:
+    """(exit status, lines): Auto against the best static run and Off (module docstring)."""
+    by_mode = {r.mode: r for r in runs}
+    auto, off = by_mode.get("Auto"), by_mode.get("Off")
+    statics = [r for r in runs if r.mode == "Fixed"]
+    if any(r.refused for r in runs):
+        return 3, [f"refused: {r.label}: {r.refused}" for r in runs if r.refused]
+    if auto is None or off is None or not statics:
+        return 0, ["(no comparison: Auto, Off and a static run are all needed)"]
+    best = min(statics, key=lambda r: r.worst_whole)
+    vs_best, vs_off = auto.worst_whole / best.worst_whole, auto.worst_whole / off.worst_whole
+    lines = [
+        f"Auto whole-run worst-tenant p99 {auto.worst_whole:.2f} s: {vs_best:.2f}x the best static "
+        f"({best.label}, {best.worst_whole:.2f} s; target <= {TARGET_VS_BEST}), {vs_off:.2f}x Off "
+        f"({off.worst_whole:.2f} s; target <= {TARGET_VS_OFF})"
+    ]
+    met = vs_best <= TARGET_VS_BEST and vs_off <= TARGET_VS_OFF
+    lines.append("targets met" if met else "targets MISSED")
+    return (0 if met else 1), lines
+
+
+def table(runs: Sequence[RunFigures], spans: Sequence[phases.Phase]) -> list[str]:
+    cols = [s.name for s in spans] + ["whole"]
+    lines = [f"{'run':34s}" + "".join(f"{c:>18s}" for c in cols) + f"{'changes':>9s}{'rollbacks':>10s}"
+             f"{'lag p99 sim/load':>18s}"]  # fmt: skip
+    for r in runs:
+        worst = [max(r.phases[c].values(), default=math.nan) for c in cols[:-1]] + [r.worst_whole]
+        lines.append(f"{r.label:34s}" + "".join(f"{v:18.2f}" for v in worst) + f"{r.changes:9d}{r.rollbacks:10d}"
+                     f"{r.sim_lag_p99_s:9.2f}/{r.load_lag_p99_s:.2f}")  # fmt: skip
+        settle = "  ".join(f"{c} {'?' if s is None else f'{s:.0f} s'} ({r.final_settings[c]})"
+                           for c, s in r.settled_s.items())  # fmt: skip
+        lines.append(f"    on the final setting after: {settle}")
+    return lines
+
+
+def run_one(target: loop.Target, spec: RunSpec, index: int, workload: Workload, spans: Sequence[phases.Phase],
+            max_lag_s: float, out: Any) -> RunFigures:  # fmt: skip
+    """One run in its own namespace, deleted afterwards."""
+    ns = f"{NAMESPACE_PREFIX}-{index}"
+    target.kubectl("create", "namespace", ns, check=False)
+    try:
+        sd = loop.serving_deployment(NAME, target.prometheus_url, mode=spec.mode)
+        if spec.mode == "Fixed":
+            sd["spec"]["tuning"].update(setting_fields(spec.setting))
+        sd["metadata"]["namespace"] = ns
+        target.apply(sd)
+        targets = loop.wait_for(lambda: _service_targets(target, ns), READY_S, f"{ns}: the engine Service")
+        loop.wait_for(lambda: len(targets()) >= 2, READY_S, f"{ns}: two engine simulators answering /health")
+        if spec.mode == "Fixed":
+            loop.wait_for(lambda: _fleet_on(target, ns, spec.setting), READY_S, f"{ns}: the fleet on {spec.setting}")
+        watcher = loop.Watcher(target, ns, NAME).start()
+        load = loop.LoadRun(workload.requests, targets, target.time_scale).start()
+        watcher.t0 = load.t0
+        last = 0.0
+        while load.running():
+            now = watcher.twin_now()
+            if now - last >= 60:
+                latest = watcher.latest
+                print(f"  [{spec.label}] {now:6.0f}/{spans[-1].end_s:.0f} twin s: "
+                      f"{loop.status_line(latest) if latest else 'waiting for status'}", file=out, flush=True)  # fmt: skip
+                last = now
+            time.sleep(0.5)
+        results = load.join()
+        watcher.stop()
+        fig = figures_of(spec, results, watcher.samples, watcher.events, spans)
+        fig.sim_lag_p99_s = sim_lag_p99(list(targets()))
+        lags = [v for v in (fig.sim_lag_p99_s, fig.load_lag_p99_s) if not math.isnan(v)]
+        if lags and max(lags) > max_lag_s:
+            fig.refused = (f"the machine did not keep time scale {target.time_scale:g}: p99 lag sim "
+                           f"{fig.sim_lag_p99_s:.2f} s, load {fig.load_lag_p99_s:.2f} s > {max_lag_s:g} twin s")
+        return fig
+    finally:
+        target.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _fleet_on(target: loop.Target, ns: str, setting: str) -> bool:
+    sd = target.get_sd(ns, NAME)
+    want = setting_fields(setting)
+    status = (sd or {}).get("status") or {}
+    return (status.get("threshold"), status.get("mode") or "ceiling", status.get("schedulePolicy") or "fcfs") == (
+        want["threshold"], want["engineMode"], want["schedulePolicy"])
+
+
+def _service_targets(target: loop.Target, ns: str) -> Any:
+    try:
+        return target.targets(ns, NAME)
+    except OSError:
+        return None
+
+
+def plan_runs(workload: Workload, spans: Sequence[phases.Phase], only: Sequence[str] = ()) -> list[RunSpec]:
+    """Auto, Off and the twin's two best static settings in hindsight (``only``: labels kept)."""
+    statics = best_static(workload, spans)
+    runs = [RunSpec("auto", "Auto"), RunSpec("off", "Off")]
+    runs += [RunSpec(f"static {name} (twin {whole:.2f} s)", "Fixed", name) for name, whole in statics]
+    return [r for r in runs if not only or r.mode.lower() in only or r.setting in only]
+
+
+def run(args: argparse.Namespace) -> int:
+    from slipstream.demo import driver
+
+    if args.workload == "builtin:demo":
+        workload, spans = phases.plan(args.phase_s, replicas=2)  # the demo's two engines
+    else:
+        workload, spans = load_phases(args.workload)
+    out = sys.stderr if args.json else sys.stdout
+    print(f"workload {args.workload}: {', '.join(f'{s.name} {s.end_s - s.start_s:.0f} s' for s in spans)}; "
+          f"{len(workload.requests)} requests", file=out)  # fmt: skip
+    print("ranking the static settings on the twin (hindsight) ...", file=out, flush=True)
+    specs = plan_runs(workload, spans, [o.strip() for o in args.runs.split(",")] if args.runs else ())
+    runs: list[RunFigures] = []
+    with driver.target_for(args) as (target, _reused):
+        print(f"stack ready (time x{target.time_scale:g}); {len(specs)} run(s): "
+              f"{', '.join(s.label for s in specs)}", file=out, flush=True)  # fmt: skip
+        for index, spec in enumerate(specs):
+            runs.append(run_one(target, spec, index, workload, spans, args.max_lag, out))
+            print(f"  [{spec.label}] done: worst-tenant p99 {runs[-1].worst_whole:.2f} s", file=out, flush=True)
+    status, lines = verdict(runs)
+    if args.json:
+        print(json.dumps({"workload": args.workload, "phases": [asdict(s) for s in spans],
+                          "runs": [asdict(r) for r in runs], "verdict": lines, "exit": status}, indent=2))  # fmt: skip
+    else:
+        print("\nworst tenant's p99 TTFT (twin s), whole phases from their first second:")
+        for line in table(runs, spans) + lines:
+            print(line)
+    return status
+
+
+def add_parser(sub: Any) -> None:
+    from slipstream.demo import driver
+    from slipstream.localkube import supervisor
+
+    p = sub.add_parser("loopbench", help="Auto, Off and the best static settings, live on the local stack")
+    p.add_argument("--workload", default="builtin:demo", metavar="builtin:demo|FILE",
+                   help="the phased workload (default %(default)s; FILE: see the module docstring)")
+    p.add_argument("--phase-s", type=float, default=driver.DEFAULT_PHASE_S, metavar="S",
+                   help="builtin:demo: twin seconds per phase (default %(default)s)")
+    p.add_argument("--time-scale", type=float, default=driver.DEFAULT_TIME_SCALE, metavar="S",
+                   help="twin seconds per wall second (default %(default)s; a reused cluster keeps its own)")
+    p.add_argument("--runs", default="", metavar="LIST",
+                   help="only these runs: auto, off, fixed, or a static setting's name (default: all four)")
+    p.add_argument("--max-lag", type=float, default=DEFAULT_MAX_LAG_S, metavar="S",
+                   help="p99 lag (twin s) past which a run is refused (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON (progress on stderr)")
+    p.add_argument("--workdir", default=str(supervisor.DEFAULT_WORKDIR),
+                   help="a running `slipstream cluster up` to reuse (default %(default)s)")
+    p.set_defaults(func=run)

@@ -21,6 +21,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from slipstream import canarycheck
+from slipstream.api import models
+from slipstream.controller.settings import ControllerSettings
 from slipstream.demo import driver, loopbench
 from slipstream.enginesim import flags as enginesim_flags
 from slipstream.localkube import supervisor
@@ -105,13 +107,21 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
     g = p.add_argument_group("the tuner (policy auto, recommend)")
     if loop:
-        g.add_argument("--interval", type=float, default=60.0, metavar="S",
-                       help="auto: simulated seconds between two tuner decisions (default 60)")
-        g.add_argument("--cooldown", type=float, default=300.0, metavar="S",
-                       help="auto: least simulated seconds between two changes (default 300)")
+        tuning, rollout = models.Tuning.model_fields, models.Rollout.model_fields
+        g.add_argument("--interval", type=float, default=float(tuning["interval_seconds"].default), metavar="S",
+                       help="auto: simulated seconds between two tuner decisions (default %(default)g, the CRD's)")
+        g.add_argument("--cooldown", type=float, default=float(tuning["cooldown_seconds"].default), metavar="S",
+                       help="auto: least simulated seconds from a promotion to the next change "
+                       "(default %(default)g, the CRD's)")  # fmt: skip
+        g.add_argument("--analysis", type=float, default=float(rollout["analysis_window_seconds"].default),
+                       metavar="S", help="auto: simulated seconds a rollout stays in flight before it "
+                       "promotes, the tuner holding meanwhile (default %(default)g, the CRD's)")  # fmt: skip
+        g.add_argument("--mix-poll", type=float, default=ControllerSettings().mix_poll_seconds, metavar="S",
+                       help="auto: simulated seconds between queue-mix polls, a jump stepping before the "
+                       "timer (default %(default)g, the operator's; 0: the timer only)")  # fmt: skip
     g.add_argument("--window", type=float, metavar="S",
-                   help="metrics window the tuner sees, simulated seconds (default: twice the "
-                   "interval; recommend: 300)")
+                   help="metrics window the tuner sees, simulated seconds (default: the interval, "
+                   "as the operator reads; recommend: 300)")
     g.add_argument("--min-concurrency", type=int, default=1, metavar="K",
                    help="fewest concurrent prefills the tuner may choose (off counts as 1)")
     g.add_argument("--max-concurrency", type=int, default=8, metavar="K",
@@ -357,14 +367,18 @@ def make_policy(name: str, loaded: Loaded, args: argparse.Namespace
         return policies.parse(name, loaded.config), None
     if args.interval <= 0:
         raise CliError("--interval must be > 0 simulated seconds")
-    # Two intervals: one interval's window holds too few of a mix's rare long prompts to
-    # rank candidates steadily (tests/unit/test_tune_auto.py); longer slows the response.
-    window = args.window if args.window is not None else 2 * args.interval
+    # The operator's loop: its window (one interval), timer, mix polls and analysis window.
+    window = args.window if args.window is not None else args.interval
     settings = tuner_settings(args, loaded.config, args.interval, args.cooldown)
-    # The tuner starts from the setting the name gives (auto:T/ORDER), so it is made second.
-    policy = policies.parse(name, loaded.config, controller=lambda view: None, interval_s=args.interval)
-    tuner = auto.TwinAuto(settings, loaded.profile, loaded.config, auto.start_setting(policy), window,
-                          deployment=loaded.workload.name)
+    try:
+        tuner = auto.TwinAuto(settings, loaded.profile, loaded.config, policies.Setting(0, "ceiling", "fcfs"),
+                              window, deployment=loaded.workload.name, interval_s=args.interval,
+                              analysis_s=args.analysis, mix_poll_s=args.mix_poll)  # fmt: skip
+    except ValueError as exc:
+        raise CliError(f"tuner settings: {exc}") from None
+    # The tuner starts from the setting the name gives (auto:T/ORDER).
+    policy = policies.parse(name, loaded.config, controller=tuner, interval_s=tuner.call_s)
+    tuner.state = replace(tuner.state, current=auto.start_setting(policy))
     policy.controller = tuner
     return policy, tuner
 

@@ -174,7 +174,7 @@ class FleetExporter:
         self._lock = threading.Lock()
         exporter = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class FakeApiHandler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 body = exporter.text()
                 self.send_response(200)
@@ -187,7 +187,7 @@ class FleetExporter:
                 pass
 
         self.port = ports.free_ports(1)[0]
-        self.server = ThreadingHTTPServer((ports.LOOPBACK, self.port), Handler)
+        self.server = ThreadingHTTPServer((ports.LOOPBACK, self.port), FakeApiHandler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="fleet-exporter", daemon=True)
         self.thread.start()
 

@@ -52,7 +52,7 @@ def test_every_model_field_is_in_the_schema_under_its_alias() -> None:
 
     root = version_schema()["properties"]
     check(models.ServingDeploymentSpec, root["spec"], "spec")
-    check(models.Engine, root["spec"]["properties"]["engine"], "spec.engine")
+    check(models.EngineSpec, root["spec"]["properties"]["engine"], "spec.engine")
     check(models.Tuning, root["spec"]["properties"]["tuning"], "spec.tuning")
     check(models.HiCache, root["spec"]["properties"]["engine"]["properties"]["hicache"], "hicache")
     check(models.ServingDeploymentStatus, root["status"], "status")

@@ -9,7 +9,7 @@ import yaml
 
 from slipstream.rollout import sequential as sq
 
-RULE = sq.Rule()
+RULE = sq.SequentialRule()
 
 
 def window(k: int, canary: dict, baseline: dict) -> sq.SubWindow:
@@ -17,7 +17,7 @@ def window(k: int, canary: dict, baseline: dict) -> sq.SubWindow:
 
 
 def cells(mean_s: float, n: int = 20, classes: tuple[str, ...] = ("le1k", "le8k")) -> dict:
-    return {("chat", c): sq.Histogram(n, n * mean_s) for c in classes}
+    return {("chat", c): sq.CellHistogram(n, n * mean_s) for c in classes}
 
 
 def test_aa_pairs_promote_and_never_roll_back():
@@ -42,7 +42,7 @@ def test_a_2x_slower_canary_rolls_back():
 
 
 def test_a_lone_giant_prompt_on_the_canary_does_not_roll_back():
-    giant = {("chat", "le300k"): sq.Histogram(1, 14.0)}
+    giant = {("chat", "le300k"): sq.CellHistogram(1, 14.0)}
     # the giant's cell (a size class the baseline never saw) and its blocking of every other
     # canary request for two sub-windows
     windows = [window(0, {**cells(8.0), **giant}, cells(1.0)), window(1, cells(6.0), cells(1.0))]
@@ -53,14 +53,14 @@ def test_a_lone_giant_prompt_on_the_canary_does_not_roll_back():
 
 
 def test_the_giants_own_cell_never_counts():
-    only_giant = window(0, {("chat", "le300k"): sq.Histogram(1, 14.0)}, cells(1.0))
+    only_giant = window(0, {("chat", "le300k"): sq.CellHistogram(1, 14.0)}, cells(1.0))
     _, counted = sq.pooled_ratio(only_giant, RULE.min_samples)
     assert counted == 0
 
 
 def test_missing_cells_and_too_few_samples_continue_never_roll_back():
     few = [window(k, cells(10.0, n=RULE.min_samples - 1), cells(1.0)) for k in range(36)]
-    other_tenant = [window(k, {("code", "le1k"): sq.Histogram(50, 500.0)}, cells(1.0)) for k in range(36)]
+    other_tenant = [window(k, {("code", "le1k"): sq.CellHistogram(50, 500.0)}, cells(1.0)) for k in range(36)]
     empty = [window(k, {}, {}) for k in range(36)]
     for windows in (few, other_tenant, empty):
         result = sq.decide(windows, RULE)

@@ -8,7 +8,7 @@ import random
 from slipstream import cli
 from slipstream.sim import engine, metrics, policies, profiles
 from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
-from slipstream.tune import auto, observed
+from slipstream.tune import auto, guardrails, observed
 from slipstream.tune.candidates import concurrency
 from slipstream.tune.guardrails import GuardrailSettings
 from slipstream.tune.tuner import TunerSettings
@@ -141,3 +141,34 @@ def test_recommend_cli_refuses_a_bad_snapshot(tmp_path, capsys):
                                "tenants": [{"name": "x"}]}))
     assert cli.main(["recommend", "--snapshot", str(bad)]) == 2
     assert "tenants[0] needs name and requests_per_s" in capsys.readouterr().err
+
+
+def run_operator_loop(workload: Workload, analysis_s: float, mix_poll_s: float) -> tuple[engine.SimResult, auto.TwinAuto]:
+    """``auto`` with the operator's timing: the rollout in flight for ``analysis_s``, the mix polled."""
+    settings = TunerSettings(guardrails=GuardrailSettings(interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S))
+    tuner = auto.TwinAuto(settings, PROFILE, CFG, policies.Setting(0, "ceiling", "fcfs"), INTERVAL_S,
+                          interval_s=INTERVAL_S, analysis_s=analysis_s, mix_poll_s=mix_poll_s)  # fmt: skip
+    policy = policies.parse("auto", CFG, controller=tuner, interval_s=tuner.call_s)
+    return engine.simulate(workload, policy, PROFILE, CFG), tuner
+
+
+def test_the_operators_timing_holds_through_the_analysis_and_cools_down_from_the_promotion():
+    analysis = 120.0
+    _, tuner = run_operator_loop(phased(), analysis, 0.0)
+    moves = tuner.moves()
+    assert moves, tuner.held()
+    for at, _ in moves:  # while the rollout is in flight, every step holds for it
+        during = [d for t, d in tuner.decisions if at < t < at + analysis - 1e-6]
+        assert during and all(d.reason == guardrails.ROLLOUT_IN_PROGRESS for d in during), during
+    gaps = [b[0] - a[0] for a, b in zip(moves, moves[1:], strict=False)]
+    assert all(gap >= analysis + COOLDOWN_S for gap in gaps), gaps  # cooldown from the promotion
+    assert tuner.call_s == INTERVAL_S and tuner.early_steps == 0
+
+
+def test_a_mix_jump_steps_before_the_timer():
+    _, timer = run_operator_loop(phased(), 120.0, 0.0)
+    _, polled = run_operator_loop(phased(), 120.0, 10.0)
+    assert polled.call_s == 10.0 and polled.early_steps >= 1
+    first_timer = next(at for at, _ in timer.moves())
+    first_polled = next(at for at, _ in polled.moves())
+    assert PHASE_S <= first_polled < first_timer, (first_polled, first_timer)

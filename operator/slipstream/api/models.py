@@ -42,7 +42,7 @@ EngineMode = Literal["ceiling", "floor"]
 a round and expands into idle budget."""
 SchedulePolicy = Literal["fcfs", "lpm", "srpt"]
 """Admission order of waiting requests (srpt: shortest remaining uncached prefill first)."""
-Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
+DeploymentPhase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
 """Kubernetes' quantity grammar, non-negative (a resource request or limit can be no less).
@@ -265,7 +265,7 @@ class PodSecurityContext(Model):
     )
 
 
-class Engine(Model):
+class EngineSpec(Model):
     """The patched SGLang engine each pod runs."""
 
     cel_rules = (
@@ -499,7 +499,7 @@ class ServingDeploymentSpec(Model):
     model_config = _rules(*cel_rules)
 
     replicas: int = Field(default=1, ge=0, le=512, description="Engine pods.")
-    engine: Engine = Field(description="The engine each pod runs.")
+    engine: EngineSpec = Field(description="The engine each pod runs.")
     tuning: Tuning = _section(Tuning, "Threshold tuning.")
     prometheus: Prometheus = _section(Prometheus, "Where the engines' metrics are read.")
 
@@ -574,7 +574,7 @@ class Condition(Model):
 
 
 class ServingDeploymentStatus(Model):
-    phase: Phase | None = None
+    phase: DeploymentPhase | None = None
     threshold: int | None = Field(default=None, ge=0, description="T the engines run now.")
     concurrency: int | None = Field(default=None, ge=1, description="C // T (1 when T is 0).")
     mode: EngineMode | None = Field(default=None, description="Engine mode in effect.")

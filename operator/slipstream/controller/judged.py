@@ -11,7 +11,7 @@ Deployment events in 30 s, i.e. ~1,270 GETs on the blocking client's threads
 So each judgement that ended well (nothing drifted, or reverted) records a digest of the
 object's owned parts (`PARTS`: what `drift.of_object` compares, and the annotations) by the
 object's uid, together with the state of its ServingDeployment it was judged against
-(`Key`: the spec's generation, and whether spec.replicas is left to another writer — the
+(`JudgementKey`: the spec's generation, and whether spec.replicas is left to another writer — the
 two things the desired object depends on). An event is skipped only when both still hold:
 its owned parts digest to the recorded digest, and the ServingDeployment, as the watch on
 ServingDeployments last saw it, is at the recorded key. A hand edit of the spec, a label or
@@ -44,7 +44,7 @@ NOISE = frozenset({"kubectl.kubernetes.io/last-applied-configuration"})
 sent. The owned fields it changed show in spec and labels; the copy is large and only adds
 hashing."""
 
-Key = tuple[int, bool]
+JudgementKey = tuple[int, bool]
 """What an owned object's desired form depends on, of its ServingDeployment: the spec's
 generation, and whether spec.replicas is left to another writer (`replicas.contested`)."""
 
@@ -76,8 +76,8 @@ def owner_uid(obj: dict[str, Any]) -> str | None:
     return next((r.get("uid") for r in refs if r.get("kind") == models.KIND), None)
 
 
-def owner_key(sd: dict[str, Any]) -> Key:
-    """The `Key` of a ServingDeployment body (as the watch or a GET gives it)."""
+def owner_key(sd: dict[str, Any]) -> JudgementKey:
+    """The `JudgementKey` of a ServingDeployment body (as the watch or a GET gives it)."""
     generation = int((sd.get("metadata") or {}).get("generation") or 0)
     conditions = (sd.get("status") or {}).get("conditions") or []
     contested = any(c.get("type") == replicas.CONDITION and c.get("status") == "True" for c in conditions)
@@ -90,7 +90,7 @@ class Record:
 
     owner: str
     """The owning ServingDeployment's uid."""
-    key: Key
+    key: JudgementKey
     """The ServingDeployment's state the object was judged against."""
     digest: str
     """`digest` of the object as it was found matching (or as the revert left it)."""
@@ -98,10 +98,10 @@ class Record:
 
 @dataclass
 class Judged:
-    """Object uid -> its last good judgement; ServingDeployment uid -> its `Key` as last seen."""
+    """Object uid -> its last good judgement; ServingDeployment uid -> its `JudgementKey` as last seen."""
 
     records: dict[str, Record] = field(default_factory=dict)
-    owners: dict[str, Key] = field(default_factory=dict)
+    owners: dict[str, JudgementKey] = field(default_factory=dict)
 
     def owner_seen(self, sd: dict[str, Any], event: str | None) -> None:
         """A watch event of a ServingDeployment (None: the listing; DELETED forgets it)."""

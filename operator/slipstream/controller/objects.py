@@ -150,7 +150,7 @@ def _env(sd: models.ServingDeployment) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(engine: models.Engine) -> dict[str, dict[str, str]]:
+def _resources(engine: models.EngineSpec) -> dict[str, dict[str, str]]:
     requests = _quantities(engine.resources.requests)
     limits = _quantities(engine.resources.limits)
     gpus = engine.tensor_parallel_size if engine.gpus is None else engine.gpus

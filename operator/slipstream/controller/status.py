@@ -75,7 +75,7 @@ def after_reconcile(
     return with_readiness(sd, conditions, deployment, now)
 
 
-def phase(conditions: list[models.Condition]) -> models.Phase:
+def phase(conditions: list[models.Condition]) -> models.DeploymentPhase:
     by_type = {c.type: c for c in conditions}
     reconciled, ready = by_type.get(RECONCILED), by_type.get(READY)
     if reconciled is not None and reconciled.status == "False":

@@ -88,6 +88,8 @@ class RunFigures:
     final_settings: dict[str, str] = field(default_factory=dict)
     changes: int = 0
     rollbacks: int = 0
+    rollback_reasons: list[str] = field(default_factory=list)
+    """The RollingBack Events' messages: why each rollback happened."""
     requests: int = 0
     failed: int = 0
     sim_lag_p99_s: float = math.nan
@@ -207,6 +209,7 @@ def figures_of(spec: RunSpec, results: Sequence[loop.Result], samples: Sequence[
     reasons = [e.get("reason") for e in events]
     fig.changes = reasons.count("ThresholdChanged")
     fig.rollbacks = reasons.count("RolledBack")
+    fig.rollback_reasons = [str(e.get("message", ""))[:300] for e in events if e.get("reason") == "RollingBack"]
     fig.requests = len(results)
     fig.failed = sum(1 for r in results if not r.ok)
     fig.load_lag_p99_s = p99([r.late_s for r in results])
@@ -245,6 +248,7 @@ def table(runs: Sequence[RunFigures], spans: Sequence[phases.Phase]) -> list[str
         settle = "  ".join(f"{c} {'?' if s is None else f'{s:.0f} s'} ({r.final_settings[c]})"
                            for c, s in r.settled_s.items())  # fmt: skip
         lines.append(f"    on the final setting after: {settle}")
+        lines += [f"    rolled back: {why}" for why in r.rollback_reasons]
     return lines
 
 

@@ -48,7 +48,7 @@ class SettingArgs:
         return cls(f"$({THRESHOLD_ENV})", f"$({MODE_ENV})", f"$({SCHEDULE_POLICY_ENV})")
 
 
-def launch_args(engine: models.Engine, tenant_label: str, setting: SettingArgs) -> list[str]:
+def launch_args(engine: models.EngineSpec, tenant_label: str, setting: SettingArgs) -> list[str]:
     """Arguments after `python3 -m sglang.launch_server`."""
     args = [
         "--model-path", engine.model,
@@ -101,7 +101,7 @@ def admin_key_secret_name(deployment: str) -> str:
     return f"{deployment}-admin-key"
 
 
-def admin_key_ref(deployment: str, engine: models.Engine) -> models.SecretKeyRef:
+def admin_key_ref(deployment: str, engine: models.EngineSpec) -> models.SecretKeyRef:
     """Where the engines' admin key lives: the spec's Secret, else the generated one."""
     if engine.admin_api_key_secret_ref is not None:
         return engine.admin_api_key_secret_ref

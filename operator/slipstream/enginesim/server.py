@@ -34,7 +34,7 @@ STREAM_INTERVAL_S = 0.05
 
 log = logging.getLogger("slipstream.enginesim")
 POD = web.AppKey("pod", SimPod)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 
 @web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def json_errors(request: web.Request, handler: RouteHandler) -> web.StreamResponse:
     """Every failure as one JSON body; the traceback goes to the log, never to the client."""
     length = request.content_length
     if length is not None and length > MAX_BODY_BYTES:
@@ -173,7 +173,7 @@ async def prometheus(request: web.Request) -> web.Response:
     return web.Response(body=pod.scrape(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
-def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> Handler:
+def serving(kind: str, parse: Callable[[dict[str, Any]], bodies.Incoming]) -> RouteHandler:
     async def handle(request: web.Request) -> web.StreamResponse:
         pod = request.app[POD]
         inc = parse(await read_json(request))

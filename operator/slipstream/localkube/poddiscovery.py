@@ -79,7 +79,7 @@ class DiscoveryServer:
         self._metrics_path = metrics_path
         discovery = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class DiscoveryHandler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 try:
                     body, status = json.dumps(discovery.groups()).encode(), 200
@@ -94,7 +94,7 @@ class DiscoveryServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((ports.LOOPBACK, 0), Handler)
+        self._server = ThreadingHTTPServer((ports.LOOPBACK, 0), DiscoveryHandler)
         self._server.daemon_threads = True
         self.url = f"http://{ports.LOOPBACK}:{self._server.server_address[1]}/targets"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,

@@ -54,14 +54,14 @@ class Rules:
     """Oldest the newest engine sample may be; a few scrape intervals."""
 
 
-Key = tuple[str, ...]
+SeriesKey = tuple[str, ...]
 
 
 def deployment_name(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
-def split_name(deployment: str) -> Key:
+def split_name(deployment: str) -> SeriesKey:
     """``namespace/name`` -> (namespace, name); ValueError naming the fix otherwise."""
     namespace, sep, name = deployment.partition("/")
     if not sep or not namespace or not name:
@@ -76,10 +76,10 @@ def _le(text: str) -> float:
         return math.nan
 
 
-def histograms(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, snap.Histogram]:
+def histograms(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], SeriesKey]) -> dict[SeriesKey, snap.Histogram]:
     """One Histogram per key from ``histogram_increase`` rows (bucket and sum parts)."""
-    buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    sums: dict[Key, float] = defaultdict(float)
+    buckets: dict[SeriesKey, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    sums: dict[SeriesKey, float] = defaultdict(float)
     for s in samples:
         k = key(s)
         part = s.label(queries.PART_LABEL)
@@ -117,27 +117,27 @@ def merge(hists: Sequence[snap.Histogram]) -> snap.Histogram | None:
     return snap.Histogram(bounds, counts, sum(h.total for h in hists), sum(h.sum for h in hists))
 
 
-def _dep(s: parse.Sample) -> Key:
+def _dep(s: parse.Sample) -> SeriesKey:
     return (s.label("namespace"), s.label("servingdeployment"))
 
 
-def _dep_tenant(tenant_label: str) -> Callable[[parse.Sample], Key]:
-    def key(s: parse.Sample) -> Key:
+def _dep_tenant(tenant_label: str) -> Callable[[parse.Sample], SeriesKey]:
+    def key(s: parse.Sample) -> SeriesKey:
         return (*_dep(s), s.label(tenant_label) or UNLABELLED_TENANT)
     return key
 
 
-def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, dict[str, float]]:
-    out: dict[Key, dict[str, float]] = defaultdict(dict)
+def _parts(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], SeriesKey]) -> dict[SeriesKey, dict[str, float]]:
+    out: dict[SeriesKey, dict[str, float]] = defaultdict(dict)
     for s in samples:
         out[key(s)][s.label(queries.PART_LABEL)] = s.value
     return out
 
 
-def _targets(samples: Iterable[parse.Sample]) -> tuple[dict[Key, dict[str, float]], dict[Key, set[str]]]:
+def _targets(samples: Iterable[parse.Sample]) -> tuple[dict[SeriesKey, dict[str, float]], dict[SeriesKey, set[str]]]:
     """Targets up and down per deployment, and the pods whose target is up."""
-    counts: dict[Key, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    up: dict[Key, set[str]] = defaultdict(set)
+    counts: dict[SeriesKey, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    up: dict[SeriesKey, set[str]] = defaultdict(set)
     for s in samples:
         part = s.label(queries.PART_LABEL)
         counts[_dep(s)][part] += s.value
@@ -147,8 +147,8 @@ def _targets(samples: Iterable[parse.Sample]) -> tuple[dict[Key, dict[str, float
 
 
 def _settings(
-    samples: Iterable[parse.Sample], up: Mapping[Key, set[str]]
-) -> tuple[dict[Key, list[snap.PodSetting]], dict[Key, list[str]]]:
+    samples: Iterable[parse.Sample], up: Mapping[SeriesKey, set[str]]
+) -> tuple[dict[SeriesKey, list[snap.PodSetting]], dict[SeriesKey, list[str]]]:
     """Pod settings per deployment, and the names of gauges that are not finite.
 
     Every pod is listed: those with any setting gauge and those whose scrape target is up
@@ -156,10 +156,10 @@ def _settings(
     not out yet) still counts as one of the deployment's pods: the tuner divides the
     deployment's rates by the number of pods.
     """
-    threshold: dict[Key, float] = {}
-    mode: dict[Key, str] = {}
-    policy: dict[Key, str] = {}
-    bad: dict[Key, list[str]] = defaultdict(list)
+    threshold: dict[SeriesKey, float] = {}
+    mode: dict[SeriesKey, str] = {}
+    policy: dict[SeriesKey, str] = {}
+    bad: dict[SeriesKey, list[str]] = defaultdict(list)
     for s in samples:
         pod = (*_dep(s), s.label(queries.POD_LABEL))
         part = s.label(queries.PART_LABEL)
@@ -173,7 +173,7 @@ def _settings(
         elif part == "policy":
             policy[pod] = s.label("policy")
     named = {*threshold, *mode, *policy, *((*dep, p) for dep, names in up.items() for p in names)}
-    pods: dict[Key, list[snap.PodSetting]] = defaultdict(list)
+    pods: dict[SeriesKey, list[snap.PodSetting]] = defaultdict(list)
     for pod in sorted(named):
         # A pod missing a gauge reports it unknown (threshold None, mode or policy ""), so a
         # comparison with any wanted setting fails and the rollout re-applies, never assumes.
@@ -220,8 +220,8 @@ part (``arrivals``, ``first_tokens``, ``cached``, ``uncached``, ``queued``,
 ``queued_tokens``) -> value."""
 
 
-def _mix(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], Key]) -> dict[Key, MixRows]:
-    out: dict[Key, MixRows] = defaultdict(lambda: defaultdict(dict))
+def _mix(samples: Iterable[parse.Sample], key: Callable[[parse.Sample], SeriesKey]) -> dict[SeriesKey, MixRows]:
+    out: dict[SeriesKey, MixRows] = defaultdict(lambda: defaultdict(dict))
     for s in samples:
         part = s.label(queries.PART_LABEL)
         if part == "tokens":
@@ -318,17 +318,17 @@ def combine(
     deployments: Iterable[str] | None = None,
 ) -> dict[str, snap.WorkloadSnapshot]:
     """``snapshots`` from answers already ``reduce``d (each field once)."""
-    ttft = cast(dict[Key, snap.Histogram], reduced["ttft"])
-    uncached = cast(dict[Key, snap.Histogram], reduced["uncached"])
+    ttft = cast(dict[SeriesKey, snap.Histogram], reduced["ttft"])
+    uncached = cast(dict[SeriesKey, snap.Histogram], reduced["uncached"])
     # Optional: without output lengths (an engine that does not export them, a caller
     # that did not ask) each tenant's output_tokens is None and the twin decodes one token.
-    output = cast(dict[Key, snap.Histogram], reduced.get("output", {}))
-    tokens = cast(dict[Key, dict[str, float]], reduced["tokens"])
+    output = cast(dict[SeriesKey, snap.Histogram], reduced.get("output", {}))
+    tokens = cast(dict[SeriesKey, dict[str, float]], reduced["tokens"])
     # Optional too: without it (an older engine, a caller that did not ask) the snapshot
     # says NoQueueMixSeries and the tuner falls back to first-token rates.
-    mix = cast(dict[Key, MixRows], reduced.get("mix", {}))
-    queue = cast(dict[Key, dict[str, float]], reduced["queue"])
-    targets, up_pods = cast(tuple[dict[Key, dict[str, float]], dict[Key, set[str]]], reduced["targets"])
+    mix = cast(dict[SeriesKey, MixRows], reduced.get("mix", {}))
+    queue = cast(dict[SeriesKey, dict[str, float]], reduced["queue"])
+    targets, up_pods = cast(tuple[dict[SeriesKey, dict[str, float]], dict[SeriesKey, set[str]]], reduced["targets"])
     pods, bad_gauges = _settings(cast(list[parse.Sample], reduced["settings"]), up_pods)
 
     seen = {k[:2] for k in (*ttft, *uncached, *output, *tokens)} | set(queue) | set(targets) | set(pods)
@@ -359,10 +359,10 @@ def combine(
 V = TypeVar("V")
 
 
-def _by_deployment(per_tenant: Mapping[Key, V]) -> dict[Key, dict[str, V]]:
+def _by_deployment(per_tenant: Mapping[SeriesKey, V]) -> dict[SeriesKey, dict[str, V]]:
     """(namespace, name, tenant) -> value, regrouped as (namespace, name) -> tenant -> value:
     one pass, so assembling N deployments costs O(N), not O(N^2)."""
-    out: dict[Key, dict[str, V]] = defaultdict(dict)
+    out: dict[SeriesKey, dict[str, V]] = defaultdict(dict)
     for key, value in per_tenant.items():
         out[key[:2]][key[2]] = value
     return out

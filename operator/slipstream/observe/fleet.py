@@ -27,7 +27,7 @@ from slipstream.api import snapshot as snap
 from slipstream.observe import assemble
 from slipstream.observe.observer import FleetRead, Observer, ObserveSettings
 
-Key = tuple[str, float, str, str]
+ReadKey = tuple[str, float, str, str]
 """(Prometheus URL, window seconds, tenant label, bearer token or "")."""
 
 TokenFor = Callable[[models.ServingDeployment], str | None]
@@ -77,9 +77,9 @@ class FleetObserver:
         self.reuse_s = reuse_s
         """Seconds a fleet read answers later calls: a fraction of the control interval."""
         self._token_for = token_for
-        self._observers: dict[Key, Observer] = {}
-        self._reads: dict[Key, _Read] = {}
-        self._flights: dict[Key, asyncio.Future[_Read]] = {}
+        self._observers: dict[ReadKey, Observer] = {}
+        self._reads: dict[ReadKey, _Read] = {}
+        self._flights: dict[ReadKey, asyncio.Future[_Read]] = {}
         """The read in flight per key; it clears itself when done."""
         self.reads_started = 0
         """Fleet reads started (each up to seven queries): at most one in flight per key."""
@@ -104,7 +104,7 @@ class FleetObserver:
             return snap.invalid(name, now, window_s, snap.UNREACHABLE,
                                 "spec.prometheus.url is not set: no metrics to read")
         token = (self._token_for(sd) if self._token_for is not None else None) or ""
-        key: Key = (url, float(window_s), sd.spec.tuning.objective.tenant_label, token)
+        key: ReadKey = (url, float(window_s), sd.spec.tuning.objective.tenant_label, token)
         while True:
             cached = self._reads.get(key)
             if cached is not None and 0 <= now - cached.read.at < self.reuse_s:
@@ -133,7 +133,7 @@ class FleetObserver:
         if not flight.cancelled():
             flight.exception()
 
-    async def _read(self, key: Key, now: float) -> _Read:
+    async def _read(self, key: ReadKey, now: float) -> _Read:
         """One fleet read on a worker thread, cached for the loops that come after it; it
         leaves ``_flights`` before it is done, so a later caller never joins a done one."""
         try:

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from slipstream.api import models
+from slipstream.api.models import EngineSetting
 from slipstream.engine import args as engine_args
 from slipstream.rollout import analysis as analysis_
 
-Setting = models.EngineSetting
 Action = Literal[
     "Hold", "Correct", "StartCanary", "ApplyCanary", "StartAnalysis", "Analyse", "Promote",
     "Promoted", "RollBack", "RolledBack",
@@ -62,7 +62,7 @@ class Pod:
     """One ready engine pod, as read back this step."""
 
     name: str
-    setting: Setting | None
+    setting: EngineSetting | None
     """What it reports it runs; None when the read failed."""
     error: str = ""
     """Why the read failed, or why the last change of this pod failed (for messages)."""
@@ -72,7 +72,7 @@ class Pod:
 class RolloutTarget:
     """The setting the fleet should run, and why (the tuner's reason or "spec")."""
 
-    setting: Setting
+    setting: EngineSetting
     reason: str
     canary: bool
     """Roll out through canaries and analysis (Auto); False applies it to every pod at once
@@ -80,7 +80,7 @@ class RolloutTarget:
     gain: float = 0.0
     """The tuner's predicted relative gain (0.5: the worst tenant's objective halves), the
     lesser of its confirming run's and its independent resample's; 0 when not predicted."""
-    proven: tuple[Setting, ...] = ()
+    proven: tuple[EngineSetting, ...] = ()
     """Settings this deployment's whole fleet ran until a promotion left them
     (status.leftSettings): the risk rule's record of what is proven here."""
 
@@ -117,11 +117,11 @@ class RolloutDecision:
     action: Action
     state: models.RolloutStatus
     """The rollout state to persist in status.rollout."""
-    fleet: Setting
+    fleet: EngineSetting
     """The setting the fleet runs after this step (status.threshold, mode, schedulePolicy)."""
-    configmap: Setting
+    configmap: EngineSetting
     """The setting a newly started pod must get (the ConfigMap's data)."""
-    apply: dict[str, Setting] = field(default_factory=dict)
+    apply: dict[str, EngineSetting] = field(default_factory=dict)
     """Pod name -> setting to set now through its admin API."""
     events: tuple[Event, ...] = ()
     message: str = ""
@@ -148,7 +148,7 @@ def seconds(text: str | None) -> float | None:
 # -- wording ---------------------------------------------------------------------------------
 
 
-def describe_change(before: Setting, after: Setting, c: int) -> str:
+def describe_change(before: EngineSetting, after: EngineSetting, c: int) -> str:
     """`4096 -> 2048 (concurrency 2 -> 4, order srpt)`: what an Event says first."""
     conc = engine_args.concurrency
     if before.schedule_policy != after.schedule_policy:
@@ -162,7 +162,7 @@ def describe_change(before: Setting, after: Setting, c: int) -> str:
     return f"{before.threshold} -> {after.threshold} ({', '.join(parts)})"
 
 
-def show(setting: Setting) -> str:
+def show(setting: EngineSetting) -> str:
     return f"threshold={setting.threshold} mode={setting.mode} schedulePolicy={setting.schedule_policy}"
 
 
@@ -227,7 +227,7 @@ def analysis_final(state: models.RolloutStatus, policy: RolloutPolicy, now: floa
 
 def decide(
     state: models.RolloutStatus | None,
-    fleet: Setting,
+    fleet: EngineSetting,
     target: RolloutTarget | None,
     pods: list[Pod],
     policy: RolloutPolicy,
@@ -252,7 +252,7 @@ def decide(
 @dataclass(frozen=True)
 class _Step:
     state: models.RolloutStatus
-    fleet: Setting
+    fleet: EngineSetting
     target: RolloutTarget | None
     pods: list[Pod]
     policy: RolloutPolicy
@@ -261,19 +261,19 @@ class _Step:
     # helpers
 
     @property
-    def candidate(self) -> Setting:
+    def candidate(self) -> EngineSetting:
         assert self.state.candidate is not None, f"phase {self.state.phase} without a candidate"
         return self.state.candidate
 
     @property
-    def baseline(self) -> Setting:
+    def baseline(self) -> EngineSetting:
         return self.state.baseline or self.fleet
 
-    def off(self, pods: list[Pod], setting: Setting) -> list[Pod]:
+    def off(self, pods: list[Pod], setting: EngineSetting) -> list[Pod]:
         """The pods that do not (verifiably) run `setting`."""
         return [p for p in pods if p.setting != setting]
 
-    def change(self, before: Setting, after: Setting) -> str:
+    def change(self, before: EngineSetting, after: EngineSetting) -> str:
         return describe_change(before, after, self.policy.chunked_prefill_size)
 
     def phase(self, phase: models.RolloutPhase, **update: object) -> models.RolloutStatus:
@@ -284,8 +284,8 @@ class _Step:
     def failures(self, pods: Sequence[Pod]) -> str:
         return ", ".join(f"{p.name} ({explain(p)})" for p in pods)
 
-    def decision(self, action: Action, state: models.RolloutStatus, configmap: Setting, apply: Sequence[Pod] = (),
-                 setting: Setting | None = None, events: tuple[Event, ...] = (), fleet: Setting | None = None,
+    def decision(self, action: Action, state: models.RolloutStatus, configmap: EngineSetting, apply: Sequence[Pod] = (),
+                 setting: EngineSetting | None = None, events: tuple[Event, ...] = (), fleet: EngineSetting | None = None,
                  message: str = "") -> RolloutDecision:  # fmt: skip
         targets = {p.name: setting for p in apply if setting is not None}
         state = state.model_copy(update={"message": message[:1024] or state.message})
@@ -311,7 +311,7 @@ class _Step:
             return self.start(target)
         return self.hold("")
 
-    def blocked(self, setting: Setting) -> bool:
+    def blocked(self, setting: EngineSetting) -> bool:
         finished = seconds(self.state.finished_at)
         return (
             self.state.result == "RolledBack" and self.state.candidate == setting

@@ -1,22 +1,33 @@
 """``auto`` in the twin: the same tuner in the loop, seeing only what Prometheus would show.
 
-``TwinAuto`` is a ``sim.policies.Controller``: the engine calls it every ``interval_s``
-twin seconds with the first tokens since its last call (``RoundView.first_tokens``). It
-keeps those of the last ``window_s`` seconds, builds the ``WorkloadSnapshot`` an operator
-would read from Prometheus (``observed.snapshot_of``: SGLang's bucket bounds, no engine
+``TwinAuto`` is a ``sim.policies.Controller``: the engine calls it every ``call_s`` twin
+seconds with the first tokens since its last call (``RoundView.first_tokens``). It keeps
+those of the last ``window_s`` seconds, builds the ``WorkloadSnapshot`` an operator would
+read from Prometheus (``observed.snapshot_of``: SGLang's bucket bounds, no engine
 internals, nothing from the future), runs ``tuner.tune_once`` and returns the new setting
-on a Move, which the engine applies from the next pass on (an in-place rollout that
-completes at once: the twin has no canaries).
+on a Move, which the engine applies from the next pass on.
+
+The timing is the operator's (``controller/loop.py``, ``rollout/machine.py``):
+
+- a step every ``interval_s``, or earlier when the queue mix jumps (``mix_poll_s`` > 0:
+  every poll judges the mix of the window's first tokens and the waiting requests, by
+  size class, as the engines' size-class series show it; ``tune.mixjump``);
+- a Move goes to the engine at once (the twin's one engine is the canary) and the rollout
+  stays in flight for ``analysis_s`` (the canary's analysis window; the analysis itself is
+  taken to pass): the tuner holds meanwhile, and its cooldown runs from the promotion
+  (``tune.deployment.last_step_at``), not from the decision.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
+from slipstream.api import buckets
 from slipstream.api.snapshot import NO_TRAFFIC
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
-from slipstream.tune import observed
+from slipstream.tune import mixjump, observed
 from slipstream.tune.guardrails import Decision, Hold, Move, TunerState
 from slipstream.tune.tuner import TunerSettings, tune_once
 
@@ -25,26 +36,52 @@ class TwinAuto:
     """The tuner as the twin's controller; ``decisions`` logs every interval's outcome."""
 
     def __init__(self, settings: TunerSettings, profile: Profile, config: EngineConfig,
-                 start: Setting, window_s: float, deployment: str = "twin") -> None:
+                 start: Setting, window_s: float, deployment: str = "twin", *,
+                 interval_s: float | None = None, analysis_s: float = 0.0, mix_poll_s: float = 0.0) -> None:
         if window_s <= 0:
             raise ValueError(f"window must be > 0 s, got {window_s}")
+        if analysis_s < 0 or mix_poll_s < 0:
+            raise ValueError(f"analysis and mix poll must be >= 0 s, got {analysis_s} and {mix_poll_s}")
         self.settings = settings
         self.profile = profile
         self.config = config
         self.window_s = window_s
         self.deployment = deployment
+        self.interval_s = interval_s if interval_s is not None else settings.guardrails.interval_s
+        self.analysis_s = analysis_s
+        self.mix_poll_s = mix_poll_s
         self.state = TunerState(start)
         self.decisions: list[tuple[float, Decision]] = []
+        self.early_steps = 0
+        """Steps taken before their timer because the queue mix jumped."""
         self._seen: deque[FirstToken] = deque()
         self._started: float | None = None
+        self._next_step: float | None = None
+        self._rollout: tuple[float, Setting] | None = None
+        """(when it promotes, the setting) of the rollout in flight."""
+        self._watch = mixjump.MixWatch()
+
+    @property
+    def call_s(self) -> float:
+        """Twin seconds between the engine's calls: the mix polls', else the interval."""
+        return min(self.mix_poll_s, self.interval_s) if self.mix_poll_s > 0 else self.interval_s
 
     def __call__(self, view: RoundView) -> Setting | None:
         now = view.now_s
         if self._started is None:
-            self._started = now
+            self._started = self._next_step = now
         self._seen.extend(view.first_tokens)
         while self._seen and self._seen[0].first_token_s <= now - self.window_s:
             self._seen.popleft()
+        self._promote(now)
+        assert self._next_step is not None
+        due = now >= self._next_step - 1e-9
+        if not due and self._rollout is None and self.mix_poll_s > 0:
+            self._watch, due = self._watch.see(self._mix(view))
+            self.early_steps += due
+        if not due:
+            return None
+        self._next_step = now + self.interval_s
         # A window reaching back before the first call would count the time before any
         # traffic as idle and halve the rates (as increase() over a younger series would).
         window = min(self.window_s, now - self._started)
@@ -54,11 +91,39 @@ class TwinAuto:
         snapshot = observed.snapshot_of(self.deployment, self._seen, now, window)
         decision = tune_once(snapshot, self.state, self.settings, self.profile, self.config, now)
         self.decisions.append((now, decision))
+        if self.mix_poll_s > 0:
+            self._watch = self._watch.stepped(self._mix(view))
         if isinstance(decision, Move):
-            guard = self.settings.guardrails
-            self.state = self.state.stepped(decision.to, now, guard.dwell_cooldowns * guard.cooldown_s)
+            if self.analysis_s > 0:
+                self._rollout = (now + self.analysis_s, decision.to)
+                self.state = replace(self.state, rollout_in_progress=True)
+            else:
+                self._step(decision.to, now)
             return decision.to
         return None
+
+    def _promote(self, now: float) -> None:
+        """The rollout in flight promotes once its analysis window has passed."""
+        if self._rollout is not None and now >= self._rollout[0] - 1e-9:
+            at, to = self._rollout
+            self._rollout = None
+            self._step(to, at)
+
+    def _step(self, to: Setting, at: float) -> None:
+        guard = self.settings.guardrails
+        self.state = self.state.stepped(to, at, guard.dwell_cooldowns * guard.cooldown_s)
+
+    def _mix(self, view: RoundView) -> mixjump.Mix | None:
+        """The queue mix the size-class series would show now: the uncached tokens of the
+        last interval's first tokens and of the requests waiting, by size class."""
+        work: dict[str, float] = {}
+        since = view.now_s - self.interval_s  # the operator's mix is one interval's
+        needs = [float(f.uncached_tokens) for f in self._seen if f.first_token_s > since]
+        needs += [float(n) for n in view.waiting_needs]
+        for tokens in needs:
+            name = buckets.size_class(tokens)
+            work[name] = work.get(name, 0.0) + tokens
+        return mixjump.shares(work, len(needs))
 
     def moves(self) -> list[tuple[float, Move]]:
         return [(t, d) for t, d in self.decisions if isinstance(d, Move)]

@@ -49,6 +49,9 @@ class Check:
     """When it must decide (the machine's analysis limit)."""
     warmup_s: float = 30.0
     """Least offset of an analysis start into the workload (queues fill from empty)."""
+    candidate: str = ""
+    """If set, a third kind of pair: the canary runs this setting, the baseline ``policy``
+    (a real rollout's canary: how often, and how soon, the rule promotes it)."""
 
 
 def slowed(profile: Profile, factor: float) -> Profile:
@@ -131,13 +134,17 @@ def run(workload: Workload, profile: Profile, config: policies.EngineConfig, che
                          f"{check.warmup_s + check.limit_s:.0f} s")
     slow = slowed(profile, check.slow_factor)
     outcomes: dict[str, list[dict[str, object]]] = {"aa": [], "slow": []}
+    kinds = [("aa", profile, check.policy), ("slow", slow, check.policy)]
+    if check.candidate:
+        outcomes["candidate"] = []
+        kinds.append(("candidate", profile, check.candidate))
     for k in range(check.pairs):
         shares = split(workload, check.pods, seed=k + 1)
         start = workload.requests[0].arrival_s + check.warmup_s + (room * ((k * 0.618034) % 1.0))
         base_runs = [engine.simulate(w, policies.parse(check.policy, config), profile, config) for w in shares[1:]]
         baseline = first_tokens(base_runs)
-        for kind, canary_profile in (("aa", profile), ("slow", slow)):
-            run_ = engine.simulate(shares[0], policies.parse(check.policy, config), canary_profile, config)
+        for kind, canary_profile, canary_policy in kinds:
+            run_ = engine.simulate(shares[0], policies.parse(canary_policy, config), canary_profile, config)
             result, at = analyse(first_tokens([run_]), baseline, start, check, rule)
             outcomes[kind].append({"seed": k + 1, "start_s": round(start, 1), "outcome": result.outcome,
                                    "decided_after_s": at, "observations": result.observations,
@@ -150,6 +157,9 @@ def run(workload: Workload, profile: Profile, config: policies.EngineConfig, che
         rows = outcomes[kind]
         return round(sum(float(r["decided_after_s"]) for r in rows) / len(rows), 1) if rows else math.nan
 
+    extra: dict[str, object] = {}
+    if check.candidate:
+        extra = {"candidate": check.candidate, "candidate_promote_rate": 1.0 - rate("candidate")}
     return {
         "workload": workload.name,
         "policy": check.policy,
@@ -163,6 +173,7 @@ def run(workload: Workload, profile: Profile, config: policies.EngineConfig, che
                  "p1": rule.p1, "alpha": rule.alpha, "beta": rule.beta},
         "false_rollback_rate": rate("aa"),
         "detection_rate": rate("slow"),
-        "mean_decision_s": {"aa": mean_time("aa"), "slow": mean_time("slow")},
+        **extra,
+        "mean_decision_s": {kind: mean_time(kind) for kind in outcomes},
         "pairs_detail": outcomes,
     }

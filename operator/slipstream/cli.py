@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("--pairs", type=int, default=40, help="pairs of each kind (default 40)")
     cc.add_argument("--pods", type=int, default=2, help="engine pods, one of them the canary (default 2)")
     cc.add_argument("--slow-factor", type=float, default=2.0, help="the slow canary engine's slowdown, every pass (default 2)")
+    cc.add_argument("--candidate", default="", metavar="POLICY",
+                    help="also run pairs whose canary runs this setting against --policy (how soon it is promoted)")
     cc.add_argument("--sub-window", type=float, default=canarycheck.Check.sub_window_s, metavar="S")
     cc.add_argument("--analysis-window", type=float, default=canarycheck.Check.analysis_window_s, metavar="S",
                     help="when the rule is first asked (default %(default)s)")
@@ -628,9 +630,11 @@ def cmd_canary_check(args: argparse.Namespace) -> int:
         raise CliError("--sub-window must be > 0 seconds")
     loaded = spec.load(args.workload)
     policies.parse(args.policy, loaded.engine)  # a bad name fails before any run
+    if args.candidate:
+        policies.parse(args.candidate, loaded.engine)
     check = canarycheck.Check(pairs=args.pairs, pods=args.pods, policy=args.policy, slow_factor=args.slow_factor,
                               sub_window_s=args.sub_window, analysis_window_s=args.analysis_window,
-                              limit_s=args.limit)
+                              limit_s=args.limit, candidate=args.candidate)
     rule = sequential.SequentialRule(tolerance_percent=args.max_regression_percent)
     try:
         out = canarycheck.run(loaded.workload, profiles.load(loaded.profile), loaded.engine, check, rule)
@@ -641,7 +645,8 @@ def cmd_canary_check(args: argparse.Namespace) -> int:
     else:
         print(f"{out['workload']} under {args.policy}, {args.pairs} pairs of each kind: "
               f"false_rollback_rate {out['false_rollback_rate']:.3f}, detection_rate {out['detection_rate']:.3f} "
-              f"(canary {args.slow_factor:g}x slower); mean decision after {out['mean_decision_s']}")
+              f"(canary {args.slow_factor:g}x slower); mean decision after {out['mean_decision_s']}"
+              + (f"; {args.candidate} promoted in {out['candidate_promote_rate']:.3f}" if args.candidate else ""))
     return 0
 
 

@@ -167,11 +167,11 @@ def live_setting(url: str, key: str) -> tuple[Any, ...]:
     return (info.get("long_prefill_token_threshold"), info.get("long_prefill_mode"), info.get("schedule_policy"))
 
 
-def setting(s: loop.Sample) -> tuple[Any, ...]:
+def setting(s: loop.StatusSample) -> tuple[Any, ...]:
     return (s.threshold, s.mode, s.schedule_policy)
 
 
-def changes(samples: list[loop.Sample]) -> list[tuple[float, loop.Sample]]:
+def changes(samples: list[loop.StatusSample]) -> list[tuple[float, loop.StatusSample]]:
     """(twin time, sample) of every change of the fleet's setting after the first reading."""
     known = [s for s in samples if s.threshold is not None]
     return [(b.twin_s, b) for a, b in zip(known, known[1:], strict=False) if setting(a) != setting(b)]
@@ -224,7 +224,7 @@ def tell(capsys: pytest.CaptureFixture[str], text: str) -> None:
         print(text, flush=True)
 
 
-def uncapped(s: loop.Sample) -> bool:
+def uncapped(s: loop.StatusSample) -> bool:
     return s.threshold == 0 or (s.concurrency or 1) <= MIN_CONCURRENCY
 
 

@@ -14,8 +14,8 @@ from slipstream.enginesim import metrics as sim_metrics
 SPANS = [phases.Phase("1-uniform", "uniform", 0, 100), phases.Phase("2-het", "heterogeneous", 100, 200)]
 
 
-def sample(t: float, threshold: int, mode: str = "ceiling", order: str = "fcfs") -> loop.Sample:
-    return loop.Sample(t, threshold, None, mode, order, None, "Idle", {})
+def sample(t: float, threshold: int, mode: str = "ceiling", order: str = "fcfs") -> loop.StatusSample:
+    return loop.StatusSample(t, threshold, None, mode, order, None, "Idle", {})
 
 
 def test_setting_fields_of_policy_names() -> None:

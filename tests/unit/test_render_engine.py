@@ -267,6 +267,13 @@ def test_engine_pods_get_a_security_context_and_the_spec_can_tighten_it() -> Non
         "capabilities": {"add": [], "drop": ["ALL"]}}  # fmt: skip
 
 
+def test_monitors_scrape_at_the_interval_the_canary_sub_windows_assume() -> None:
+    for kind in ("PodMonitor", "ServiceMonitor"):
+        (default,) = objects.monitor(make(), kind)["spec"][objects.MONITOR_KINDS[kind]]
+        (slow,) = objects.monitor(make(), kind, 15.0)["spec"][objects.MONITOR_KINDS[kind]]
+        assert (default["interval"], slow["interval"]) == ("5000ms", "15000ms")
+
+
 def test_monitors_label_every_engine_target_with_its_deployment() -> None:
     for kind in ("PodMonitor", "ServiceMonitor"):
         (endpoint,) = objects.monitor(make(), kind)["spec"][objects.MONITOR_KINDS[kind]]

@@ -110,3 +110,22 @@ def test_canary_check_refuses_a_workload_too_short(tmp_path):
     run = subprocess.run(cmd, capture_output=True, text=True)
     assert run.returncode != 0
     assert "warmup + limit" in run.stderr
+
+
+def test_canary_check_candidate_pairs_promote_a_setting_that_is_no_worse(tmp_path):
+    """--candidate runs a third kind of pair, the canary on another setting than the
+    baseline: on steady uniform traffic a 4096 ceiling changes nothing, so it is promoted."""
+    cmd = [sys.executable, "-m", "slipstream.cli", "canary-check", "--workload", small_spec(tmp_path),
+           "--pairs", "3", "--analysis-window", "40", "--limit", "120", "--candidate", "ceiling:8192", "--json"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    rows = out["pairs_detail"]["candidate"]
+    assert len(rows) == 3 and out["candidate"] == "ceiling:8192"
+    assert out["candidate_promote_rate"] == sum(r["outcome"] == "Promote" for r in rows) / 3 == 1.0
+    assert set(out["mean_decision_s"]) == {"aa", "slow", "candidate"}
+
+
+def test_canary_check_refuses_an_unknown_candidate(tmp_path):
+    cmd = [sys.executable, "-m", "slipstream.cli", "canary-check", "--workload", small_spec(tmp_path),
+           "--candidate", "nonsense:1"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode != 0 and "nonsense" in run.stderr

@@ -188,7 +188,7 @@ def test_runs_made_together_expire_spread_out_never_after_max_age() -> None:
 
 def test_what_a_decision_keeps_of_a_run_decides_the_same_and_is_a_fraction_of_it() -> None:
     """The memo keeps a run per deployment between intervals: only what the guardrails and
-    the controller read of it (``Recommendation.kept``), which gives every figure they read
+    the controller read of it (``Ranking.kept``), which gives every figure they read
     and the same decision under each guardrail as the whole run."""
     full = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE, None, SETTINGS.recommender)
     kept = full.kept()

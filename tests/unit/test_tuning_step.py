@@ -360,7 +360,8 @@ class RecordedCells:
 def test_the_sequential_rule_reads_sub_windows_since_the_analysis_began(canary_mean_s: float, outcome: str) -> None:
     import asyncio
 
-    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_sub_window_seconds=10)
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_sub_window_seconds=10,
+                                          engine_scrape_interval_seconds=0.5)  # fmt: skip
     source = RecordedCells(canary_mean_s)
     deps = loop.Deps(kube=None, config=config, keys=None, latency=lambda sd: source)  # type: ignore[arg-type]
     sd = make({"mode": "Auto", "intervalSeconds": 60, "rollout": {"analysisWindowSeconds": 300}})
@@ -375,3 +376,14 @@ def test_the_sequential_rule_reads_sub_windows_since_the_analysis_began(canary_m
     assert short.outcome == "Continue"
     final = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 3 * 30))
     assert final.outcome == outcome
+
+
+@pytest.mark.parametrize(("scale", "scrape_s", "expected_s"), [(1.0, 5.0, 10.0), (1.0, 15.0, 30.0), (0.125, 1.0, 2.0),
+                                                                (0.125, 0.5, 1.25)])  # fmt: skip
+def test_canary_sub_windows_hold_two_scrapes_at_least(scale: float, scrape_s: float, expected_s: float) -> None:
+    """A sub-window shorter than two scrapes has one sample per series, so ``increase`` has
+    no value and the sequential rule no cell: at time scale 8 (0.125) a 10 s sub-window is
+    1.25 wall seconds, under two of the local stack's 1 s scrapes."""
+    config = settings_.ControllerSettings(tuning_time_scale=scale, canary_sub_window_seconds=10,
+                                          engine_scrape_interval_seconds=scrape_s)  # fmt: skip
+    assert loop.sub_window_s(config) == pytest.approx(expected_s)

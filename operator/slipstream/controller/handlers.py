@@ -122,17 +122,18 @@ def secret_problem(kube: kube_.Kube, sd: models.ServingDeployment) -> tuple[str,
     return None
 
 
-def monitor(kube: kube_.Kube, sd: models.ServingDeployment) -> dict[str, Any] | None:
+def monitor(kube: kube_.Kube, sd: models.ServingDeployment, interval_s: float) -> dict[str, Any] | None:
     if not sd.spec.prometheus.create_pod_monitor:
         return None
     for kind in objects.MONITOR_KINDS:
         if kube.serves("monitoring.coreos.com/v1", kind.lower() + "s"):
-            return objects.monitor(sd, kind)
+            return objects.monitor(sd, kind, interval_s)
     return None
 
 
 def apply_objects(
-    kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment, keep_replicas: bool = True
+    kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment, keep_replicas: bool = True,
+    scrape_interval_s: float = 5.0,
 ) -> ApplyOutcome:
     """Blocking: run it in a thread. Applies every owned object that should exist;
     spec.replicas of the Deployment only with `keep_replicas` (not while another writer
@@ -151,7 +152,7 @@ def apply_objects(
         else:
             if kube.create_if_missing(generated) is not None:
                 changes.append(("Secret", generated["metadata"]["name"], "created"))
-    desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd)]
+    desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd, scrape_interval_s)]
     if problem is None:
         dep = objects.deployment(sd)
         desired.append(dep if keep_replicas else replicas.without_replicas(dep))
@@ -430,7 +431,8 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
     # A user's change of spec.replicas takes the field back from another writer.
     taken_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
     keep = taken_back or not replicas.contested(sd)
-    outcome = await asyncio.to_thread(apply_objects, ctx.kube, ctx.keys, sd, keep)
+    outcome = await asyncio.to_thread(apply_objects, ctx.kube, ctx.keys, sd, keep,
+                                      ctx.config.engine_scrape_interval_seconds)
     record_changes(body, sd, outcome)
     conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
     if taken_back:

@@ -226,13 +226,20 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
 
 
+def sub_window_s(config: settings_.ControllerSettings) -> float:
+    """The canary's sub-window in wall seconds: the configured one (scaled as spec durations
+    are), never under two scrapes of the engines (else ``increase`` has one sample and no
+    cell; see `ControllerSettings.canary_sub_window_seconds`)."""
+    return max(tuning.scale(config.canary_sub_window_seconds, config), 2 * config.engine_scrape_interval_seconds)
+
+
 async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,
                              source: analysis.PodLatency, canaries: list[str], others: list[str],
                              now: float) -> analysis.Verdict:  # fmt: skip
     """The sequential rule over the sub-windows since the analysis started; it must decide
     once the analysis reaches its limit (`machine.analysis_final`)."""
     pol = tuning.policy(sd, deps.config)
-    sub_s = tuning.scale(deps.config.canary_sub_window_seconds, deps.config)
+    sub_s = sub_window_s(deps.config)
     started = machine.seconds(state.started_at) or now - pol.analysis_window_s
     try:
         windows = await source.sub_windows(sd.metadata.namespace, sd.metadata.name, canaries, others,

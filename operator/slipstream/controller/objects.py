@@ -242,11 +242,13 @@ DEPLOYMENT_LABEL = "servingdeployment"
 which the Prometheus Operator sets itself); observe aggregates by it."""
 
 
-def monitor(sd: models.ServingDeployment, kind: str) -> dict[str, Any]:
-    """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor."""
+def monitor(sd: models.ServingDeployment, kind: str, interval_s: float = 5.0) -> dict[str, Any]:
+    """A PodMonitor (per-pod series, what canary analysis needs) or a ServiceMonitor,
+    scraping every ``interval_s`` (`ControllerSettings.engine_scrape_interval_seconds`: the
+    canary's sub-windows are two of these at least)."""
     meta_label = "__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in NAME_LABEL)
     endpoint = {
-        "port": "http", "path": "/metrics", "interval": "15s",
+        "port": "http", "path": "/metrics", "interval": f"{max(1, round(interval_s * 1000))}ms",
         "relabelings": [
             {"sourceLabels": [meta_label], "targetLabel": DEPLOYMENT_LABEL, "action": "replace"},
             {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod", "action": "replace"},

@@ -126,10 +126,19 @@ class ControllerSettings:
     canary_sub_window_seconds: float = 0.0
     """0: the canary analysis compares one window's per-tenant p99 (`analysis.compare`).
     > 0: it runs the sequential rule (`rollout.sequential`) over sub-windows of this many
-    seconds (scaled by tuning_time_scale, as spec durations are; keep it two scrape
-    intervals or more). The analysis then goes on while the rule says Continue, up to three
-    analysis windows. `slipstream canary-check` measured the rule at 10 s. Off by default
-    until the cluster tier has run with it. Env: SLIPSTREAM_CANARY_SUB_WINDOW_SECONDS."""
+    seconds (scaled by tuning_time_scale, as spec durations are), never shorter than two
+    `engine_scrape_interval_seconds`: Prometheus' ``increase`` needs two scrapes inside a
+    range, so a shorter sub-window has no cells and the rule could only roll back for want
+    of evidence. The analysis goes on while the rule says Continue, up to three analysis
+    windows. `slipstream canary-check` measured the rule at 10 s. Off by default: it takes
+    2-4 analysis windows to promote (docs/operator.md), longer than the closed-loop tier's
+    settling bound. Env: SLIPSTREAM_CANARY_SUB_WINDOW_SECONDS."""
+
+    engine_scrape_interval_seconds: float = 5.0
+    """How often Prometheus scrapes the engines, in wall seconds (not scaled): the interval
+    of the PodMonitor or ServiceMonitor the operator creates, and the floor of the canary's
+    sub-windows (two of these). Set it to your scrape interval when your own Prometheus
+    scrapes the engines. Env: SLIPSTREAM_ENGINE_SCRAPE_INTERVAL_SECONDS."""
 
     canary_noise_floor: float = 0.25
     """Fraction of a tenant's p99 TTFT target under which its canary p99 never counts as

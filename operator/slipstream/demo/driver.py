@@ -43,15 +43,18 @@ READY_S = 120.0
 
 @contextlib.contextmanager
 def target_for(args: argparse.Namespace) -> Iterator[tuple[loop.Target, bool]]:
-    """(target, reused): a running `cluster up`, else a stack of our own until the block ends."""
+    """(target, reused): a running `cluster up`, else a stack of our own until the block ends.
+    Progress goes to stderr under ``--json``, so stdout stays one JSON document."""
     from slipstream.localkube import apiread, binaries, supervisor
+
+    out = sys.stderr if getattr(args, "json", False) else sys.stdout
 
     workdir = Path(args.workdir).expanduser().resolve()
     state = supervisor.read_state(workdir)
     pid = int(state.get("supervisor_pid", 0)) if state else 0
     if state and state.get("phase") == "Ready" and pid > 1 and supervisor.alive(pid):
         kubeconfig = Path(state["kubeconfig"])
-        print(f"reusing the running cluster in {workdir} (slipstream cluster up)")
+        print(f"reusing the running cluster in {workdir} (slipstream cluster up)", file=out)
         yield loop.Target(kubeconfig, binaries.default_bin_dir() / "kubectl",
                           apiread.ApiReader.from_kubeconfig(kubeconfig), float(state["time_scale"]),
                           state["prometheus_url"]), True  # fmt: skip
@@ -59,14 +62,14 @@ def target_for(args: argparse.Namespace) -> Iterator[tuple[loop.Target, bool]]:
     from slipstream.localkube import stack
 
     with tempfile.TemporaryDirectory(prefix="slipstream-demo-") as tmp:
-        print("starting a local control plane, Prometheus and the operator (~30 s) ...", flush=True)
+        print("starting a local control plane, Prometheus and the operator (~30 s) ...", file=out, flush=True)
         started = stack.Stack.start(Path(tmp), stack.StackOptions(time_scale=args.time_scale))
         try:
             cluster = started.cluster
             yield loop.Target(cluster.kubeconfig, cluster.bin_dir / "kubectl",
                               cluster.reader, args.time_scale, _url(started)), False  # fmt: skip
         finally:
-            print("stopping the local stack ...", flush=True)
+            print("stopping the local stack ...", file=out, flush=True)
             started.stop()
 
 

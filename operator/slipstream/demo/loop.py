@@ -163,7 +163,7 @@ def serving_deployment(
 
 
 @dataclass(frozen=True)
-class Sample:
+class StatusSample:
     """The ServingDeployment's status at one moment (twin seconds since the load began)."""
 
     twin_s: float
@@ -178,7 +178,7 @@ class Sample:
     """What the tuner would run (the twin's best candidate): (threshold, mode, order)."""
 
 
-def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
+def sample_of(sd: dict[str, Any], twin_s: float) -> StatusSample:
     status = sd.get("status") or {}
     tenants = {
         t["name"]: float(t["ttftP99Seconds"])
@@ -186,7 +186,7 @@ def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
         if t.get("ttftP99Seconds") is not None
     }
     rec = status.get("recommendation")
-    return Sample(
+    return StatusSample(
         recommendation=(rec["threshold"], rec.get("mode", "ceiling"), rec.get("schedulePolicy", "fcfs"))
         if rec
         else None,
@@ -201,7 +201,7 @@ def sample_of(sd: dict[str, Any], twin_s: float) -> Sample:
     )
 
 
-def setting_text(s: Sample) -> str:
+def setting_text(s: StatusSample) -> str:
     if s.threshold is None:
         return "setting ?"
     if s.threshold == 0:
@@ -209,7 +209,7 @@ def setting_text(s: Sample) -> str:
     return f"T={s.threshold} (x{s.concurrency}) {s.mode}/{s.schedule_policy}"
 
 
-def status_line(s: Sample) -> str:
+def status_line(s: StatusSample) -> str:
     het = "?" if s.heterogeneity is None else f"{s.heterogeneity:.2f}"
     p99 = " ".join(f"{t} {v:.1f}s" for t, v in sorted(s.tenants_p99.items())) or "-"
     rollout = f" [{s.rollout_phase}]" if s.rollout_phase and s.rollout_phase != "Idle" else ""
@@ -225,7 +225,7 @@ class Watcher:
     name: str
     on_event: Callable[[dict[str, Any]], None] | None = None
     poll_s: float = 1.0
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[StatusSample] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     t0: float | None = None
     errors: int = 0
@@ -271,7 +271,7 @@ class Watcher:
             self._thread.join(timeout=10)
 
     @property
-    def latest(self) -> Sample | None:
+    def latest(self) -> StatusSample | None:
         return self.samples[-1] if self.samples else None
 
 

@@ -182,13 +182,13 @@ def sim_lag_p99(urls: Sequence[str]) -> float:
     return worst
 
 
-def settled(samples: Sequence[loop.Sample], span: phases.Phase) -> tuple[float | None, str]:
+def settled(samples: Sequence[loop.StatusSample], span: phases.Phase) -> tuple[float | None, str]:
     """(twin s from the phase's start to the fleet on its final setting, that setting)."""
     inside = [s for s in samples if span.holds(s.twin_s) and s.threshold is not None]
     if not inside:
         return None, "?"
 
-    def key(s: loop.Sample) -> tuple[Any, ...]:
+    def key(s: loop.StatusSample) -> tuple[Any, ...]:
         return s.threshold, s.mode, s.schedule_policy
 
     final = key(inside[-1])
@@ -197,7 +197,7 @@ def settled(samples: Sequence[loop.Sample], span: phases.Phase) -> tuple[float |
     return at - span.start_s, loop.setting_text(inside[-1])
 
 
-def figures_of(spec: RunSpec, results: Sequence[loop.Result], samples: Sequence[loop.Sample],
+def figures_of(spec: RunSpec, results: Sequence[loop.Result], samples: Sequence[loop.StatusSample],
                events: Sequence[dict[str, Any]], spans: Sequence[phases.Phase]) -> RunFigures:  # fmt: skip
     """The run's figures from what it recorded (pure: the tests call it on plain data)."""
     fig = RunFigures(spec.label, spec.mode, spec.setting)

@@ -21,7 +21,7 @@ SHORT_TOKENS = 32_000
 
 
 def timeline(
-    samples: Sequence[loop.Sample],
+    samples: Sequence[loop.StatusSample],
     results: Sequence[loop.Result],
     spans: Sequence[phases.Phase],
     out: Path,

@@ -237,6 +237,7 @@ class Stack:
             "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
             "SLIPSTREAM_RETRY_DELAY_SECONDS": "5",
             "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "1",
+            "SLIPSTREAM_ENGINE_SCRAPE_INTERVAL_SECONDS": f"{SCRAPE_INTERVAL_S:g}",
         }
         if self.cluster.pod_cidr:
             env["SLIPSTREAM_ENGINE_NETWORKS"] = self.cluster.pod_cidr

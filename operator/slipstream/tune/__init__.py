@@ -11,7 +11,7 @@ time is passed in). Modules, in the order a decision flows:
   ``concurrency(setting, C)``. A setting is ``sim.policies.Setting(threshold, mode, order)``.
 - ``twin_workload.synthesize(snapshot, max_requests, seed) -> sim Workload``.
 - ``recommend.recommend(snapshot, current, spec, profile, config=None, settings=None)
-  -> Recommendation``: ``best``, ``current`` and every candidate's ``Prediction``
+  -> Ranking``: ``best``, ``current`` and every candidate's ``Prediction``
   (per-tenant p99 TTFT and slowdown, worst-tenant figures, the longest prompts' slowdown,
   ``allowed``/``meets_targets``/``within_long_bound``), ``heterogeneity``, ``feasible``,
   ``gain`` (confirming sample), ``screen_gain`` (screening sample, same two settings) and

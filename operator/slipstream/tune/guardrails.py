@@ -12,7 +12,7 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 4. less than ``interval_s`` since the last step: Hold ``Interval`` (one step per interval);
 5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``;
 6. the twin's replay of the window under the running setting disagrees with what the
-   engines reported, even after its offered load was refitted (``Recommendation.model``,
+   engines reported, even after its offered load was refitted (``Ranking.model``,
    ``tune.modelcheck``): Hold ``ModelMismatch``, naming the worst tenant's predicted and
    observed p99 TTFT: a comparison of candidates on a model that does not explain the
    present is a guess;
@@ -20,8 +20,8 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    with ``recommend``'s candidates; re-checked because the spec may have changed);
 7. the best differs from the current setting and its predicted gain clears the margin
    (relative ``min_gain`` and absolute ``min_gain_abs``, both from the recommender's
-   confirming run: ``Recommendation.gain``; and ``noise_factor`` times the spread between
-   the screening and confirming samples' gains, ``Recommendation.gain_spread``: a gain the
+   confirming run: ``Ranking.gain``; and ``noise_factor`` times the spread between
+   the screening and confirming samples' gains, ``Ranking.gain_spread``: a gain the
    two samples disagree on by more than itself is noise), and the best is not a setting
    left less than ``dwell_cooldowns`` cooldowns ago (``TunerState.left``; else Hold
    ``Dwell``: A -> B -> A within a few cooldowns is flapping): Move, with the recommendation's
@@ -31,7 +31,7 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    predicts within ``step_back_tolerance`` of it and the mix is near-uniform (heterogeneity
    at most ``step_back_max_heterogeneity``): uniform traffic returns to off;
 7b. a Move by gain whose gain does not hold across independent resamples (other seeds,
-   the neighbouring burst sizes: ``Recommendation.resample_gain``, the robust gain of
+   the neighbouring burst sizes: ``Ranking.resample_gain``, the robust gain of
    ``tune.robust``, below ``min_gain``): Hold ``NotOnResample``: the screen and the
    confirmation share the snapshot's synthesis and burst, so a bias they share would pass
    both, and a gain on one draw that the current setting wins back on another is noise;
@@ -57,7 +57,7 @@ from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
 from slipstream.tune.candidates import TuningSpec, concurrency
 from slipstream.tune.modelcheck import MODEL_MISMATCH
-from slipstream.tune.recommend import Recommendation, describe
+from slipstream.tune.recommend import Ranking, describe
 
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 INTERVAL = "Interval"
@@ -153,7 +153,7 @@ class Move:
     from_: Setting
     to: Setting
     reason: str
-    recommendation: Recommendation
+    recommendation: Ranking
     kind: str = "Move"
 
 
@@ -163,7 +163,7 @@ class Hold:
 
     reason: str
     message: str
-    recommendation: Recommendation | None = None
+    recommendation: Ranking | None = None
     kind: str = "Hold"
 
 
@@ -173,7 +173,7 @@ class Infeasible:
     improves on the current setting by the margin either."""
 
     message: str
-    recommendation: Recommendation
+    recommendation: Ranking
     reason: str = "Infeasible"
     kind: str = "Infeasible"
 
@@ -201,7 +201,7 @@ def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSetti
     return None
 
 
-def decide(snapshot: WorkloadSnapshot, recommendation: Recommendation | None, state: TunerState,
+def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: TunerState,
            spec: TuningSpec, settings: GuardrailSettings, now: float) -> Decision:
     """The decision for this interval (module doc); ``recommendation`` may be None only when
     ``gate`` holds (the caller skipped the twin)."""

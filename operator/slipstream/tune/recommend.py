@@ -11,7 +11,7 @@ Steps (each a function below, plain data between them):
    ``check`` the fitted replay against the observation (``tune.modelcheck``): every
    tenant's predicted p99 within ``model_band`` of its observed one, else the offered load
    is refitted (a few more runs of the current setting) and checked again; a twin that
-   still disagrees is reported in ``Recommendation.model`` and the guardrails hold;
+   still disagrees is reported in ``Ranking.model`` and the guardrails hold;
 2. ``predict`` each candidate (the screen): one deterministic twin run per candidate,
    on the same workload;
 3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
@@ -207,7 +207,7 @@ class Prediction:
 
 
 @dataclass(frozen=True, slots=True)
-class Recommendation:
+class Ranking:
     """The choice, every candidate's predicted figures, and why in one line."""
 
     best: Prediction
@@ -268,7 +268,7 @@ class Recommendation:
         requests (common random numbers), so this is the spread of the difference itself."""
         return abs(self.screen_gain - self.gain)
 
-    def kept(self) -> Recommendation:
+    def kept(self) -> Ranking:
         """What the guardrails and the controller read of it, and nothing else: ``best``,
         ``current`` and, of the screen, the same two settings (``screen_gain``); the other
         candidates' figures and the confirming shortlist dropped. Every property above gives
@@ -335,7 +335,7 @@ def choose(predictions: Sequence[Prediction], settings: RecommenderSettings,
 
 def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
               config: EngineConfig | None = None,
-              settings: RecommenderSettings | None = None) -> Recommendation:
+              settings: RecommenderSettings | None = None) -> Ranking:
     """The recommendation for a valid snapshot (ValueError on an invalid or empty one)."""
     settings = settings or RecommenderSettings()
     if not snapshot.valid:
@@ -363,7 +363,7 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
                         spec.chunked_prefill_size)
     bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
-    return Recommendation(best, cur, screened, mix, feasible, settings.objective,
+    return Ranking(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
                           reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model, scored)
 

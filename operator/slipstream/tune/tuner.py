@@ -57,7 +57,7 @@ def with_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSett
     if held is not None:
         return held
     # Kept whole only until judged: a decision carries what the guardrails read
-    # (`Recommendation.kept`), the same whether it was computed now or reused later.
+    # (`Ranking.kept`), the same whether it was computed now or reused later.
     rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,
                               settings.recommender).kept()
     if memo is not None:

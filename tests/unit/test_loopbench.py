@@ -66,12 +66,13 @@ def test_settled_is_the_last_change_within_the_phase() -> None:
 def test_figures_count_whole_phases_changes_and_rollbacks() -> None:
     results = [loop.Result("a", f"r{k}", float(k), 1.0 if k < 100 else 5.0, True, 0.1) for k in range(200)]
     results.append(loop.Result("a", "failed", 150.0, math.nan, False))
-    events = [{"reason": "ThresholdChanged"}, {"reason": "RollingBack", "message": "canary analysis failed: x"},
+    events = [{"reason": "ThresholdChanged", "_twin_s": 12.0}, {"reason": "RollingBack", "message": "canary analysis failed: x"},
               {"reason": "RolledBack"}, {"reason": "ThresholdChanged"}]
     fig = loopbench.figures_of(loopbench.RunSpec("auto", "Auto"), results, [sample(0, 0)], events, SPANS)
     assert fig.phases["1-uniform"]["a"] == 1.0 and fig.phases["2-het"]["a"] == 5.0
     assert fig.worst_whole == 5.0 and (fig.changes, fig.rollbacks) == (2, 1)
     assert fig.rollback_reasons == ["canary analysis failed: x"]
+    assert fig.story[0] == "     12  ThresholdChanged: " and fig.story[1].endswith("RollingBack: canary analysis failed: x")
     assert (fig.requests, fig.failed) == (201, 1) and fig.load_lag_p99_s == pytest.approx(0.1)
 
 

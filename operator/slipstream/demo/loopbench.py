@@ -90,6 +90,9 @@ class RunFigures:
     rollbacks: int = 0
     rollback_reasons: list[str] = field(default_factory=list)
     """The RollingBack Events' messages: why each rollback happened."""
+    story: list[str] = field(default_factory=list)
+    """Every Event of the run, ``twin s  Reason: message`` (as `kubectl describe` tells them):
+    when the tuner moved, why it held, and how long the canary took."""
     requests: int = 0
     failed: int = 0
     sim_lag_p99_s: float = math.nan
@@ -210,6 +213,8 @@ def figures_of(spec: RunSpec, results: Sequence[loop.Result], samples: Sequence[
     fig.changes = reasons.count("ThresholdChanged")
     fig.rollbacks = reasons.count("RolledBack")
     fig.rollback_reasons = [str(e.get("message", ""))[:300] for e in events if e.get("reason") == "RollingBack"]
+    fig.story = [f"{float(e.get('_twin_s', math.nan)):7.0f}  {e.get('reason')}: {str(e.get('message', ''))[:240]}"
+                 for e in events]  # fmt: skip
     fig.requests = len(results)
     fig.failed = sum(1 for r in results if not r.ok)
     fig.load_lag_p99_s = p99([r.late_s for r in results])

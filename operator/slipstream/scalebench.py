@@ -104,8 +104,7 @@ class Figures:
     operator_peak_rss_mb: float
     """VmHWM in MB (10^6 bytes): the unit of the issue's target (< 200 MB)."""
     operator_peak_rss_mib: float
-    """The same in MiB (2^20 bytes), the unit of this benchmark's output before
-    2026-12-01 (printed then as "MB"; docs/reliability.md says which is which)."""
+    """The same in MiB (2^20 bytes), as /proc reports it (VmHWM is in KiB)."""
     tuning_steps_per_interval: float
     tuner_runs_per_interval: float
     """Twin runs (`slipstream_tuner_seconds`: reuses and holds are not counted)."""

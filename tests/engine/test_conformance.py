@@ -122,7 +122,7 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
 
 
 EXAMPLES = int(os.environ.get("SLIPSTREAM_CONFORMANCE_EXAMPLES", "200"))
-"""Examples per property: 200 in CI; a wide run sets e.g. 5000 (see README)."""
+"""Examples per property: 200 in CI; a wide run sets e.g. 5000 (see docs/engine.md)."""
 
 SETTINGS = settings(
     max_examples=EXAMPLES,

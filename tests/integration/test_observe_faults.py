@@ -252,7 +252,7 @@ def test_loops_giving_up_on_a_slow_read_never_start_a_second_one(fake_prometheus
     that gives up must leave the read in flight to the others: with a lock, each waiter that
     timed out released it while its thread read on, the next waiter started another read
     beside it, and a slow Prometheus got slower under a pile of fleet reads, each holding a
-    fleet's answers (the ~600 s wave at 500 deployments, docs/reliability.md)."""
+    fleet's answers (the ~600 s wave at 500 deployments in CHANGELOG.md)."""
     gate = threading.Event()
     lock = threading.Lock()
     in_flight = {"now": 0, "most": 0}
@@ -298,7 +298,7 @@ def test_a_finished_read_is_never_left_for_a_loop_to_join(fake_prometheus):
     would find the same one again, and spin with the event loop held: the first version
     of the shared read left a done read registered until a callback of its own ran, and
     at 500 deployments the operator froze with 121 of 500 reconciled (docs/reliability.md,
-    "Memory at 500, third pass"). Checked at the first moment any callback can see the read
+    "Scale"). Checked at the first moment any callback can see the read
     done."""
     fake_prometheus.responder = lambda q: (200, vector_body([]), 0.0)
     observer = FleetObserver(SETTINGS)

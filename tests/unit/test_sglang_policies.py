@@ -244,7 +244,7 @@ def test_sglang_orders_serve_everyone_and_never_beat_the_solo_time(rows, policy)
 
 
 def test_seed_000_under_sglangs_own_orders():
-    """The README's seed-000 rows: spf's chunk cap lets the small requests past the cold
+    """docs/twin.md's seed-000 rows: spf's chunk cap lets the small requests past the cold
     600K prompt; hrrn only orders the queue, so they wait for the chunked prompt."""
     sp = spec.load("seed-000")
     prof = profiles.load(sp.profile or "kimi-k3-8xh200")

@@ -160,7 +160,7 @@ def test_with_twin_always_runs_the_twin_and_stores_it(twin_runs: list[str]) -> N
 def test_runs_made_together_expire_spread_out_never_after_max_age() -> None:
     """The first round after a start makes a fleet's runs within a minute or two; had they
     all expired max_age_s later, hundreds of twin runs would queue at once (the ~600 s wave
-    at 500 deployments, docs/reliability.md). Each entry's lifetime is max_age_s less up
+    at 500 deployments in CHANGELOG.md). Each entry's lifetime is max_age_s less up
     to ``jitter`` of it, spread by deployment and time made, and never longer."""
     m = memo.Memo(max_age_s=600)
     seen = memo.fingerprint(heterogeneous(), 20)

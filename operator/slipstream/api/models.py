@@ -601,7 +601,7 @@ class ObjectMeta(BaseModel):
     """The metadata the operator reads. The rest (managedFields, ~15 kB as Python objects
     for a ServingDeployment a few managers have written, labels, annotations) is left out:
     a model is built for every reconcile, refresh and tuning step, and 500 tuning loops
-    each hold one through their step (docs/reliability.md, "Memory at 500, third pass")."""
+    each hold one through their step (docs/reliability.md, "Scale")."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 

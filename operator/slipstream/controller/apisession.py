@@ -1,10 +1,10 @@
 """kopf's connections to the kube-apiserver, bounded.
 
-kopf opens its aiohttp session with no connection limit. At 500 ServingDeployments the
-status-refresh timers fire in waves (each deployment's every 30 s, started within a minute
-of each other), and a wave of ~490 status patches opened hundreds of TLS connections at
-once, each with a 256 KiB read buffer and OpenSSL's own: the operator's RSS rose by ~60 MB
-in ten seconds (docs/reliability.md, "Memory at 500"). kopf lets a login handler hand it a
+kopf opens its aiohttp session with no connection limit. With hundreds of
+ServingDeployments the status-refresh timers fire in waves (each deployment's every 30 s,
+started within a minute of each other), and a wave of status patches would open hundreds
+of TLS connections at once, each with a 256 KiB read buffer and OpenSSL's own, tens of MB
+within seconds (docs/reliability.md, "Scale"). kopf lets a login handler hand it a
 session of its own (``kopf.AiohttpSession``); this one is kopf's own, credentials and TLS
 taken from the same ``ConnectionInfo``, with a connection limit. Requests beyond it wait
 for a free connection, the watch streams included, so the limit must leave room beside them.

@@ -2,9 +2,9 @@
 
 The refresh reads each engine Deployment every 30 s (status_interval_seconds) for its
 readiness and for who else writes its replicas. One GET per ServingDeployment per refresh
-was the largest item of the operator's apiserver requests at 500 deployments (310 of ~990
-per 20 s interval, docs/reliability.md "Scale"), though the drift watch (`kopf.on.event` on
-the managed Deployments) already receives every change of them. Each event's body, trimmed
+would be the largest item of the operator's apiserver requests in a large fleet, though the
+drift watch (`kopf.on.event` on the managed Deployments) already receives every change of
+them. Each event's body, trimmed
 to what the refresh reads (generation, spec.replicas, status, and the managedFields entries
 that own spec.replicas), is kept here by namespace and name.
 

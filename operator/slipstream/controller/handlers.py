@@ -593,7 +593,7 @@ def shed_managed_fields(body: kopf.Body) -> None:
     kopf keeps the body of each object that has a daemon or a timer for as long as they run
     (its "live body", replaced by each watch event's), so the operator holds one body per
     ServingDeployment, and managedFields are over half of it: ~15 of ~27 kB as Python
-    objects, ~7 MB at 500 (docs/reliability.md, "Memory at 500, fourth pass"). Nothing
+    objects, ~7 MB for 500 ServingDeployments. Nothing
     reads them: kopf's diffs and its annotations leave metadata out but for labels and
     annotations, and the operator reads managedFields only of the Deployments it owns, from
     their own events. `body["metadata"]` is the watch event's own dict (kopf's body is a
@@ -610,8 +610,7 @@ def step_view(body: kopf.Body) -> tuple[models.ServingDeployment | None, dict[st
     model was read at). Both are taken in one go, nothing awaited in between, from kopf's
     live body, whose nested parts a newer event replaces rather than changes; so no deep
     copy of the body is kept through the step: a loop waiting its turn on the tuner pool
-    held one (~30 kB), 500 of them in the first round (docs/reliability.md, "Memory at
-    500, third pass")."""
+    would hold one (~30 kB), and in a fleet's first round hundreds of loops wait."""
     meta = body.get("metadata") or {}
     read = {"metadata": {k: meta.get(k) for k in ("namespace", "name", "resourceVersion")}}
     try:

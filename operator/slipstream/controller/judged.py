@@ -4,9 +4,9 @@ none of their owned parts costs no apiserver read.
 The drift watch (`kopf.on.event` on the engine Deployments and Services) judges an object
 by reading its ServingDeployment and the object again, then comparing what the spec renders
 with what is live (`drift.of_object`). Almost every event of a Deployment changes only its
-status (readiness, replica counts): at 500 ServingDeployments the apply brought 637
-Deployment events in 30 s, i.e. ~1,270 GETs on the blocking client's threads
-(docs/reliability.md, "Drift watch: status-only events skipped").
+status (readiness, replica counts), and the apply of hundreds of ServingDeployments brings
+hundreds of such events within seconds, two GETs each on the blocking client's threads
+(docs/reliability.md, "Scale").
 
 So each judgement that ended well (nothing drifted, or reverted) records a digest of the
 object's owned parts (`PARTS`: what `drift.of_object` compares, and the annotations) by the

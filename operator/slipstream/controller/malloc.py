@@ -3,11 +3,11 @@ threshold, and collect Python's reference cycles on a schedule.
 
 glibc gives threads their own arenas, up to 8 per core, and an arena keeps the memory its
 threads freed for its own later use: the operator's 32 worker threads (Kubernetes and
-Prometheus calls, each fleet read parsing megabytes of JSON) each grew one. In the scale
-benchmark at 100 deployments, 196 MB of the operator's 453 MB RSS were such thread arenas
-while Python's live objects were 55 MB (tracemalloc), docs/reliability.md "Scale". Two
-arenas shared by all threads keep what one thread freed for the next; the threads wait on an
-arena lock only while they allocate, which under the GIL they rarely do at once. The same
+Prometheus calls, each fleet read parsing megabytes of JSON) would each grow one, and
+thread arenas would then hold far more of the RSS than Python's live objects do
+(docs/reliability.md, "Scale"). Two arenas shared by all threads keep what one thread
+freed for the next; the threads wait on an arena lock only while they allocate, which under
+the GIL they rarely do at once. The same
 knob as the MALLOC_ARENA_MAX environment variable, set here so that every way of starting
 the operator (chart, `slipstream run`, tests) gets it.
 
@@ -68,8 +68,7 @@ def trim() -> bool:
     large strings, the tables of large dicts and lists) and OpenSSL's buffers come from
     glibc. A burst of them freed leaves free chunks between live ones, which glibc keeps
     resident: only the free space at the top of a heap goes back by itself. What stays
-    resident raises the floor the next burst adds to, and so the peak
-    (docs/reliability.md, "Memory at 500, fourth pass")."""
+    resident raises the floor the next burst adds to, and so the peak."""
     try:
         malloc_trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):

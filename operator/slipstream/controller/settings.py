@@ -21,7 +21,7 @@ class ControllerSettings:
     status_watch_seconds: float = 300.0
     """Longest the status refresh uses the drift watch's last view of an engine Deployment
     (`controller.deployments`) before it GETs the Deployment again: a GET per deployment
-    per refresh was the operator's largest apiserver item at 500 deployments. A changed
+    per refresh would be the operator's largest apiserver item in a large fleet. A changed
     Deployment sends an event at once; this bounds how long a missed event (a removed label)
     can leave readiness stale. 0: GET every refresh. Env: SLIPSTREAM_STATUS_WATCH_SECONDS."""
 
@@ -84,17 +84,17 @@ class ControllerSettings:
     """Connections kopf may hold open to the kube-apiserver at once (its watch streams and
     every status patch and Event), and the connection pool of the blocking Kubernetes
     client (at least `worker_threads`, the threads that share it). kopf's own default is no
-    limit: at 500 deployments a wave of ~490 status-refresh timers opened hundreds of TLS
-    connections at once, each with a 256 KiB read buffer, and the operator's RSS rose by
-    ~60 MB in ten seconds (docs/reliability.md, "Memory at 500"). Requests beyond it wait
-    for a free connection. Env: SLIPSTREAM_API_CONNECTIONS."""
+    limit, and a wave of status-refresh timers (hundreds at once in a large fleet) would
+    open a TLS connection each, each with a 256 KiB read buffer (`controller.apisession`).
+    Requests beyond it wait for a free connection. Env: SLIPSTREAM_API_CONNECTIONS."""
 
     gc_interval_seconds: float = 30.0
     """Seconds between full collections of Python's reference cycles (`controller.malloc`).
     Closed TLS connections are cycles (transport and protocol point at each other) that
     Python's own schedule collects only after ~100,000 more objects outlive their first
-    collections, which at 500 deployments held up to 300 of them at once. A full
-    collection took 0.22-0.24 s there (under 1% of a core every 30 s). Each collection is
+    collections, long enough for hundreds of them to pile up in a large fleet. A full
+    collection costs a fraction of a second even then (docs/reliability.md, "Scale"),
+    under 1% of a core every 30 s. Each collection is
     followed by a `malloc_trim` (`malloc.trim`): the pages of glibc's free chunks go back to
     the system. 0: Python's own schedule only, and no trim.
     Env: SLIPSTREAM_GC_INTERVAL_SECONDS."""
@@ -117,9 +117,8 @@ class ControllerSettings:
     they never hold the worker_threads the Kubernetes and Prometheus calls need. The twin
     is pure Python under the GIL: a second run at once adds no throughput, but each run
     holds its simulated workload while it runs, and many interleaved runs scatter their
-    allocations over the allocator's arenas, which then stay mapped: 200 runs on the 32
-    worker threads left 60 MB more RSS than on two (`scripts/bench-memory.py`,
-    docs/reliability.md "Scale"). 0: the CPUs this process may use (its affinity and
+    allocations over the allocator's arenas, which then stay mapped (`scripts/bench-memory.py`
+    shows it: docs/reliability.md, "Scale"). 0: the CPUs this process may use (its affinity and
     cgroup CPU quota; the chart's limit of 1 CPU gives 1), at most 4.
     Env: SLIPSTREAM_TUNER_THREADS."""
 
@@ -151,9 +150,9 @@ class ControllerSettings:
 
     tuner_reuse_seconds: float = 600.0
     """Longest the tuner reuses a deployment's last twin run while its workload has not moved
-    (`tune.memo`; scaled by tuning_time_scale). A twin run costs 0.2-0.7 s of CPU, so
-    without reuse 500 deployments at a 60 s interval need ~3 cores (docs/reliability.md,
-    "Scale"). Each run's own lifetime is drawn between 2/3 of this and this (`tune.memo.lifetime`),
+    (`tune.memo`; scaled by tuning_time_scale). A twin run costs a fraction of a CPU
+    second, so without reuse hundreds of deployments need cores of twin runs
+    (docs/reliability.md, "Scale"). Each run's own lifetime is drawn between 2/3 of this and this (`tune.memo.lifetime`),
     so runs made together do not all expire together. 0: run the twin every interval.
     Env: SLIPSTREAM_TUNER_REUSE_SECONDS."""
 

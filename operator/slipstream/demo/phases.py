@@ -22,14 +22,12 @@ twin (33% of it prefill; ``slipstream bench --workload`` of
 stock's worst tenant p99 TTFT is ~12 s and concurrency 2 (ceiling, srpt) brings it
 to ~1.3 s. These are the engines' own rates: the operator divides what Prometheus
 counts per wall second by a time-scaled stack's factor before the twin runs, so
-the twin judges this traffic, not eight times it. (With the wall-clock rates the
-twin predicted p99 TTFTs of 100+ s where the engines measured ~15 s, and on the
-phases of before, replayed offline on two twin engines with the operator's tuner
-each interval, it moved by that overload: to a capped setting on a window that
-had not yet seen a giant, then on to srpt at T = 0 or concurrency 3.) Times are twin seconds; the load divides them by the time
+the twin judges this traffic, not eight times it (at the wall-clock rates the
+twin would see an overloaded fleet and move for the overload, not for the mix).
+Times are twin seconds; the load divides them by the time
 scale. Every phase is a YAML workload spec (slipstream.sim.spec), so
 ``slipstream bench --workload`` can run each one on the twin alone; the
-figures the README quotes come from that command.
+twin's figures in docs/demo.md come from that command.
 """
 
 from __future__ import annotations
@@ -52,9 +50,9 @@ GIANT_EVERY_S = 80.0
 about a third of the time, enough to make stock's queueing the tail of every tenant,
 while the engines stay ~70% busy (giants of 250K-400K every 90 s overloaded them:
 capped settings then fell behind). The operator reads one control interval (60 s) of
-the whole fleet at a time, so every window holds a giant or two: with one per 60 s
-(the earlier 120 s per replica), windows without one measured as uniform traffic
-(heterogeneity 0.01) and the tuner stepped back in the middle of the phase."""
+the whole fleet at a time, so every window holds a giant or two: a window without one
+reads as uniform traffic (heterogeneity ~0.01), and the tuner would step back in the
+middle of the phase."""
 
 GIANT_TOKENS = (150_000, 200_000)
 

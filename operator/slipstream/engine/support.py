@@ -19,7 +19,7 @@ from slipstream.api import models
 HYBRID_SWA = "hybrid sliding-window attention models"
 MAMBA = "mamba / hybrid linear-attention models"
 
-# (family as the README and the engine name it, kind, pattern on the lower-cased model).
+# (family as docs/engine.md and the engine name it, kind, pattern on the lower-cased model).
 # A family name must not be preceded by a letter or digit, nor its version followed by
 # a digit ("llama-4" but not "llama-40b" nor "codellama4").
 _B = r"(?<![a-z0-9])"

@@ -9,10 +9,10 @@ loops of 500 deployments do not send 3,000 queries. Reads run on a worker thread
 client is blocking), at most one per key at a time: concurrent loops wait for the read in
 flight and share it. The read is a task of its own, which a loop giving up on it (its
 ``asyncio.wait_for`` in ``controller.loop.observe``) does not cancel and does not restart:
-with a lock held by the waiter, each waiter that timed out released the lock while its
-thread read on, and the next waiter started another read beside it. On a slow Prometheus
-(or two cores busy with twin runs) that piled up reads, each holding a fleet's answers, and
-made Prometheus slower still (docs/reliability.md, "Memory at 500, third pass").
+a lock held by the waiter would not do: each waiter that timed out would release the lock
+while its thread read on, and the next waiter would start another read beside it. On a slow
+Prometheus (or two cores busy with twin runs) reads would pile up, each holding a fleet's
+answers, and make Prometheus slower still.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def fetch(observer: Observer, now: float) -> _Read:
 
     The observer reduces each answer as it comes (``assemble.reduce``), and the reduced
     answers are dropped once assembled: the read is kept for the reuse period and until the
-    next one, and its snapshots hold all that is read of it (docs/reliability.md, "Memory
-    at 500"). A deployment no answer mentions gets its snapshot
+    next one, and its snapshots hold all that is read of it (docs/reliability.md, "Scale").
+    A deployment no answer mentions gets its snapshot
     from empty answers, which is what the full ones say about it (no series)."""
     read = observer.fetch(now)
     snapshots = read.snapshots()

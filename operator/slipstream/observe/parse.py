@@ -16,7 +16,7 @@ Pure and total: any input either parses or raises MalformedAnswer, never anythin
 the decoded tree of a fleet read (62,000 series at 500 deployments: a dict, a list, two
 values and five label strings each) never exists alongside the samples, and every label
 string is interned, so the 120 series of one deployment share its name instead of holding
-120 copies. docs/reliability.md, "Memory at 500", has the figures.
+120 copies (docs/reliability.md, "Scale").
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ def align(parts: Sequence[Workload], mode: str = "truncate") -> tuple[list[Workl
     """Give traces of different spans one common window before they are merged.
 
     Merging a 1-hour trace with a 10-minute one and fitting the rate scale over the hour
-    runs the short one's window far above the target load (the issue that led here
-    measured ~1.4x capacity inside it for a 0.7 target). ``truncate`` (default) cuts every
+    runs the short one's window far above the target load (above capacity inside it for a
+    0.7 target). ``truncate`` (default) cuts every
     trace to the shortest span; ``tile`` repeats the shorter traces until they cover the
     longest, each copy one mean inter-arrival gap after the last and in a hash space of
     its own. Returns the parts and one line saying what was done ("" if spans agree).

@@ -81,10 +81,9 @@ def concurrency(setting: Setting, chunked_prefill_size: int) -> int:
 
 PREFERRED_ORDERS = ("srpt", "fcfs", "lpm")
 """Tie-break among orders. srpt (with aging) predicts as well as fcfs on a calm window and
-far better once a long prompt arrives, which a short window may not have shown: on
-builtin:multi-tenant a tie at t=61 s went to ceiling:2730 (fcfs) and the next giant cost
-the worst tenant a p99 slowdown of 264 against 24 (README bench: stock/srpt 36 vs stock
-105 on the traces)."""
+far better once a long prompt arrives, which a short window may not have shown: a tie
+broken towards fcfs leaves the next giant prompt in front of every short request that
+arrives behind it, while srpt lets them past."""
 
 
 def preference(setting: Setting, chunked_prefill_size: int) -> tuple[int, int, int]:

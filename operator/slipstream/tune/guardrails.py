@@ -91,9 +91,8 @@ class GuardrailSettings:
     step_back_max_heterogeneity: float = 0.1
     """Step back without a gain only when the mix is near-uniform (heterogeneity at most
     this, dimensionless). A calm window of a mixed workload predicts the plainer settings
-    as good until the next long prompt arrives (measured on builtin:multi-tenant: a step
-    back at heterogeneity 0.36 doubled the worst tenant's p99 slowdown, 23 -> 46; windows of
-    that mix measure as low as 0.14)."""
+    as good until the next long prompt arrives, and a step back then costs the worst
+    tenant when it comes (windows of builtin:multi-tenant read as low as 0.14)."""
     cooldown_s: float = 600.0
     """Least time between two steps, seconds (``spec.tuning.cooldownSeconds``): a step's
     effect must show in the metrics window before the next is judged."""

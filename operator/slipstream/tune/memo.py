@@ -1,8 +1,8 @@
 """Reuse a deployment's last recommendation while its workload has not moved.
 
-A recommendation costs ~0.2-0.7 s of CPU (45 candidates on the twin), and the operator
-asks for one per deployment per interval: 500 deployments at a 60 s interval would need
-about three cores for the twin alone (measured in docs/reliability.md, "Scale"). Steady
+A recommendation costs a fraction of a CPU second (45 candidates on the twin), and the
+operator asks for one per deployment per interval: for hundreds of deployments that is
+cores of twin runs alone (docs/reliability.md, "Scale", has the figure). Steady
 traffic gives nearly the same snapshot interval after interval, and the twin, fed the same
 workload, predicts the same. So each deployment keeps its last recommendation with a
 fingerprint of what the twin read from the snapshot, and re-runs the twin only when
@@ -15,11 +15,10 @@ fingerprint of what the twin read from the snapshot, and re-runs the twin only w
   profile or engine config changed; or
 - the recommendation is older than its lifetime: ``max_age_s`` less up to ``jitter`` of it,
   drawn per entry from a hash of the deployment and the time it was made (a bound on how
-  long anything may be reused, whatever the fingerprint says). Without the spread, the
-  runs a fleet made together (the first round after a start) all expired together,
-  ``max_age_s`` later, and queued hundreds of twin runs at once (docs/reliability.md,
-  "Memory at 500, third pass"); with it they come back spread over ``jitter x max_age_s``
-  and spread further each round.
+  long anything may be reused, whatever the fingerprint says). The spread is there because
+  the runs a fleet makes together (the first round after a start) would otherwise all
+  expire together, ``max_age_s`` later, and queue hundreds of twin runs at once; spread,
+  they come back over ``jitter x max_age_s`` and spread further each round.
 
 The guardrails still judge every interval's fresh snapshot (gate before, decide after): only
 the twin's predictions are reused. Pure: no clock of its own (``now`` is passed in).

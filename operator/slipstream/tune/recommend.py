@@ -110,8 +110,8 @@ class RecommenderSettings:
     """Most concurrency a step may reach, as a multiple of the current (off counts as 1; 0
     turns the limit off); fewer is never limited. More concurrent prefills hold more KV,
     a risk a window-long twin run sees late; stepping up by at most double lets each step
-    show in the metrics before the next (on builtin:multi-tenant a first step from off
-    straight to concurrency 4 raised the worst tenant's p99 slowdown from 464 to 1106)."""
+    show in the metrics before the next (a step from off straight to concurrency 4 can
+    leave giant prompts' reservations crowding out everything else)."""
     seed: int = 0
     """Seed of the workload's RNG: the same snapshot gives the same recommendation."""
     objective: str = "worst_tenant_slowdown_p99"
@@ -273,8 +273,7 @@ class Ranking:
         ``current`` and, of the screen, the same two settings (``screen_gain``); the other
         candidates' figures and the confirming shortlist dropped. Every property above gives
         the same; what the tuner memo keeps per deployment between intervals (a full one, 45
-        candidates' per-tenant figures, is most of an entry: docs/reliability.md, "Memory at
-        500, third pass")."""
+        candidates' per-tenant figures, would be most of an entry)."""
         two = {self.best.setting, self.current.setting}
         return replace(self, predictions=tuple(p for p in self.predictions if p.setting in two), confirmed=())
 

@@ -170,7 +170,7 @@ def run(workload: Workload, profile: Profile, config: policies.EngineConfig, che
         "analysis_window_s": check.analysis_window_s,
         "limit_s": check.limit_s,
         "rule": {"tolerance_percent": rule.tolerance_percent, "min_samples": rule.min_samples,
-                 "p1": rule.p1, "alpha": rule.alpha, "beta": rule.beta},
+                 "step": rule.step, "alpha": rule.alpha, "beta": rule.beta},
         "false_rollback_rate": rate("aa"),
         "detection_rate": rate("slow"),
         **extra,

@@ -75,7 +75,7 @@ def test_truncation_promotes_weak_evidence_and_rolls_back_strong():
     mixed = [window(k, cells(2.0 if k % 2 else 0.5), cells(1.0)) for k in range(4)]
     assert sq.decide(mixed, RULE).outcome == "Continue"
     assert sq.decide(mixed, RULE, final=True).outcome == "Promote"
-    leaning = [window(k, cells(2.0), cells(1.0)) for k in range(6)]
+    leaning = [window(k, cells(2.0), cells(1.0)) for k in range(4)]
     assert sq.decide(leaning, RULE).outcome == "Continue"
     assert sq.decide(leaning, RULE, final=True).outcome == "Rollback"
 

@@ -1,6 +1,8 @@
-"""The chart's Grafana dashboard JSON: the structure Grafana loads (schemaVersion, panels
-with ids, grid positions, a Prometheus datasource and targets), and every query built from
-a metric that the engine (simulator) or the operator exports."""
+"""The chart's Grafana dashboard JSON: valid against the JSON Schemas Grafana publishes
+(vendored in tests/data/grafana: the dashboard, the time series panel, the Prometheus
+query), the structure this chart relies on (panels with ids, grid positions that do not
+overlap, the datasource variable), and every query built from a metric that the engine
+(simulator) or the operator exports."""
 
 from __future__ import annotations
 
@@ -8,12 +10,19 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+from jsonschema import Draft7Validator
+from jsonschema.exceptions import ValidationError
+from referencing import Registry, Resource
+
 from slipstream.controller import handlers, stages
 from slipstream.enginesim.metrics import EngineMetrics
 from slipstream.observe import client
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "slipstream" / "dashboards" / "slipstream.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+GRAFANA = Path(__file__).resolve().parents[1] / "data" / "grafana"
+PANEL_SCHEMAS = ("timeseries",)  # the panel types whose schema is vendored there; a new type wants its file
 
 
 def load() -> dict:
@@ -70,23 +79,92 @@ def boxes_overlap(a: dict, b: dict) -> bool:
     return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
 
 
-def test_the_field_types_grafanas_dashboard_schema_gives():
-    """What Grafana's dashboard schema (the "Dashboard" kind, schemaVersion 39) types the
-    fields this dashboard uses as, checked offline: Grafana (AGPL) is neither built nor
-    run here, and its schema ships inside it."""
+def grafana_registry() -> Registry:
+    """Grafana's published JSON Schemas, vendored in tests/data/grafana (see its README.md
+    for the source commit), each under ``urn:grafana:<name>``."""
+    return Registry().with_resources(
+        (f"urn:grafana:{path.name.removesuffix('.jsonschema.json')}", Resource.from_contents(json.loads(path.read_text())))
+        for path in sorted(GRAFANA.glob("*.jsonschema.json"))
+    )
+
+
+def closest(error: ValidationError) -> list[ValidationError]:
+    """For a oneOf/anyOf miss (a panel is a Panel or a RowPanel), the errors of the branch
+    that came closest, the one with the fewest; otherwise the error itself."""
+    if not error.context:
+        return [error]
+    branches: dict = {}
+    for e in error.context:
+        branches.setdefault(e.relative_schema_path[0], []).append(e)
+    return [leaf for e in min(branches.values(), key=len) for leaf in closest(e)]
+
+
+def schema_errors(dashboard: dict) -> list[str]:
+    """Where the dashboard breaks Grafana's schemas: the dashboard schema for the whole,
+    each panel's type schema for its ``options`` and ``fieldConfig.defaults.custom``, and
+    the Prometheus query schema for each target."""
+    registry = grafana_registry()
+
+    def check(ref: str, instance, where: str) -> list[str]:
+        validator = Draft7Validator({"$ref": f"urn:grafana:{ref}"}, registry=registry)
+        found = (leaf for e in validator.iter_errors(instance) for leaf in closest(e))
+        return [f"{where}{e.json_path[1:]}: {e.message}" for e in found]
+
+    errors = check("dashboard", dashboard, "$")
+    for i, panel in enumerate(dashboard.get("panels", [])):
+        at, kind = f"$.panels[{i}]", panel.get("type")
+        if kind not in PANEL_SCHEMAS:
+            errors.append(f"{at}: no schema vendored for panel type {kind!r} (tests/data/grafana)")
+            continue
+        errors += check(f"{kind}#/definitions/Options", panel.get("options", {}), f"{at}.options")
+        custom = panel.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
+        errors += check(f"{kind}#/definitions/FieldConfig", custom, f"{at}.fieldConfig.defaults.custom")
+        for j, target in enumerate(panel.get("targets", [])):
+            errors += check("prometheus", target, f"{at}.targets[{j}]")
+    return errors
+
+
+def test_the_dashboard_validates_against_grafanas_published_schemas():
+    """Grafana (AGPL) is neither built nor run here, so the dashboard is not rendered; it is
+    checked against the JSON Schemas Grafana publishes (grafana-foundation-sdk, vendored)."""
     d = load()
-    assert isinstance(d["title"], str) and isinstance(d["uid"], str) and len(d["uid"]) <= 40
-    assert isinstance(d["editable"], bool) and isinstance(d["version"], int) and isinstance(d["refresh"], str)
-    assert isinstance(d["tags"], list) and all(isinstance(t, str) for t in d["tags"])
-    assert set(d["time"]) == {"from", "to"} and all(isinstance(v, str) for v in d["time"].values())
-    for p in load()["panels"]:
-        assert isinstance(p["id"], int) and isinstance(p["title"], str) and isinstance(p["description"], str)
-        grid = p["gridPos"]
-        assert all(isinstance(v, int) for v in grid.values()) and grid["h"] > 0 and grid["w"] > 0, p["title"]
-        assert isinstance(p["fieldConfig"]["defaults"], dict) and isinstance(p["fieldConfig"]["overrides"], list)
-        assert all(isinstance(t["refId"], str) and t["refId"] for t in p["targets"]), p["title"]
-    for a in d["annotations"]["list"]:
-        assert isinstance(a["name"], str) and isinstance(a["enable"], bool) and isinstance(a["iconColor"], str), a
+    assert schema_errors(d) == []
+    assert 8 <= len(d["uid"]) <= 40  # the schema says "string (8-40)" only in its description
+
+
+def mistake(path: tuple, value=None, rename: str | None = None) -> dict:
+    """The dashboard with one field set to ``value`` or, with ``rename``, renamed."""
+    d = load()
+    *parents, last = path
+    node = d
+    for key in parents:
+        node = node[key]
+    if rename is None:
+        node[last] = value
+    else:
+        node[rename] = node.pop(last)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("broken", "where"),
+    [
+        (mistake(("panels", 0, "gridPos", "h"), "8"), "$.panels[0].gridPos.h: '8' is not of type 'integer'"),
+        (mistake(("schemaVersion",), rename="schemaVersoin"), "$: 'schemaVersion' is a required property"),
+        (mistake(("panels", 1, "gridPos", "w"), 25), "$.panels[1].gridPos.w: 25 is greater than the maximum of 24"),
+        (mistake(("annotations", "list", 0, "enable"), "yes"), "$.annotations.list[0].enable: 'yes' is not of type"),
+        (mistake(("panels", 2, "options", "legend", "displayMode"), "lists"),
+         "$.panels[2].options.legend.displayMode: 'lists' is not one of"),
+        (mistake(("panels", 3, "options", "tooltip"), rename="tooltips"), "$.panels[3].options: 'tooltip' is a required"),
+        (mistake(("panels", 4, "fieldConfig", "defaults", "custom"), {"lineWidht": 1}),
+         "$.panels[4].fieldConfig.defaults.custom: Additional properties are not allowed ('lineWidht'"),
+        (mistake(("panels", 5, "targets", 0, "expr"), rename="exp"), "$.panels[5].targets[0]: 'expr' is a required"),
+        (mistake(("panels", 6, "type"), "piechart"), "$.panels[6]: no schema vendored for panel type 'piechart'"),
+    ],
+)
+def test_the_schema_check_catches_a_mistake(broken, where):
+    errors = schema_errors(broken)
+    assert any(e.startswith(where) for e in errors), errors
 
 
 def test_the_panels_the_operator_is_watched_by():

@@ -101,3 +101,14 @@ def test_the_lag_histogram_reads_back_as_a_p99_bound() -> None:
     bound, count = loopbench.histogram_p99(m.exposition().decode(), sim_metrics.RELEASE_LAG_SECONDS)
     assert count == 100 and bound == 5.0
     assert math.isnan(loopbench.histogram_p99("", sim_metrics.RELEASE_LAG_SECONDS)[0])
+
+
+def test_agreement_is_live_auto_against_the_twins_loop() -> None:
+    twin = {"whole": 10.0, "phases": {}, "moves": []}
+    near = loopbench.agreement([run_of("Auto", 12.0), run_of("Off", 20.0)], twin)
+    assert near is not None and near["ratio"] == pytest.approx(1.2) and near["within"]
+    far = loopbench.agreement([run_of("Auto", 13.0)], twin)
+    assert far is not None and not far["within"]
+    refused = loopbench.RunFigures("auto", "Auto", "stock", worst_whole=10.0, refused="lag")
+    assert loopbench.agreement([refused], twin) is None
+    assert loopbench.agreement([run_of("Off", 10.0)], twin) is None

@@ -60,6 +60,9 @@ DEFAULT_MAX_LAG_S = 1.0
 setting's worst-tenant p99 is about 1 s, so a larger lag could decide the comparison."""
 TARGET_VS_BEST = 1.1
 TARGET_VS_OFF = 0.5
+TWIN_AGREEMENT = 0.25
+"""Live Auto's whole-run worst-tenant p99 is within this share of the twin's model of the
+same loop (`twin_loop`) on the same workload (issue 16, item 8)."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,31 @@ def _service_targets(target: loop.Target, ns: str) -> Any:
         return None
 
 
+def twin_loop(workload: Workload, spans: Sequence[phases.Phase]) -> dict[str, Any]:
+    """The twin's model of the operator's loop on the workload (`demo.offline.closed_loop`:
+    two twin engines, the tuner every interval and on mix jumps, the canary on one engine
+    for an analysis window, the CRD's default timings): the figure live Auto is checked
+    against, and its moves (twin s, from, to)."""
+    from slipstream.demo import offline  # the twin and the tuner: loaded when a bench runs
+
+    run_ = offline.closed_loop(workload, spans, 0.0)
+    figs = offline.figures(run_, spans)
+    return {"phases": {p.name: figs[p.name] for p in spans}, "whole": figs["whole"],
+            "moves": [f"{t:.0f} {a} -> {b}" for t, a, b, _ in run_.moves]}  # fmt: skip
+
+
+def agreement(runs: Sequence[RunFigures], twin: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Live Auto against the twin's loop: both whole-run worst-tenant p99s, their ratio, and
+    whether it is within `TWIN_AGREEMENT` (None without an Auto run or a twin figure; a
+    refused run is not judged)."""
+    auto = next((r for r in runs if r.mode == "Auto"), None)
+    if auto is None or twin is None or auto.refused or not twin["whole"] > 0:
+        return None
+    ratio = auto.worst_whole / twin["whole"]
+    return {"live_s": auto.worst_whole, "twin_s": twin["whole"], "ratio": ratio,
+            "within": abs(ratio - 1) <= TWIN_AGREEMENT}
+
+
 def plan_runs(workload: Workload, spans: Sequence[phases.Phase], only: Sequence[str] = ()) -> list[RunSpec]:
     """Auto, Off and the twin's two best static settings in hindsight (``only``: labels kept)."""
     statics = best_static(workload, spans)
@@ -332,6 +360,10 @@ def run(args: argparse.Namespace) -> int:
           f"{len(workload.requests)} requests", file=out)  # fmt: skip
     print("ranking the static settings on the twin (hindsight) ...", file=out, flush=True)
     specs = plan_runs(workload, spans, [o.strip() for o in args.runs.split(",")] if args.runs else ())
+    twin = None
+    if any(s.mode == "Auto" for s in specs):
+        print("running the twin's model of the loop on the same traffic ...", file=out, flush=True)
+        twin = twin_loop(workload, spans)
     runs: list[RunFigures] = []
     with driver.target_for(args) as (target, _reused):
         print(f"stack ready (time x{target.time_scale:g}); {len(specs)} run(s): "
@@ -340,9 +372,15 @@ def run(args: argparse.Namespace) -> int:
             runs.append(run_one(target, spec, index, workload, spans, args.max_lag, out))
             print(f"  [{spec.label}] done: worst-tenant p99 {runs[-1].worst_whole:.2f} s", file=out, flush=True)
     status, lines = verdict(runs)
+    agree = agreement(runs, twin)
+    if agree is not None:
+        lines.append(f"live Auto {agree['live_s']:.2f} s against the twin's loop {agree['twin_s']:.2f} s: "
+                     f"{agree['ratio']:.2f}x ({'within' if agree['within'] else 'OUTSIDE'} "
+                     f"{TWIN_AGREEMENT:.0%})")  # fmt: skip
     if args.json:
         print(json.dumps({"workload": args.workload, "phases": [asdict(s) for s in spans],
-                          "runs": [asdict(r) for r in runs], "verdict": lines, "exit": status}, indent=2))  # fmt: skip
+                          "runs": [asdict(r) for r in runs], "twin_auto": twin, "twin_agreement": agree,
+                          "verdict": lines, "exit": status}, indent=2))  # fmt: skip
     else:
         print("\nworst tenant's p99 TTFT (twin s), whole phases from their first second:")
         for line in table(runs, spans) + lines:

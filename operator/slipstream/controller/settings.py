@@ -122,16 +122,16 @@ class ControllerSettings:
     cgroup CPU quota; the chart's limit of 1 CPU gives 1), at most 4.
     Env: SLIPSTREAM_TUNER_THREADS."""
 
-    canary_sub_window_seconds: float = 0.0
-    """0: the canary analysis compares one window's per-tenant p99 (`analysis.compare`).
-    > 0: it runs the sequential rule (`rollout.sequential`) over sub-windows of this many
-    seconds (scaled by tuning_time_scale, as spec durations are), never shorter than two
-    `engine_scrape_interval_seconds`: Prometheus' ``increase`` needs two scrapes inside a
-    range, so a shorter sub-window has no cells and the rule could only roll back for want
-    of evidence. The analysis goes on while the rule says Continue, up to three analysis
-    windows. `slipstream canary-check` measured the rule at 10 s. Off by default: it takes
-    2-4 analysis windows to promote (docs/operator.md), longer than the closed-loop tier's
-    settling bound. Env: SLIPSTREAM_CANARY_SUB_WINDOW_SECONDS."""
+    canary_sub_window_seconds: float = 10.0
+    """> 0: the canary analysis runs the sequential rule (`rollout.sequential`: same-size
+    requests on both sides, a clipped score per sub-window, a Wald test) over sub-windows of
+    this many seconds (scaled by tuning_time_scale, as spec durations are), never shorter
+    than two `engine_scrape_interval_seconds`: Prometheus' ``increase`` needs two scrapes
+    inside a range, so a shorter sub-window has no cells and the rule could only roll back
+    for want of evidence. The analysis goes on while the rule says Continue, up to three
+    analysis windows. `slipstream canary-check` measured the rule at 10 s (docs/operator.md).
+    0: compare one window's per-tenant p99 instead (`analysis.compare`), which one giant
+    prompt on the canary decides. Env: SLIPSTREAM_CANARY_SUB_WINDOW_SECONDS."""
 
     engine_scrape_interval_seconds: float = 5.0
     """How often Prometheus scrapes the engines, in wall seconds (not scaled): the interval

@@ -387,3 +387,42 @@ def test_canary_sub_windows_hold_two_scrapes_at_least(scale: float, scrape_s: fl
     config = settings_.ControllerSettings(tuning_time_scale=scale, canary_sub_window_seconds=10,
                                           engine_scrape_interval_seconds=scrape_s)  # fmt: skip
     assert loop.sub_window_s(config) == pytest.approx(expected_s)
+
+
+class NoSizeClassSeries:
+    """Engines without the size-class TTFT histogram: every sub-window is empty on both
+    sides, and one window's per-tenant p99 is all there is."""
+
+    def __init__(self, canary_p99_s: float) -> None:
+        self.canary_p99_s = canary_p99_s
+        self.p99_asked: list[list[str]] = []
+
+    async def tenant_p99(self, namespace: str, deployment: str, pods: list[str], start_s: float,
+                         end_s: float) -> dict[str, float]:  # fmt: skip
+        self.p99_asked.append(list(pods))
+        return {"chat": self.canary_p99_s if pods == ["kimi-0"] else 2.0}
+
+    async def sub_windows(self, namespace: str, deployment: str, canaries: list[str], baseline: list[str],
+                          start_s: float, end_s: float, sub_s: float) -> list[sequential.SubWindow]:  # fmt: skip
+        n = int((end_s - start_s) // sub_s)
+        return [sequential.SubWindow(start_s + k * sub_s, start_s + (k + 1) * sub_s, {}, {}) for k in range(n)]
+
+
+@pytest.mark.parametrize(("canary_p99_s", "outcome"), [(2.2, "Promote"), (9.0, "Rollback")])
+def test_engines_without_size_class_series_are_judged_by_one_windows_p99(canary_p99_s: float, outcome: str) -> None:
+    """Without the fallback the rule finds nothing to judge by and, at its limit, rolls back
+    every move on such engines."""
+    import asyncio
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, engine_scrape_interval_seconds=0.5)
+    source = NoSizeClassSeries(canary_p99_s)
+    deps = loop.Deps(kube=None, config=config, keys=None, latency=lambda sd: source)  # type: ignore[arg-type]
+    sd = make({"mode": "Auto", "intervalSeconds": 60, "rollout": {"analysisWindowSeconds": 300}})
+    t0 = 1_800_000_000.0
+    state = models.RolloutStatus(phase="Analysis", canary_pods=["kimi-0"], started_at=machine.stamp(t0))
+    pods = {"kimi-0": "http://a", "kimi-1": "http://b"}
+    for now in (t0 + 30, t0 + 3 * 30):  # at the analysis window, and at the limit
+        verdict = asyncio.run(loop.analyse(deps, sd, state, pods, now))
+        assert verdict.outcome == outcome, verdict.summary
+        assert "the engines export no sglang:ttft_by_size_class_seconds" in verdict.summary
+    assert source.p99_asked[:2] == [["kimi-0"], ["kimi-1"]]

@@ -40,7 +40,7 @@ from slipstream.api import snapshot as snapshot_
 from slipstream.controller import adminkeys, drift, objects, status, tuning
 from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
-from slipstream.engine import admin
+from slipstream.engine import admin, metrics
 from slipstream.rollout import analysis, engines, machine, sequential
 from slipstream.tune import mixjump
 
@@ -200,8 +200,11 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
 
 async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,
                   pods: dict[str, str], now: float) -> analysis.Verdict:  # fmt: skip
-    """Canary vs baseline per-tenant p99 over the analysis window; without a baseline pod,
-    the canaries over the window before the canary started."""
+    """The sequential rule on same-size requests (with baseline pods and the rule on);
+    otherwise canary vs baseline per-tenant p99 over the analysis window, and without a
+    baseline pod the canaries over the window before the canary started. Engines that
+    export no size-class TTFT at all are judged by the p99 comparison too, and the verdict
+    says so: the sequential rule would find nothing to judge by and roll every move back."""
     window = tuning.policy(sd, deps.config).analysis_window_s
     if deps.latency is None:
         return analysis.failed_read("no source of canary figures is configured")
@@ -209,8 +212,13 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     ns, name = sd.metadata.namespace, sd.metadata.name
     canaries = sorted(state.canary_pods)
     others = sorted(set(pods) - set(canaries))
+    fallback = ""
     if deps.config.canary_sub_window_seconds > 0 and others:
-        return await analyse_sequential(deps, sd, state, source, canaries, others, now)
+        verdict = await analyse_sequential(deps, sd, state, source, canaries, others, now)
+        if verdict is not None:
+            return verdict
+        fallback = (f" (by one window's p99: the engines export no {metrics.TTFT_BY_SIZE_CLASS_SECONDS}, "
+                    "which the sequential rule compares)")  # fmt: skip
     try:
         canary = await source.tenant_p99(ns, name, canaries, now - window, now)
         if others:
@@ -223,7 +231,8 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     objective = sd.spec.tuning.objective
     targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
     floors = {t: deps.config.canary_noise_floor * targets.get(t, objective.ttft_p99_seconds) for t in canary}
-    return analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
+    verdict = analysis.compare(canary, baseline, sd.spec.tuning.rollout.max_regression_percent, floors)
+    return dataclasses.replace(verdict, summary=verdict.summary + fallback) if fallback else verdict
 
 
 def sub_window_s(config: settings_.ControllerSettings) -> float:
@@ -235,9 +244,10 @@ def sub_window_s(config: settings_.ControllerSettings) -> float:
 
 async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,
                              source: analysis.PodLatency, canaries: list[str], others: list[str],
-                             now: float) -> analysis.Verdict:  # fmt: skip
+                             now: float) -> analysis.Verdict | None:  # fmt: skip
     """The sequential rule over the sub-windows since the analysis started; it must decide
-    once the analysis reaches its limit (`machine.analysis_final`)."""
+    once the analysis reaches its limit (`machine.analysis_final`). None when no sub-window
+    has a size-class series on either side: the engines do not export the histogram."""
     pol = tuning.policy(sd, deps.config)
     sub_s = sub_window_s(deps.config)
     started = machine.seconds(state.started_at) or now - pol.analysis_window_s
@@ -246,6 +256,8 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
                                            started, now, sub_s)  # fmt: skip
     except Exception as error:
         return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+    if windows and not any(w.canary or w.baseline for w in windows):
+        return None
     rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
     return analysis.from_sequential(sequential.decide(windows, rule, final=machine.analysis_final(state, pol, now)))
 

@@ -66,11 +66,13 @@ def test_enginesim_counts_arrivals_and_the_waiting_queue_by_tenant_and_size_clas
     arrivals = {t: got[("sglang:request_arrivals_total", (("tenant", t),))] for t in ("docs", "chat")}
     assert arrivals == {"docs": 6.0, "chat": 3.0}
     queued = {k[1]: v for k, v in got.items() if k[0] == "sglang:queue_reqs_by_size_class"}
-    # Stock order at t=0: the budget goes to the first long prompts; the rest wait.
-    assert sum(queued.values()) == pod.driver.waiting > 0
+    # Stock order at t=0: the budget goes to the first long prompts; the rest wait. Both
+    # have no first token yet, and both count.
+    assert sum(queued.values()) == pod.driver.waiting + pod.driver.partials and pod.driver.waiting > 0
     assert set(queued) <= {(("size_class", "le60k"), ("tenant", "docs")), (("size_class", "le1k"), ("tenant", "chat"))}
     docs = (("size_class", "le60k"), ("tenant", "docs"))
-    assert got[("sglang:queue_tokens_by_size_class", docs)] == 50_000 * queued[docs]
+    partial_tokens = sum(need for _, need in pod.driver.partial_needs())
+    assert got[("sglang:queue_tokens_by_size_class", docs)] == 50_000 * (queued[docs] - pod.driver.partials) + partial_tokens
 
     for _ in range(200):  # run the twin to the end: every request gets its first token
         wall[0] = min(pod.step(), wall[0] + 100.0)
@@ -213,3 +215,21 @@ def test_a_change_in_the_queue_mix_alone_is_not_the_same_workload_to_the_memo():
     assert moved.tenants == base.tenants, "first-token figures unchanged"
     assert not memo.fingerprint(moved, 10).close_to(seen)
     assert not memo.fingerprint(one(results(mix=[])), 10).close_to(seen), "mix gone"
+
+
+def test_a_giant_counts_in_the_queue_mix_while_it_is_prefilled():
+    """A giant part-way through its prefill has no first token yet and blocks the queue:
+    the gauges count its remaining tokens, so the mix shows it while it hurts (the mix-jump
+    trigger), not only once its first token lands in the window."""
+    cfg = flags.parse(["--tokenizer-metrics-allowed-custom-labels", "tenant", "--chunked-prefill-size", "8192"], {})
+    wall = [0.0]
+    pod = SimPod(cfg, Clock(1.0, wall=lambda: wall[0]))
+    pod.submit(request(200_000), {"tenant": "docs"})
+    wall[0] = 1.0
+    pod.step()
+    assert pod.driver.partials == 1 and pod.driver.waiting == 0  # the giant is being prefilled
+    got = scraped(pod)
+    giant = (("size_class", "le300k"), ("tenant", "docs"))
+    assert got[("sglang:queue_reqs_by_size_class", giant)] == 1
+    (rid, need), = pod.driver.partial_needs()
+    assert 0 < got[("sglang:queue_tokens_by_size_class", giant)] == need < 200_000

@@ -32,23 +32,26 @@ NUM_PARTIAL_PREFILLS = "sglang:num_partial_prefills"
 CUSTOM_LABELS_HEADER = "x-custom-labels"
 """HTTP header clients send the tenant in: `x-custom-labels: {"tenant": "acme"}`."""
 
-# ---- The queue mix (patch and engine simulator) ----------------------------------------
+# ---- The queue mix (engine simulator; the patch does not export these yet) --------------
 # Per tenant, so the tuner sees the mix the engines are being sent, not only the requests
-# that got through: arrivals are counted when a request arrives, and the waiting queue is
-# read by size class, so requests starving in the queue are visible while they starve.
+# that got through: arrivals are counted when a request arrives, and the requests with no
+# first token yet are read by size class, so requests starving in the queue (or a giant
+# blocking it with its prefill) are visible while they do. Without these series the
+# snapshot falls back to the uncached-prompt histogram (``mix_fallback``).
 
 REQUEST_ARRIVALS_TOTAL = "sglang:request_arrivals_total"
-"""Counter (patch): requests arrived, by tenant; counted on arrival, before any prefill."""
+"""Counter: requests arrived, by tenant; counted on arrival, before any prefill."""
 QUEUE_REQS_BY_SIZE_CLASS = "sglang:queue_reqs_by_size_class"
-"""Gauge (patch): requests waiting (no prefill token yet), by tenant and ``size_class`` of
-their uncached tokens."""
+"""Gauge: requests with no first token
+yet (waiting, or part-way through their prefill), by tenant and ``size_class`` of the
+uncached tokens they still need."""
 QUEUE_TOKENS_BY_SIZE_CLASS = "sglang:queue_tokens_by_size_class"
-"""Gauge (patch): uncached prompt tokens of those waiting requests, same labels."""
+"""Gauge: the uncached tokens those requests still need, same labels."""
 TTFT_BY_SIZE_CLASS_SECONDS = "sglang:ttft_by_size_class_seconds"
-"""Histogram (patch): time to first token by tenant and ``size_class`` (TTFT buckets), so
+"""Histogram: time to first token by tenant and ``size_class`` (TTFT buckets), so
 same-size requests can be compared."""
 PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL = "sglang:prompt_tokens_by_size_class_total"
-"""Counter (patch): prompt tokens of requests at their first token, by tenant,
+"""Counter: prompt tokens of requests at their first token, by tenant,
 ``size_class`` and ``cache`` (``cached`` | ``uncached``): a cache-hit ratio per class."""
 
 SIZE_CLASS_LABEL = "size_class"

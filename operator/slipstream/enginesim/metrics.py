@@ -116,7 +116,8 @@ class EngineMetrics:
         self.arrivals.labels(**self.base, **labels).inc()
 
     def queue_mix(self, waiting: list[tuple[dict[str, str], int]]) -> None:
-        """The waiting queue now: (tenant labels, uncached tokens) per waiting request.
+        """The queue now: (tenant labels, uncached tokens still to prefill) per request with
+        no first token yet (waiting, or part-way through its prefill).
 
         Every class and tenant seen before is reset to 0 first, so a drained queue reads 0
         rather than its last value."""

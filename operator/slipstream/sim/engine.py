@@ -311,6 +311,12 @@ class Engine:
         queue's composition, as the engine's queue-mix gauges export it."""
         return [(j.rid, j.need) for j in self.queue.items]
 
+    def partial_needs(self) -> list[tuple[str, int]]:
+        """(request id, uncached tokens still to prefill) of each request part-way through
+        its prefill: no first token yet either, and the queue-mix gauges count them (a
+        giant prompt shows for the whole of its prefill, when it blocks the others)."""
+        return [(j.rid, j.need) for j in self._partials]
+
     @property
     def partials(self) -> int:
         """Requests part-way through their prefill."""

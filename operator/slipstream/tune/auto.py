@@ -115,11 +115,12 @@ class TwinAuto:
 
     def _mix(self, view: RoundView) -> mixjump.Mix | None:
         """The queue mix the size-class series would show now: the uncached tokens of the
-        last interval's first tokens and of the requests waiting, by size class."""
+        last interval's first tokens and of the requests with no first token yet (waiting
+        or part-prefilled: what the engine simulator's queue gauges count), by size class."""
         work: dict[str, float] = {}
         since = view.now_s - self.interval_s  # the operator's mix is one interval's
         needs = [float(f.uncached_tokens) for f in self._seen if f.first_token_s > since]
-        needs += [float(n) for n in view.waiting_needs]
+        needs += [float(n) for n in view.waiting_needs + view.partial_needs]
         for tokens in needs:
             name = buckets.size_class(tokens)
             work[name] = work.get(name, 0.0) + tokens

@@ -8,8 +8,8 @@ setting the demo considers and under the operator's loop (`offline.closed_loop`,
 default timings), and prints the worst tenant's p99 TTFT per phase and over the whole run,
 each phase from its first second.
 
-    PYTHONPATH=operator .venv/bin/python scripts/documents-phase-offline.py --rate 0.8
-    PYTHONPATH=operator .venv/bin/python scripts/documents-phase-offline.py --rate 0.8 --het-s 2880
+    .venv/bin/python scripts/documents-phase-offline.py --rate 0.8
+    .venv/bin/python scripts/documents-phase-offline.py --rate 0.8 --het-s 2880
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ class Check:
     sub_window_s: float = 10.0
     analysis_window_s: float = 120.0
     """When the rule is first asked (the machine's analysis window)."""
-    limit_s: float = 360.0
-    """When it must decide (the machine's analysis limit)."""
+    limit_s: float = 120.0
+    """When it must decide (the machine's analysis limit: one analysis window by default,
+    `ControllerSettings.canary_analysis_limit_windows`)."""
     warmup_s: float = 30.0
     """Least offset of an analysis start into the workload (queues fill from empty)."""
     candidate: str = ""

@@ -106,7 +106,8 @@ def test_canary_check_json_on_a_small_workload(tmp_path):
 
 
 def test_canary_check_refuses_a_workload_too_short(tmp_path):
-    cmd = [sys.executable, "-m", "slipstream.cli", "canary-check", "--workload", small_spec(tmp_path)]
+    cmd = [sys.executable, "-m", "slipstream.cli", "canary-check", "--workload", small_spec(tmp_path),
+           "--limit", "360"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     assert run.returncode != 0
     assert "warmup + limit" in run.stderr

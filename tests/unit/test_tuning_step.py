@@ -371,7 +371,7 @@ def test_the_sequential_rule_reads_sub_windows_since_the_analysis_began(canary_m
     verdict = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 30))
     assert source.asked == [(["kimi-0"], ["kimi-1", "kimi-2"], t0, t0 + 30, 1.0)]
     assert verdict.outcome == outcome and f"{outcome} (crossed)" in verdict.summary
-    # undecided before the limit, decided at it (three analysis windows: 90 s scaled)
+    # undecided before the window ends, decided at it and after
     short = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 3))
     assert short.outcome == "Continue"
     final = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 3 * 30))
@@ -426,3 +426,15 @@ def test_engines_without_size_class_series_are_judged_by_one_windows_p99(canary_
         assert verdict.outcome == outcome, verdict.summary
         assert "the engines export no sglang:ttft_by_size_class_seconds" in verdict.summary
     assert source.p99_asked[:2] == [["kimi-0"], ["kimi-1"]]
+
+
+def test_the_canary_decides_when_its_analysis_window_ends_by_default() -> None:
+    """One interval plus one analysis window from a phase change to the fleet: the rule
+    must decide at the window's end unless the operator is told to let it go on."""
+    sd = make({"mode": "Auto", "rollout": {"analysisWindowSeconds": 120}})
+    assert tuning.policy(sd, settings_.ControllerSettings()).analysis_limit_factor == 1.0
+    longer = settings_.ControllerSettings(canary_analysis_limit_windows=3)
+    assert tuning.policy(sd, longer).analysis_limit_factor == 3.0
+    state = models.RolloutStatus(phase="Analysis", canary_pods=["kimi-0"], started_at=machine.stamp(1000.0))
+    pol = tuning.policy(sd, settings_.ControllerSettings())
+    assert not machine.analysis_final(state, pol, 1000.0 + 119) and machine.analysis_final(state, pol, 1000.0 + 120)

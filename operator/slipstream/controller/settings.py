@@ -128,10 +128,18 @@ class ControllerSettings:
     this many seconds (scaled by tuning_time_scale, as spec durations are), never shorter
     than two `engine_scrape_interval_seconds`: Prometheus' ``increase`` needs two scrapes
     inside a range, so a shorter sub-window has no cells and the rule could only roll back
-    for want of evidence. The analysis goes on while the rule says Continue, up to three
-    analysis windows. `slipstream canary-check` measured the rule at 10 s (docs/operator.md).
+    for want of evidence. The rule decides when the analysis window ends
+    (`canary_analysis_limit_windows`). `slipstream canary-check` measured the rule at 10 s (docs/operator.md).
     0: compare one window's per-tenant p99 instead (`analysis.compare`), which one giant
     prompt on the canary decides. Env: SLIPSTREAM_CANARY_SUB_WINDOW_SECONDS."""
+
+    canary_analysis_limit_windows: float = 1.0
+    """Analysis windows by which the sequential rule must decide (at least 1). 1: it decides
+    when the analysis window ends (a truncated Wald test over the window's sub-windows: it
+    promotes unless the evidence leans to a regression), so a phase change reaches the
+    whole fleet within one interval plus one analysis window. More lets an undecided
+    analysis go on until the rule crosses a bound: surer, later. `slipstream canary-check
+    --limit` measures both (docs/operator.md). Env: SLIPSTREAM_CANARY_ANALYSIS_LIMIT_WINDOWS."""
 
     engine_scrape_interval_seconds: float = 5.0
     """How often Prometheus scrapes the engines, in wall seconds (not scaled): the interval

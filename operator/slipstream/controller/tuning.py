@@ -108,6 +108,7 @@ def policy(sd: models.ServingDeployment, config: settings_.ControllerSettings) -
         max_regression_percent=tuning.rollout.max_regression_percent,
         max_attempts=config.admin_attempts,
         retry_after_s=max(scale(tuning.cooldown_seconds, config), window),
+        analysis_limit_factor=max(1.0, config.canary_analysis_limit_windows),
         chunked_prefill_size=sd.spec.engine.chunked_prefill_size,
     )
 

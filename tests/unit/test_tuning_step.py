@@ -438,3 +438,11 @@ def test_the_canary_decides_when_its_analysis_window_ends_by_default() -> None:
     state = models.RolloutStatus(phase="Analysis", canary_pods=["kimi-0"], started_at=machine.stamp(1000.0))
     pol = tuning.policy(sd, settings_.ControllerSettings())
     assert not machine.analysis_final(state, pol, 1000.0 + 119) and machine.analysis_final(state, pol, 1000.0 + 120)
+
+
+def test_the_fleet_read_is_reused_for_a_scaled_time() -> None:
+    from slipstream.controller import stages
+
+    assert stages.fleet_observer(settings_.ControllerSettings()).reuse_s == stages.FLEET_REUSE_S
+    fast = stages.fleet_observer(settings_.ControllerSettings(tuning_time_scale=0.125))
+    assert fast.reuse_s == stages.FLEET_REUSE_S * 0.125  # under one mix poll (10 s x 0.125)

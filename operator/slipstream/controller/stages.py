@@ -104,7 +104,19 @@ def fleet_observer(config: settings_.ControllerSettings, tokens: PrometheusToken
         # time-scaled loop (tests, the demo) backs off in its own seconds too.
         backoff_initial_s=tuning.scale(ObserveSettings().backoff_initial_s, config),
         backoff_max_s=tuning.scale(ObserveSettings().backoff_max_s, config),
-    ), token_for=tokens)  # fmt: skip
+    ), reuse_s=fleet_reuse_s(config), token_for=tokens)  # fmt: skip
+
+
+FLEET_REUSE_S = 5.0
+"""Seconds a fleet read answers later steps and mix polls (``FleetObserver.reuse_s``): a
+fraction of a 60 s interval, and half a 10 s mix poll."""
+
+
+def fleet_reuse_s(config: settings_.ControllerSettings) -> float:
+    """`FLEET_REUSE_S`, scaled as the intervals and polls are: unscaled, a time x8 stack
+    reused one read for 40 of its seconds, four mix polls, and a queue-mix jump showed up
+    to 40 s late."""
+    return tuning.scale(FLEET_REUSE_S, config)
 
 
 def latency_for(

@@ -196,3 +196,31 @@ def test_the_partials_cap_reaches_the_twin_at_start_and_in_place() -> None:
     assert pod.driver.config.max_partial_prefills == 5
     assert pod.set_state({"max_partial_prefills": 0}) is not None
     assert pod.driver.config.max_partial_prefills == 5
+
+
+def test_a_new_tenants_size_class_series_start_at_zero_on_its_first_arrival() -> None:
+    """Before its first token, every size class of a new tenant reads 0, so Prometheus'
+    increase() counts the first giant's tokens (a series born holding them would add 0)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slipstream.engine import metrics as names
+    from slipstream.enginesim.metrics import EngineMetrics
+
+    def samples(m: EngineMetrics) -> dict[tuple[str, str, str], float]:
+        text = m.exposition().decode()
+        return {(s.name, s.labels.get(names.SIZE_CLASS_LABEL, ""), s.labels.get(names.CACHE_LABEL, "")): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples
+                if s.labels.get("tenant") == "code"}  # fmt: skip
+
+    m = EngineMetrics("m", ("tenant",))
+    assert not samples(m)
+    m.arrived({"tenant": "code"})
+    before = samples(m)
+    tokens = names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL.removesuffix("_total") + "_total"
+    for cls in names.SIZE_CLASS_NAMES:
+        assert before[(tokens, cls, "uncached")] == 0
+        assert before[(names.TTFT_BY_SIZE_CLASS_SECONDS + "_count", cls, "")] == 0
+    m.first_token({"tenant": "code"}, True, 9.0, prompt_tokens=180_000)
+    after = samples(m)
+    assert after[(tokens, "le300k", "uncached")] == 180_000
+    assert after[(names.TTFT_BY_SIZE_CLASS_SECONDS + "_count", "le300k", "")] == 1

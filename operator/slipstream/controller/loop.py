@@ -288,6 +288,10 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     state = memory.rollout or sd.status.rollout
     snap, recommendation = await observe(deps, sd, fleet, now)
     memory.mix = memory.mix.stepped(mixjump.mix_of(snap))
+    if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
+        log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
+                 "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),
+                 recommendation.reason[:300])  # fmt: skip
     target = tuning.target(sd, recommendation)
     pol = tuning.policy(sd, config)
 
@@ -385,6 +389,9 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
         mix = mixjump.mix_of(snap)
         before = memory.mix
         memory.mix, fired = memory.mix.see(mix)
+        log.debug("%s/%s mix poll: %s (distance %s from the decided mix)", sd.metadata.namespace, sd.metadata.name,
+                  mixjump.describe(mix) if mix else "none",
+                  f"{mixjump.distance(mix, before.decided):.2f}" if mix and before.decided else "-")  # fmt: skip
         if fired and mix is not None and before.decided is not None:
             memory.jumped = (f"the queue mix moved {mixjump.distance(mix, before.decided):.2f} from the one the last "
                              f"step decided on (at least {mixjump.ENTER:g}): "

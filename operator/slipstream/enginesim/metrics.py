@@ -110,10 +110,34 @@ class EngineMetrics:
                                     "Prompt tokens at first token by size class and cache (cached/uncached).",
                                     [*by_class, names.CACHE_LABEL], registry=r)
         self._queue_keys: set[tuple[tuple[str, str], ...]] = set()
+        self._known: set[tuple[tuple[str, str], ...]] = set()
 
     def arrived(self, labels: dict[str, str]) -> None:
         """A request arrived (before the scheduler sees it)."""
+        self._known_at_zero(labels)
         self.arrivals.labels(**self.base, **labels).inc()
+
+    def _known_at_zero(self, labels: dict[str, str]) -> None:
+        """Create a new tenant's per-request series at 0 on its first arrival.
+
+        Prometheus' ``increase`` counts only what changes between two scrapes of a series:
+        a series that first appears holding 150,000 tokens adds nothing. Were the size-class
+        series created at a request's first token, the first giant of each tenant and pod
+        (the one that marks a phase change) would be missing from every window, and the
+        queue mix would see the change a giant or two late. A request's first token comes
+        at least one prefill after its arrival, so a scrape of the zeros comes between."""
+        key = tuple(sorted(labels.items()))
+        if key in self._known:
+            return
+        self._known.add(key)
+        req = {**self.base, **labels}
+        for s in ("true", "false"):
+            self.ttft.labels(**req, is_streaming=s)
+        for name in names.SIZE_CLASS_NAMES:
+            cls = {**req, names.SIZE_CLASS_LABEL: name}
+            self.ttft_by_class.labels(**cls)
+            for cache in names.CACHE_PARTS:
+                self.class_tokens.labels(**cls, cache=cache)
 
     def queue_mix(self, waiting: list[tuple[dict[str, str], int]]) -> None:
         """The queue now: (tenant labels, uncached tokens still to prefill) per request with

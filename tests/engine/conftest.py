@@ -36,7 +36,9 @@ if not os.environ.get("SLIPSTREAM_ENGINE_ENV"):
 else:
     collect_ignore = [name for name, versions in VERSION_FILES.items() if VERSION not in versions]
     if not PATCHED:
-        collect_ignore_glob = [p.name for p in HERE.glob("test_*.py") if p.name not in PRISTINE_ONLY]
+        collect_ignore_glob = [
+            p.name for p in HERE.glob("test_*.py") if p.name not in PRISTINE_ONLY
+        ]
     sys.path.insert(0, PATCHED or str(HERE))
     sys.path.insert(1, str(HERE))
     sys.path.insert(2, str(REPO / "operator"))

@@ -254,8 +254,9 @@ def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
             end = int(seq_lens[i])
             start = end - 1
         locs = table[req.req_pool_idx, start:end].to(torch.int64)
-        vals = torch.tensor([token_at(req, p) % KV_ID_MOD for p in range(start, end)],
-                            dtype=buf.dtype)
+        vals = torch.tensor(
+            [token_at(req, p) % KV_ID_MOD for p in range(start, end)], dtype=buf.dtype
+        )
         buf[locs] = vals.view(-1, 1, 1)
         if seq_lens is not None and end % 64 and not _last_decode(req):
             continue  # the whole context is re-read every 64 tokens and at the end
@@ -264,7 +265,9 @@ def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
         want = [token_at(req, p) % KV_ID_MOD for p in range(end)]
         if got != want:
             bad = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
-            raise AssertionError(f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}")
+            raise AssertionError(
+                f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}"
+            )
 
 
 def _last_decode(req: Req) -> bool:
@@ -476,7 +479,9 @@ def run_pressure(case: dict[str, Any]) -> dict[str, Any]:
         while pending and pending[0].get("round", 0) <= n:
             r = pending.pop(0)
             reqs[r["rid"]] = eng.add(
-                r["need"], rid=r["rid"], arrival=float(n) + len(reqs) * 1e-3,
+                r["need"],
+                rid=r["rid"],
+                arrival=float(n) + len(reqs) * 1e-3,
                 max_new_tokens=r["max_new"],
             )
         busy = eng.busy()

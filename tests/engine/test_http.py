@@ -164,7 +164,8 @@ def test_set_internal_state_is_forbidden_when_no_admin_key_is_configured(client)
     c, eng = client
     app = _admin_app(eng)  # eng has no admin key here
     assert eng.s.server_args.admin_api_key is None
-    r = app.post("/set_internal_state",
-                 json={"server_args": {"long_prefill_token_threshold": 4096}})
+    r = app.post(
+        "/set_internal_state", json={"server_args": {"long_prefill_token_threshold": 4096}}
+    )
     assert r.status_code == 403
     assert eng.s.long_prefill_token_threshold == 0

@@ -29,11 +29,13 @@ STOCK_ENGINE = {"chunked_prefill_size": 8192, "kv_tokens": POOL}
 @pytest.fixture(scope="module")
 def stock(pristine):
     """Pristine 0.5.18 (T = 0, fcfs: it has no srpt) on the issue's cases, in one run."""
-    return pristine({
-        "three": {"engine": STOCK_ENGINE, "requests": THREE},
-        "two": {"engine": STOCK_ENGINE, "requests": THREE[:2]},
-        "stall": {"engine": STOCK_ENGINE, "requests": STALL},
-    })
+    return pristine(
+        {
+            "three": {"engine": STOCK_ENGINE, "requests": THREE},
+            "two": {"engine": STOCK_ENGINE, "requests": THREE[:2]},
+            "stall": {"engine": STOCK_ENGINE, "requests": STALL},
+        }
+    )
 
 
 def run(engine: dict, requests: list[dict]) -> h.Engine:

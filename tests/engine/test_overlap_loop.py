@@ -58,26 +58,45 @@ def overlap_engine(**kw):
     s.model_config.think_end_ids = None
     s.ps = SimpleNamespace(pp_size=1, dp_rank=0, attn_tp_rank=0, tp_rank=0)
     s.output_streamer = SchedulerOutputStreamer(
-        send_to_detokenizer=detok, tree_cache=s.tree_cache, ps=s.ps,
-        server_args=s.server_args, is_generation=True, spec_algorithm=s.spec_algorithm,
-        disaggregation_mode=s.disaggregation_mode, enable_hicache_storage=lambda: False,
+        send_to_detokenizer=detok,
+        tree_cache=s.tree_cache,
+        ps=s.ps,
+        server_args=s.server_args,
+        is_generation=True,
+        spec_algorithm=s.spec_algorithm,
+        disaggregation_mode=s.disaggregation_mode,
+        enable_hicache_storage=lambda: False,
         rust_server=None,
     )
     s.metrics_reporter = SimpleNamespace(
-        num_retracted_reqs=0, enable_metrics=False,
-        log_batch_result_stats=lambda batch, result: None, update_device_timer=lambda: None,
-        report_prefill_stats=lambda *a, **k: None, report_decode_stats=lambda *a, **k: None,
-        num_generated_tokens=0, forward_ct_decode=0,
+        num_retracted_reqs=0,
+        enable_metrics=False,
+        log_batch_result_stats=lambda batch, result: None,
+        update_device_timer=lambda: None,
+        report_prefill_stats=lambda *a, **k: None,
+        report_decode_stats=lambda *a, **k: None,
+        num_generated_tokens=0,
+        forward_ct_decode=0,
     )
     s.batch_result_processor = SchedulerBatchResultProcessor(
-        is_generation=True, disaggregation_mode=s.disaggregation_mode, enable_overlap=True,
-        enable_overlap_mlx=False, server_args=s.server_args, model_config=s.model_config,
-        token_to_kv_pool_allocator=s.token_to_kv_pool_allocator, tree_cache=s.tree_cache,
-        hisparse_coordinator=None, req_to_token_pool=s.req_to_token_pool,
-        decode_offload_manager=None, metrics_collector=None, metrics_reporter=s.metrics_reporter,
-        draft_worker=None, model_worker=None,
+        is_generation=True,
+        disaggregation_mode=s.disaggregation_mode,
+        enable_overlap=True,
+        enable_overlap_mlx=False,
+        server_args=s.server_args,
+        model_config=s.model_config,
+        token_to_kv_pool_allocator=s.token_to_kv_pool_allocator,
+        tree_cache=s.tree_cache,
+        hisparse_coordinator=None,
+        req_to_token_pool=s.req_to_token_pool,
+        decode_offload_manager=None,
+        metrics_collector=None,
+        metrics_reporter=s.metrics_reporter,
+        draft_worker=None,
+        model_worker=None,
         logprob_result_processor=SchedulerLogprobResultProcessor(model_config=s.model_config),
-        output_streamer=s.output_streamer, abort_request=s.abort_request,
+        output_streamer=s.output_streamer,
+        abort_request=s.abort_request,
     )
     return eng, detok
 
@@ -96,8 +115,7 @@ def run_overlap_loop(eng, script, max_passes=20_000):
         n = state["pass"]
         while script and script[0][0] <= n:
             _, need, rid, max_new = script.pop(0)
-            reqs[rid] = eng.add(need, rid=rid, arrival=n + 1e-3 * len(reqs),
-                                max_new_tokens=max_new)
+            reqs[rid] = eng.add(need, rid=rid, arrival=n + 1e-3 * len(reqs), max_new_tokens=max_new)
         state["pass"] = n + 1
         done = not script and all(r.finished() for r in reqs.values())
         if (done and s.last_batch is None and not s.result_queue) or n > max_passes:
@@ -130,13 +148,21 @@ def run_overlap_loop(eng, script, max_passes=20_000):
     return reqs, rounds
 
 
-@pytest.mark.parametrize("policy, mode", [("fcfs", "ceiling"), ("srpt", "ceiling"),
-                                          ("lpm", "floor")])
+@pytest.mark.parametrize(
+    "policy, mode", [("fcfs", "ceiling"), ("srpt", "ceiling"), ("lpm", "floor")]
+)
 def test_overlap_loop_with_several_partials(policy, mode):
-    eng, detok = overlap_engine(chunked_prefill_size=2048, threshold=512, mode=mode,
-                                policy=policy, kv_tokens=12_000)
-    script = [(0, 3_000, "L0", 40), (0, 2_600, "L1", 40), (0, 2_200, "L2", 40),
-              (2, 300, "s0", 60), (5, 700, "s1", 60), (9, 100, "s2", 60)]
+    eng, detok = overlap_engine(
+        chunked_prefill_size=2048, threshold=512, mode=mode, policy=policy, kv_tokens=12_000
+    )
+    script = [
+        (0, 3_000, "L0", 40),
+        (0, 2_600, "L1", 40),
+        (0, 2_200, "L2", 40),
+        (2, 300, "s0", 60),
+        (5, 700, "s1", 60),
+        (9, 100, "s2", 60),
+    ]
     reqs, rounds = run_overlap_loop(eng, script)
     # Every request finished with its whole output, in order (7, 8, 9, ...).
     for _, _need, rid, max_new in script:
@@ -149,9 +175,7 @@ def test_overlap_loop_with_several_partials(policy, mode):
     # The streamer never streamed a request mid-prefill: each request's first streamed
     # output came with its first token, after its last chunk.
     streamed = [
-        (rid, out.completion_tokens[i])
-        for out in detok.outputs
-        for i, rid in enumerate(out.rids)
+        (rid, out.completion_tokens[i]) for out in detok.outputs for i, rid in enumerate(out.rids)
     ]
     assert {rid for rid, _ in streamed} == set(reqs)
     assert all(n >= 1 for _, n in streamed), "a request was streamed before its first token"

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import harness as h
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from sglang.srt.managers.schedule_policy import match_prefix_for_req
 
 from slipstream.sim import admission
 
@@ -44,14 +43,15 @@ def twin_prediction(eng, rule, order, memory=False, max_partials=None):
     # The round starts by caching the partials' last chunks (get_next_batch_to_run
     # stashes them; a second stash is a no-op): a waiting request may share their prefix.
     for r in partials:
-        if r.extend_range is not None and r.extend_range.end > len(r.prefix_indices):
+        end = h.extend_end(r)
+        if end is not None and end > h.prefix_len(r):
             eng.s.stash_chunked_request(r)
-    p_cands = [(r, len(r.origin_input_ids) - r.extend_range.end) for r in partials]
+    p_cands = [(r, len(r.origin_input_ids) - h.extend_end(r)) for r in partials]
     w_cands = []
     for r in eng.s.waiting_queue:
-        match_prefix_for_req(eng.s.tree_cache, r)
+        h.match_prefix(eng.s.tree_cache, r)
         total = len(r.origin_input_ids)
-        w_cands.append((r, total - min(len(r.prefix_indices), total - 1)))
+        w_cands.append((r, total - min(h.prefix_len(r), total - 1)))
 
     def key(item):
         r, need = item

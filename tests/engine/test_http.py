@@ -9,7 +9,6 @@ reports GPU memory, which needs a model runner).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import harness as h
@@ -33,7 +32,7 @@ class _StandInTokenizerManager:
     async def get_internal_state(self):
         # The real scheduler answers with its resolved server args (secrets included)
         # plus its state; the long-prefill state is the part the harness can compute.
-        return [{**dataclasses.asdict(self.server_args), **self.eng.s._long_prefill_state()}]
+        return [{**h.server_args_dict(self.server_args), **self.eng.s._long_prefill_state()}]
 
 
 @pytest.fixture()

@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own ``SchedulePolicy.calc_priority`` against the twin's queue, round by round.
 
-Run in the 0.5.23 environment (``SGLANG_VERSION=0.5.23 bash tests/engine/run.sh``; pristine
-code only, so it is the file that version runs while it has no patch). Both sides get the
+Run in the 0.5.23 environment (``SGLANG_VERSION=0.5.23 bash tests/engine/run.sh``), on the
+patched copy there: with T = 0 the patch must leave upstream's orders as they are. Both sides get the
 same queue, round after round: requests arrive (appended, as ``Scheduler._add_request_to_queue``
 does), prefixes enter the cache between rounds, retracted requests re-enter, the front of the
 queue is admitted. Each round ``calc_priority`` (real ``SchedulePolicy``, real ``RadixCache``,

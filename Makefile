@@ -44,9 +44,8 @@ prometheus:
 test: venv kube-bins prometheus engine-test
 	$(PY) -m pytest tests --ignore=tests/engine
 
-# Real sglang scheduler code on CPU (a separate cached env per version): 0.5.18 patched and
-# pristine; 0.5.23 pristine (no patch for it yet: the twin's upstream orders against its own
-# SchedulePolicy.calc_priority, tests/engine/conftest.py PRISTINE_ONLY).
+# Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
+# the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine.
 engine-test:
 	bash tests/engine/run.sh
 	SGLANG_VERSION=0.5.23 bash tests/engine/run.sh

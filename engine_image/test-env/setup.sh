@@ -13,8 +13,8 @@
 #   patched-<patch hash>/      a copy of the installed sglang package with
 #                              engine_image/patches/sglang-<version>-long-prefill.patch applied
 #   patched -> patched-<hash>  the copy for the current patch
-# A version with no patch file yet (0.5.23 today) gets a pristine-only environment: the
-# patch step is skipped (said on stderr) and there is no patched/ link.
+# A version with no patch file (both 0.5.18 and 0.5.23 have one) gets a pristine-only
+# environment: the patch step is skipped (said on stderr) and there is no patched/ link.
 # Progress goes to stderr. A patch that does not apply fails the script (exit 1).
 set -euo pipefail
 

@@ -5,8 +5,9 @@ environment (engine_image/test-env/setup.sh) and runs pytest with that environme
 python, the patched sglang copy first on sys.path (SLIPSTREAM_PATCHED_SGLANG) and our
 package (operator/) importable. The main test run ignores this folder
 (`pytest --ignore=tests/engine`); run any other way, the folder collects nothing.
-`SGLANG_VERSION=0.5.23 tests/engine/run.sh` has no patched copy yet: it collects only
-PRISTINE_ONLY; the 0.5.18 run leaves out the 0.5.23-only files (VERSION_FILES).
+`SGLANG_VERSION=0.5.23 tests/engine/run.sh` runs the same tests on 0.5.23 (harness.py
+reads either version's objects); the 0.5.18 run leaves out the 0.5.23-only files
+(VERSION_FILES). A version without a patch would collect only PRISTINE_ONLY.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ VERSION = os.environ.get("SLIPSTREAM_SGLANG_VERSION", "0.5.18")
 """The sglang version of the environment run.sh chose (SGLANG_VERSION)."""
 
 PRISTINE_ONLY = ["test_upstream_orders.py"]
-"""Tests that need only the pristine sglang: all a version without a patch (0.5.23) runs."""
+"""Tests that need only the pristine sglang: all a version without a patch would run."""
 VERSION_FILES = {"test_upstream_orders.py": ("0.5.23",)}
 """Tests that drive code only some versions have (0.5.23's shortest-prefill-first, hrrn)."""
 
@@ -36,7 +37,9 @@ if not os.environ.get("SLIPSTREAM_ENGINE_ENV"):
 else:
     collect_ignore = [name for name, versions in VERSION_FILES.items() if VERSION not in versions]
     if not PATCHED:
-        collect_ignore_glob = [p.name for p in HERE.glob("test_*.py") if p.name not in PRISTINE_ONLY]
+        collect_ignore_glob = [
+            p.name for p in HERE.glob("test_*.py") if p.name not in PRISTINE_ONLY
+        ]
     sys.path.insert(0, PATCHED or str(HERE))
     sys.path.insert(1, str(HERE))
     sys.path.insert(2, str(REPO / "operator"))

@@ -1,4 +1,4 @@
-"""Drive sglang 0.5.18's real scheduler code on CPU, round by round, without a model.
+"""Drive sglang's real scheduler (0.5.18 or 0.5.23) on CPU, round by round, without a model.
 
 Real objects: `Req`, `ReqToTokenPool`, `MHATokenToKVPool` (1 layer, 1 head, head_dim 1),
 `TokenToKVPoolAllocator` / `PagedTokenToKVPoolAllocator`, `RadixCache`, `SchedulePolicy`,
@@ -30,6 +30,7 @@ subprocess.
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import time
@@ -54,14 +55,157 @@ from sglang.srt.mem_cache.allocator import (
 )
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # noqa: F401 (tests)
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-from sglang.srt.mem_cache.chunk_cache import ChunkCache
-from sglang.srt.mem_cache.common import release_kv_cache
+from sglang.srt.mem_cache.common import release_kv_cache as _release_kv_cache
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey  # noqa: F401
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 PATCHED = hasattr(Scheduler, "_get_new_batch_prefill_long")
+V0523 = not hasattr(Req, "set_extend_range")
+"""sglang 0.5.23's Req: ``prefix_len`` / ``extend_end`` / ``kv`` (0.5.18: ``prefix_indices``,
+``extend_range``, ``req_pool_idx``); the helpers below read either."""
+
+
+def extend_len(req: Req) -> int:
+    """Tokens the request computes in the batch just scheduled."""
+    return req.extend_len if V0523 else req.extend_range.length
+
+
+def extend_bounds(req: Req) -> tuple[int, int]:
+    """The positions [start, end) the request computes in the batch just scheduled."""
+    if V0523:
+        return req.prefix_len, req.extend_end
+    return req.extend_range.start, req.extend_range.end
+
+
+def prefix_len(req: Req) -> int:
+    """Tokens of the request already computed (its cached prefix included)."""
+    return req.prefix_len if V0523 else len(req.prefix_indices)
+
+
+def pool_idx(req: Req) -> int:
+    return req.kv.req_pool_idx if V0523 else req.req_pool_idx
+
+
+def extend_end(req: Req) -> int | None:
+    """Where the request's last scheduled chunk ends (None before its first)."""
+    if V0523:
+        return req.extend_end
+    return req.extend_range.end if req.extend_range is not None else None
+
+
+def match_prefix(tree_cache: Any, req: Req) -> None:
+    """Match the request's tokens in the prefix cache and adopt the hit as its prefix."""
+    if V0523:
+        from sglang.srt.mem_cache.common import match_kv_cache
+
+        match_kv_cache(req, tree_cache)
+    else:
+        from sglang.srt.managers.schedule_policy import match_prefix_for_req
+
+        match_prefix_for_req(tree_cache, req)
+
+
+def set_model_config(server_args: Any, model_config: Any) -> None:
+    """The model config resolution attaches to the server args (0.5.23 memoizes it as
+    ``_model_config``, see ``arg_groups.model_override_base.model_config_of``)."""
+    setattr(server_args, "_model_config" if V0523 else "model_config", model_config)
+
+
+def server_args_dict(server_args: Any) -> dict[str, Any]:
+    """The server args as the info endpoints serialize them."""
+    if V0523:
+        import msgspec
+
+        return msgspec.structs.asdict(server_args)
+    import dataclasses
+
+    return dataclasses.asdict(server_args)
+
+
+def set_launch_args(server_args: Any, **fields: Any) -> None:
+    """Give the server args ``fields`` as if they were launch flags (``--pp-size 2``).
+
+    0.5.23 seals its server args once resolved (a run-time change goes through
+    ``get_context().override``, which the resolved config bags read, not the record);
+    the launch record itself is written here with msgspec's own setter, as the
+    constructor would have."""
+    for name, value in fields.items():
+        if V0523:
+            import msgspec
+
+            msgspec.Struct.__setattr__(server_args, name, value)
+        else:
+            setattr(server_args, name, value)
+
+
+def matched_len(match: Any) -> int:
+    """Tokens a prefix-cache match found on the device (0.5.23's ``MatchResult`` has
+    ``device_prefix_len`` where 0.5.18's had ``device_indices``)."""
+    return match.device_prefix_len if V0523 else len(match.device_indices)
+
+
+def resolved(server_args: Any) -> Any:
+    """The server args as resolution left them (0.5.23 keeps its decisions, such as the
+    DP division of the chunk size, as declarations beside the launch record)."""
+    if V0523:
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        return resolving_view(server_args)
+    return server_args
+
+
+def divide_chunk_by_dp(server_args: Any) -> None:
+    """SGLang's own division of --chunked-prefill-size by the attention-DP size (the
+    resolution step that does it; its later steps need a resolved CUDA-graph config,
+    which a CPU run has not)."""
+    import contextlib
+
+    if V0523:
+        from sglang.srt.arg_groups import parallel_hook
+
+        parallel_hook.handle_deprecated_dp_attention(server_args)
+        with contextlib.suppress(AttributeError):
+            parallel_hook.handle_data_parallelism(server_args)
+    else:
+        with contextlib.suppress(AttributeError):
+            server_args._handle_data_parallelism()
+
+
+def parallel_ranks(**ranks: Any) -> Any:
+    """A context where this process states its parallel ranks (one engine, no DP
+    controller): 0.5.23's components read them from ``get_parallel()``, 0.5.18's from
+    the scheduler's ``ps`` (set by the caller)."""
+    import contextlib
+
+    if not V0523:
+        return contextlib.nullcontext()
+    from sglang.srt.runtime_context import get_parallel
+
+    return get_parallel().override(**ranks)
+
+
+def release_kv_cache(req: Req, tree_cache: Any) -> None:
+    """A finished request's KV: into the prefix cache, its slots freed."""
+    if V0523:
+        _release_kv_cache(req, tree_cache, checkpoint=True)
+    else:
+        _release_kv_cache(req, tree_cache)
+
+
+def _disabled_cache(params: CacheInitParams) -> Any:
+    """What --disable-radix-cache builds: 0.5.18's ChunkCache, 0.5.23's disabled
+    UnifiedRadixCache (mem_cache.registry.default_radix_cache_factory)."""
+    if not V0523:
+        from sglang.srt.mem_cache.chunk_cache import ChunkCache
+
+        return ChunkCache(params)
+    from sglang.srt.mem_cache.unified_cache.components import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params.tree_components = (ComponentType.FULL,)
+    return UnifiedRadixCache(params)
 
 
 class _NaivePagedKernel:
@@ -103,6 +247,9 @@ class _Passthrough:
         return batch
 
     def prepare_for_forward(self, batch: Any, chunked_req: Any = None) -> Any:
+        return batch
+
+    def maybe_convert_decode_to_extend(self, batch: Any) -> Any:  # 0.5.23
         return batch
 
 
@@ -168,7 +315,7 @@ class Engine:
         batch = plan.batch_to_run
         alloc: dict[str, int] = {}
         if batch is not None and batch.forward_mode.is_extend():
-            alloc = {r.rid: r.extend_range.length for r in batch.reqs}
+            alloc = {r.rid: extend_len(r) for r in batch.reqs}
             if self.check_kv:
                 write_and_check_kv(self.s, batch)
             finish_prefill_round(self.s, batch)
@@ -249,22 +396,25 @@ def write_and_check_kv(s: Scheduler, batch: ScheduleBatch) -> None:
     seq_lens = batch.seq_lens.tolist() if batch.forward_mode.is_decode() else None
     for i, req in enumerate(batch.reqs):
         if seq_lens is None:
-            start, end = req.extend_range.start, req.extend_range.end
+            start, end = extend_bounds(req)
         else:  # decode: the new token sits at position seq_len - 1
             end = int(seq_lens[i])
             start = end - 1
-        locs = table[req.req_pool_idx, start:end].to(torch.int64)
-        vals = torch.tensor([token_at(req, p) % KV_ID_MOD for p in range(start, end)],
-                            dtype=buf.dtype)
+        locs = table[pool_idx(req), start:end].to(torch.int64)
+        vals = torch.tensor(
+            [token_at(req, p) % KV_ID_MOD for p in range(start, end)], dtype=buf.dtype
+        )
         buf[locs] = vals.view(-1, 1, 1)
         if seq_lens is not None and end % 64 and not _last_decode(req):
             continue  # the whole context is re-read every 64 tokens and at the end
-        ctx = table[req.req_pool_idx, :end].to(torch.int64)
+        ctx = table[pool_idx(req), :end].to(torch.int64)
         got = buf[ctx].view(-1).to(torch.int64).tolist()
         want = [token_at(req, p) % KV_ID_MOD for p in range(end)]
         if got != want:
             bad = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
-            raise AssertionError(f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}")
+            raise AssertionError(
+                f"{req.rid}: KV at position {bad} holds {got[bad]}, not {want[bad]}"
+            )
 
 
 def _last_decode(req: Req) -> bool:
@@ -349,7 +499,7 @@ def make_engine(
         chunked_prefill_size=chunked_prefill_size,
     )
     # --disable-radix-cache: the scheduler builds a ChunkCache, as here.
-    tree = RadixCache(params) if radix_cache else ChunkCache(params)
+    tree = RadixCache(params) if radix_cache else _disabled_cache(params)
 
     s = Scheduler.__new__(Scheduler)
     s.server_args = args
@@ -402,10 +552,38 @@ def make_engine(
     s.grammar_manager = SimpleNamespace(
         has_waiting_grammars=lambda: False, abort_requests=lambda recv_req: None
     )
-    s.load_inquirer = SimpleNamespace(_get_num_pending_tokens=lambda chunk_deduct=0: 0)
+    s.load_inquirer = SimpleNamespace(
+        _get_num_pending_tokens=lambda chunk_deduct=0: 0, get_loads=lambda: None
+    )
     s.device = "cpu"
     s.ps = SimpleNamespace(pp_size=1)
     s.disaggregation_mode = DisaggregationMode.NULL
+    if V0523:
+        # What 0.5.23's round reads beyond 0.5.18's (all off: no HiCache, no beams).
+        s.scheduler_stage_metrics = None
+        s.enable_unified_cache_external_linker = False
+        s.enable_lmcache = False
+        s.hisparse_coordinator = None
+        s.dynamic_chunk_sizer = None
+        s.processed_tokens_counter = 0
+        s.prefill_decode_interval = 0
+        s._prefill_decode_interval_remaining = 0
+        s.beam_coordinator = SimpleNamespace(pending_member_rows=lambda batch: 0)
+        s.enable_skip_finishing_decode = False  # set by the overlap loop only
+        s.enable_overlap_mlx = False
+        s.mm_receiver = None
+        s.rust_server = None
+        s.decode_offload_manager = None
+        s.enable_continuous_input_polling = False
+        s._pause_started_at = None  # init_load_inquirer's pause bookkeeping
+        s._pause_intervals = collections.deque(
+            maxlen=sys.modules[Scheduler.__module__].PAUSE_WINDOWS_MAX
+        )
+        from sglang.srt.managers.scheduler_components.internal_state import (
+            SchedulerInternalStateController,
+        )
+
+        s.internal_state = SchedulerInternalStateController(s, record_step_time=False)
     if PATCHED:
         s.partial_reqs = []
         s._pending_partial_aborts = []
@@ -476,7 +654,9 @@ def run_pressure(case: dict[str, Any]) -> dict[str, Any]:
         while pending and pending[0].get("round", 0) <= n:
             r = pending.pop(0)
             reqs[r["rid"]] = eng.add(
-                r["need"], rid=r["rid"], arrival=float(n) + len(reqs) * 1e-3,
+                r["need"],
+                rid=r["rid"],
+                arrival=float(n) + len(reqs) * 1e-3,
                 max_new_tokens=r["max_new"],
             )
         busy = eng.busy()

@@ -2,10 +2,10 @@
 # Engine tests: real sglang scheduler code on CPU, patched and pristine.
 #   [SGLANG_VERSION=0.5.23] tests/engine/run.sh [pytest args]
 # Sets up (or reuses) the engine environment of SGLANG_VERSION (default 0.5.18; see
-# engine_image/test-env/setup.sh), then runs pytest tests/engine with it. A version with no
-# patch yet (0.5.23) has a pristine-only environment: only the tests that need pristine
-# code alone run there (PRISTINE_ONLY in tests/engine/conftest.py: test_upstream_orders.py),
-# and the run says so.
+# engine_image/test-env/setup.sh), then runs pytest tests/engine with it, patched and
+# pristine (0.5.18 and 0.5.23 both have a patch). A version without a patch would get a
+# pristine-only environment: only the tests that need pristine code alone would run there
+# (PRISTINE_ONLY in tests/engine/conftest.py), and the run says so.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export SGLANG_VERSION="${SGLANG_VERSION:-0.5.18}"

@@ -25,15 +25,26 @@ TINY = probe.Shape(
     hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16, intermediate=128, dtype="float32"
 )
 TINY_MOE = probe.Shape(
-    hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=32, dtype="float32",
-    experts=8, active_experts=2, vocab=100,
+    hidden=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+    intermediate=32,
+    dtype="float32",
+    experts=8,
+    active_experts=2,
+    vocab=100,
 )
 
 
 def test_prefill_fit_recovers_known_coefficients_over_chunk_and_cached_context():
     truth = (0.002, 3e-6, 4e-10)
-    points = [(c, s, truth[0] + c * truth[1] + probe.pairs(c, s) * truth[2])
-              for c in (16, 64, 256, 1024, 4096) for s in (0, 2048, 16384)]
+    points = [
+        (c, s, truth[0] + c * truth[1] + probe.pairs(c, s) * truth[2])
+        for c in (16, 64, 256, 1024, 4096)
+        for s in (0, 2048, 16384)
+    ]
     fit = probe.fit_prefill(points)
     assert fit["overhead_s"] == pytest.approx(truth[0], rel=1e-6)
     assert fit["linear_s_per_token"] == pytest.approx(truth[1], rel=1e-6)
@@ -44,7 +55,9 @@ def test_prefill_fit_recovers_known_coefficients_over_chunk_and_cached_context()
 def test_prefill_fit_drops_memory_bound_points():
     # below 512 tokens the pass is a memory floor of 10 ms; above it compute-bound
     truth = (0.001, 2e-5, 0.0)
-    points = [(c, 0, max(0.010, truth[0] + c * truth[1])) for c in (16, 64, 128, 1024, 2048, 4096, 8192)]
+    points = [
+        (c, 0, max(0.010, truth[0] + c * truth[1])) for c in (16, 64, 128, 1024, 2048, 4096, 8192)
+    ]
     fit = probe.fit_prefill(points, weights_s=0.010, kv_s=0.0)
     assert fit["linear_s_per_token"] == pytest.approx(truth[1], rel=1e-6)
     assert fit["overhead_s"] == pytest.approx(truth[0], rel=1e-4)
@@ -76,8 +89,8 @@ def test_shape_arithmetic_dense_and_moe():
     m = TINY_MOE
     attn = 64 * (4 + 2 * 2) * 16 + 4 * 16 * 64
     expert = 3 * 64 * 32
-    assert m.params_per_layer == attn + 8 * expert + 8 * 64          # every expert + router
-    assert m.active_params_per_layer == attn + 2 * expert + 8 * 64   # K experts + router
+    assert m.params_per_layer == attn + 8 * expert + 8 * 64  # every expert + router
+    assert m.active_params_per_layer == attn + 2 * expert + 8 * 64  # K experts + router
     assert m.flops_per_token == 2 * (attn + 2 * expert + 8 * 64) * 2
     assert m.weight_bytes == ((attn + 8 * expert + 8 * 64) * 2 + 100 * 64) * 4
     with pytest.raises(ValueError):
@@ -101,15 +114,24 @@ def test_chunk_attends_to_its_cached_prefix_and_causally_to_itself():
     layer = probe.Layer(s, "cpu")
     n, cached = 3, 5
     x = torch.randn(n, s.hidden)
-    pk, pv = torch.randn(s.kv_heads, cached, s.head_dim), torch.randn(s.kv_heads, cached, s.head_dim)
-    buf = (torch.cat([pk, torch.full((s.kv_heads, n, s.head_dim), 99.0)], 1),
-           torch.cat([pv, torch.full((s.kv_heads, n, s.head_dim), 99.0)], 1))
+    pk, pv = (
+        torch.randn(s.kv_heads, cached, s.head_dim),
+        torch.randn(s.kv_heads, cached, s.head_dim),
+    )
+    buf = (
+        torch.cat([pk, torch.full((s.kv_heads, n, s.head_dim), 99.0)], 1),
+        torch.cat([pv, torch.full((s.kv_heads, n, s.head_dim), 99.0)], 1),
+    )
     with torch.inference_mode():
         got = layer(x, n, buf, None)
         q, k, v = F.linear(F.rms_norm(x, (s.hidden,)), layer.qkv).split([64, 32, 32], dim=-1)
         q = q.view(n, s.heads, s.head_dim).transpose(0, 1)
-        k = torch.cat([pk, k.view(n, s.kv_heads, s.head_dim).transpose(0, 1)], 1).repeat_interleave(2, 0)
-        v = torch.cat([pv, v.view(n, s.kv_heads, s.head_dim).transpose(0, 1)], 1).repeat_interleave(2, 0)
+        k = torch.cat([pk, k.view(n, s.kv_heads, s.head_dim).transpose(0, 1)], 1).repeat_interleave(
+            2, 0
+        )
+        v = torch.cat([pv, v.view(n, s.kv_heads, s.head_dim).transpose(0, 1)], 1).repeat_interleave(
+            2, 0
+        )
         scores = q @ k.transpose(1, 2) / s.head_dim**0.5
         allowed = torch.arange(cached + n)[None, :] <= (cached + torch.arange(n))[:, None]
         att = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
@@ -140,24 +162,71 @@ def test_moe_decode_touches_only_the_experts_its_tokens_use():
 
 def run_probe(tmp_path, *extra: str) -> tuple[dict, dict, dict]:
     out = tmp_path / "tiny.json"
-    rc = probe.main([
-        "--name", "tiny-cpu", "--hidden", "64", "--layers", "3", "--heads", "4", "--kv-heads", "2",
-        "--head-dim", "16", "--intermediate", "128", "--dtype", "float32", "--device", "cpu",
-        "--chunks", "8,32,128,512", "--cached", "0,256", "--batches", "1,4,16", "--contexts", "32,128",
-        "--mixed", "64:4:64", "--repeats", "2", "--copy-mib", "8", "--out", str(out), *extra,
-    ])
+    rc = probe.main(
+        [
+            "--name",
+            "tiny-cpu",
+            "--hidden",
+            "64",
+            "--layers",
+            "3",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--head-dim",
+            "16",
+            "--intermediate",
+            "128",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--chunks",
+            "8,32,128,512",
+            "--cached",
+            "0,256",
+            "--batches",
+            "1,4,16",
+            "--contexts",
+            "32,128",
+            "--mixed",
+            "64:4:64",
+            "--repeats",
+            "2",
+            "--copy-mib",
+            "8",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
     assert rc == 0
-    return (json.loads(out.read_text()), json.loads((tmp_path / "tiny.measurements.json").read_text()),
-            json.loads((tmp_path / "tiny.comparison.json").read_text()))
+    return (
+        json.loads(out.read_text()),
+        json.loads((tmp_path / "tiny.measurements.json").read_text()),
+        json.loads((tmp_path / "tiny.comparison.json").read_text()),
+    )
 
 
 def test_probe_writes_a_profile_the_twin_loads_and_compares_every_point(tmp_path, capsys):
     data, meas, comp = run_probe(tmp_path)
     known = {f.name for f in fields(profiles.Profile)}
     assert set(data) <= known
-    assert {"name", "description", "source", "flops_per_token", "attn_flops_per_pair", "peak_flops",
-            "attn_flops_per_s", "weight_bytes", "kv_bytes_per_token", "mem_bandwidth", "overhead_s",
-            "host_bandwidth"} <= set(data)
+    assert {
+        "name",
+        "description",
+        "source",
+        "flops_per_token",
+        "attn_flops_per_pair",
+        "peak_flops",
+        "attn_flops_per_s",
+        "weight_bytes",
+        "kv_bytes_per_token",
+        "mem_bandwidth",
+        "overhead_s",
+        "host_bandwidth",
+    } <= set(data)
     prof = profiles.load(str(tmp_path / "tiny.json"))  # the twin's own loader and validation
     assert prof.name == "tiny-cpu"
     assert prof.flops_per_token == TINY.flops_per_token
@@ -171,12 +240,19 @@ def test_probe_writes_a_profile_the_twin_loads_and_compares_every_point(tmp_path
     for p in comp["points"]:
         assert p["measured_s"] > 0
         assert p["predicted_s"] == pytest.approx(
-            probe.predict(model, p["kind"], p["tokens"], p["pairs"], p["kv_read"]))
+            probe.predict(model, p["kind"], p["tokens"], p["pairs"], p["kv_read"])
+        )
         assert p["error_pct"] == pytest.approx(100 * (p["predicted_s"] / p["measured_s"] - 1))
     cached = {(p["chunk"], p["cached"]) for p in comp["points"] if p["kind"] == "prefill"}
     assert (512, 256) in cached
-    assert next(p for p in comp["points"] if p["kind"] == "prefill" and p["chunk"] == 8
-                and p["cached"] == 256)["pairs"] == 8 * 256 + 36
+    assert (
+        next(
+            p
+            for p in comp["points"]
+            if p["kind"] == "prefill" and p["chunk"] == 8 and p["cached"] == 256
+        )["pairs"]
+        == 8 * 256 + 36
+    )
     assert comp["within_10pct"] == all(abs(p["error_pct"]) <= 10 for p in comp["points"])
     assert set(comp["max_abs_error_pct"]) == {"prefill", "decode", "mixed"}
     assert meas["ridge_tokens_model"] == model.ridge_tokens()
@@ -184,26 +260,73 @@ def test_probe_writes_a_profile_the_twin_loads_and_compares_every_point(tmp_path
     # the per-kind overheads, where the twin's format has them
     for kind in ("decode", "mixed"):
         if f"{kind}_overhead_s" in known:
-            assert data[f"{kind}_overhead_s"] >= 0 and "median over" in data[f"{kind}_overhead_source"]
+            assert (
+                data[f"{kind}_overhead_s"] >= 0 and "median over" in data[f"{kind}_overhead_source"]
+            )
         else:
             assert f"{kind}_overhead_s" in comp["twin_fields_not_known"]
 
 
 def test_probe_runs_a_moe_shape_and_skips_decode_points_over_the_cache_limit(tmp_path):
     out = tmp_path / "moe.json"
-    assert probe.main([
-        "--name", "tiny-moe", "--hidden", "64", "--layers", "2", "--heads", "4", "--kv-heads", "2",
-        "--head-dim", "16", "--intermediate", "32", "--experts", "8", "--active-experts", "2",
-        "--vocab", "100", "--dtype", "float32", "--device", "cpu", "--chunks", "16,64,256",
-        "--cached", "0", "--batches", "1,2", "--contexts", "16,4096", "--mixed", "",
-        "--max-cache-gib", "0.0001", "--repeats", "1", "--copy-mib", "4", "--out", str(out),
-    ]) == 0
+    assert (
+        probe.main(
+            [
+                "--name",
+                "tiny-moe",
+                "--hidden",
+                "64",
+                "--layers",
+                "2",
+                "--heads",
+                "4",
+                "--kv-heads",
+                "2",
+                "--head-dim",
+                "16",
+                "--intermediate",
+                "32",
+                "--experts",
+                "8",
+                "--active-experts",
+                "2",
+                "--vocab",
+                "100",
+                "--dtype",
+                "float32",
+                "--device",
+                "cpu",
+                "--chunks",
+                "16,64,256",
+                "--cached",
+                "0",
+                "--batches",
+                "1,2",
+                "--contexts",
+                "16,4096",
+                "--mixed",
+                "",
+                "--max-cache-gib",
+                "0.0001",
+                "--repeats",
+                "1",
+                "--copy-mib",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     prof = profiles.load(str(out))
     assert prof.flops_per_token == TINY_MOE.flops_per_token
     meas = json.loads((tmp_path / "moe.measurements.json").read_text())
     # one layer's KV at B=2, c=4096: 2 * 4096 * 2 * 2 * 16 * 4 bytes = 2 MiB > 0.0001 GiB
     assert any("B=2 c=4096" in line for line in meas["skipped"])
-    assert {(p["batch"], p["context"]) for p in meas["points"] if p["kind"] == "decode"} == {(1, 16), (2, 16)}
+    assert {(p["batch"], p["context"]) for p in meas["points"] if p["kind"] == "decode"} == {
+        (1, 16),
+        (2, 16),
+    }
 
 
 def test_model_presets_need_no_dimensions_and_bad_calls_fail(capsys):

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import harness as h
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from sglang.srt.managers.schedule_policy import match_prefix_for_req
 
 from slipstream.sim import admission
 
@@ -44,14 +43,15 @@ def twin_prediction(eng, rule, order, memory=False, max_partials=None):
     # The round starts by caching the partials' last chunks (get_next_batch_to_run
     # stashes them; a second stash is a no-op): a waiting request may share their prefix.
     for r in partials:
-        if r.extend_range is not None and r.extend_range.end > len(r.prefix_indices):
+        end = h.extend_end(r)
+        if end is not None and end > h.prefix_len(r):
             eng.s.stash_chunked_request(r)
-    p_cands = [(r, len(r.origin_input_ids) - r.extend_range.end) for r in partials]
+    p_cands = [(r, len(r.origin_input_ids) - h.extend_end(r)) for r in partials]
     w_cands = []
     for r in eng.s.waiting_queue:
-        match_prefix_for_req(eng.s.tree_cache, r)
+        h.match_prefix(eng.s.tree_cache, r)
         total = len(r.origin_input_ids)
-        w_cands.append((r, total - min(len(r.prefix_indices), total - 1)))
+        w_cands.append((r, total - min(h.prefix_len(r), total - 1)))
 
     def key(item):
         r, need = item
@@ -96,8 +96,9 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
     # the round's batch against the free slots although they hold theirs, so a table
     # near full refuses admissions the rule (which has no slot limit) makes. Small
     # enough to keep each example cheap, so CI can afford a few hundred per property.
-    eng = h.make_engine(policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=32,
-                        **engine_kwargs)
+    eng = h.make_engine(
+        policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=32, **engine_kwargs
+    )
     # The twin gets the engine's own bound (--max-partial-prefills, 8 unless the case sets
     # it): with None it ran a ninth partial the engine refuses (found by a 5,000-example run).
     max_partials = eng.s.max_partial_prefills
@@ -156,8 +157,17 @@ def test_ceiling_matches_twin(mix, t, order):
 # Eight partials at once and a 1-token request finishing whole beside them (found when
 # the slot table had 16 slots: the engine refused it for slots, not by the rule).
 @example(
-    mix=[(0, 9000), (0, 9000), (0, 9000), (0, 5736), (0, 39999), (5, 2404), (5, 1),
-         (0, 4000), (0, 9000)],
+    mix=[
+        (0, 9000),
+        (0, 9000),
+        (0, 9000),
+        (0, 5736),
+        (0, 39999),
+        (5, 2404),
+        (5, 1),
+        (0, 4000),
+        (0, 9000),
+    ],
     t=512,
     order="fcfs",
 )
@@ -191,8 +201,9 @@ def test_engine_default_aging_is_the_twins():
 
 
 tight_mixes = st.lists(
-    st.tuples(st.integers(0, 6), st.sampled_from([1, 700, 3_000, 9_000, 17_000]) |
-              st.integers(1, 17_000)),
+    st.tuples(
+        st.integers(0, 6), st.sampled_from([1, 700, 3_000, 9_000, 17_000]) | st.integers(1, 17_000)
+    ),
     min_size=2,
     max_size=7,
 )
@@ -209,12 +220,22 @@ tight_mixes = st.lists(
 def test_memory_limited_mixes_match_twin(mix, t, mode, order, max_partials):
     # A 20,000-token pool against up to 7 x 17,000 tokens of prompts: admissions are
     # decided by the reservation on most rounds.
-    check({"chunked_prefill_size": 4096, "threshold": t, "mode": mode,
-           "max_partials": max_partials}, order, mix, kv_tokens=20_000, memory=True)
+    check(
+        {"chunked_prefill_size": 4096, "threshold": t, "mode": mode, "max_partials": max_partials},
+        order,
+        mix,
+        kv_tokens=20_000,
+        memory=True,
+    )
 
 
 @SETTINGS
 @given(mix=tight_mixes, t=st.sampled_from([256, 1024]), order=st.sampled_from(["fcfs", "srpt"]))
 def test_memory_limited_paged_mixes_match_twin(mix, t, order):
-    check({"chunked_prefill_size": 2048, "threshold": t, "page_size": 16}, order, mix,
-          kv_tokens=20_480, memory=True)
+    check(
+        {"chunked_prefill_size": 2048, "threshold": t, "page_size": 16},
+        order,
+        mix,
+        kv_tokens=20_480,
+        memory=True,
+    )

@@ -9,7 +9,6 @@ reports GPU memory, which needs a model runner).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import harness as h
@@ -33,7 +32,7 @@ class _StandInTokenizerManager:
     async def get_internal_state(self):
         # The real scheduler answers with its resolved server args (secrets included)
         # plus its state; the long-prefill state is the part the harness can compute.
-        return [{**dataclasses.asdict(self.server_args), **self.eng.s._long_prefill_state()}]
+        return [{**h.server_args_dict(self.server_args), **self.eng.s._long_prefill_state()}]
 
 
 @pytest.fixture()
@@ -164,7 +163,8 @@ def test_set_internal_state_is_forbidden_when_no_admin_key_is_configured(client)
     c, eng = client
     app = _admin_app(eng)  # eng has no admin key here
     assert eng.s.server_args.admin_api_key is None
-    r = app.post("/set_internal_state",
-                 json={"server_args": {"long_prefill_token_threshold": 4096}})
+    r = app.post(
+        "/set_internal_state", json={"server_args": {"long_prefill_token_threshold": 4096}}
+    )
     assert r.status_code == 403
     assert eng.s.long_prefill_token_threshold == 0

@@ -1,5 +1,6 @@
-"""The image: the Dockerfile applies our patch file, and the patch applies cleanly to the
-pristine sglang 0.5.18 source (docker cannot run here)."""
+"""The image: the Dockerfile applies our 0.5.18 patch file (the image is built on sglang
+0.5.18 today, whichever environment runs this), and the patch of the environment's version
+applies cleanly to its pristine sglang source (docker cannot run here)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, VERSION
 
-PATCH = REPO / "engine_image/patches/sglang-0.5.18-long-prefill.patch"
+PATCH = REPO / f"engine_image/patches/sglang-{VERSION}-long-prefill.patch"
+IMAGE_PATCH = REPO / "engine_image/patches/sglang-0.5.18-long-prefill.patch"
 DOCKERFILE = REPO / "engine_image/Dockerfile"
 
 
@@ -34,7 +36,7 @@ def test_dockerfile_uses_the_official_image_and_our_patch():
     copied = re.search(r"^COPY (\S+) (\S+)$", text, re.M)
     assert copied, "the Dockerfile must COPY the patch"
     # Build context is engine_image/: the COPY source is the same file the tests apply.
-    assert (REPO / "engine_image" / copied.group(1)).resolve() == PATCH.resolve()
+    assert (REPO / "engine_image" / copied.group(1)).resolve() == IMAGE_PATCH.resolve()
     assert re.search(
         rf"patch -p1 --forward --batch -d \"\$root\" < {re.escape(copied.group(2))}", text
     )
@@ -43,10 +45,10 @@ def test_dockerfile_uses_the_official_image_and_our_patch():
 
 def test_patch_applies_cleanly_to_pristine_sglang(tmp_path):
     src = pristine_sglang_dir()
-    assert (
-        '"0.5.18"' in (src / "_version.py").read_text()
-        or "0.5.18" in (src / "_version.py").read_text()
-    )
+    assert re.search(
+        rf"__version__ = version = ['\"]{re.escape(VERSION)}['\"]",
+        (src / "_version.py").read_text(),
+    ), f"not sglang {VERSION}"
     assert not (src / "srt/managers/long_prefill.py").exists(), "not the pristine source"
     root = tmp_path / "root"
     shutil.copytree(src, root / "sglang", ignore=shutil.ignore_patterns("__pycache__"))

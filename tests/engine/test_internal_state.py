@@ -55,7 +55,7 @@ def test_invalid_update_is_refused_with_reason_and_changes_nothing(update, reaso
 
 def test_unsupported_deployment_refuses_the_threshold():
     eng = h.make_engine(chunked_prefill_size=8192)
-    eng.s.server_args.pp_size = 2
+    h.set_launch_args(eng.s.server_args, pp_size=2)
     out = h.set_internal_state(eng, long_prefill_token_threshold=4096)
     assert not out.updated and "pipeline parallelism" in out.reason
     assert eng.s.long_prefill_token_threshold == 0

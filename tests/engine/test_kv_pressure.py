@@ -41,11 +41,13 @@ def case(together: bool, **engine) -> dict:
 
 @pytest.fixture(scope="module")
 def stock(pristine):
-    return pristine({
-        "together": case(True),
-        "staggered": case(False),
-        "paged": case(True, page_size=16),
-    })
+    return pristine(
+        {
+            "together": case(True),
+            "staggered": case(False),
+            "paged": case(True, page_size=16),
+        }
+    )
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["together", "staggered"])
@@ -56,8 +58,12 @@ def test_every_order_and_mode_under_kv_pressure(stock, together, policy, mode):
     ref = stock["together" if together else "staggered"]
     assert out["leak"] == [0, 0] and ref["leak"] == [0, 0]
     assert out["outputs"] == ref["outputs"]
-    assert all(len(v) == r["max_new"] for r in requests(together)
-               for k, v in out["outputs"].items() if k == r["rid"])
+    assert all(
+        len(v) == r["max_new"]
+        for r in requests(together)
+        for k, v in out["outputs"].items()
+        if k == r["rid"]
+    )
     # The pool forces retraction (stock's, unchanged by the patch) in these cases.
     assert ref["retractions"] >= 1 and out["retractions"] >= 1
     if together and mode == "ceiling":

@@ -3,7 +3,6 @@ under DP attention, and the ignore_eos admission path with the radix cache disab
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import harness as h
@@ -27,11 +26,18 @@ def mamba_model(config):
     return SimpleNamespace(is_hybrid_swa=False, hf_config=config, is_draft_model=False)
 
 
-@pytest.mark.parametrize("arch", ["DeepseekV4ForCausalLM", "GptOssForCausalLM",
-                                  "Llama4ForConditionalGeneration", "Gemma4ForCausalLM"])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "DeepseekV4ForCausalLM",
+        "GptOssForCausalLM",
+        "Llama4ForConditionalGeneration",
+        "Gemma4ForCausalLM",
+    ],
+)
 def test_hybrid_swa_models_are_refused_naming_the_family_and_the_flag(arch):
     a = args(**TUNED)
-    a.model_config = swa_model(arch)  # what ServerArgs resolves for a real model
+    h.set_model_config(a, swa_model(arch))  # what ServerArgs resolves for a real model
     with pytest.raises(ValueError) as e:
         lp.check_long_prefill_server_args(a)
     msg = str(e.value)
@@ -42,15 +48,18 @@ def test_hybrid_swa_models_are_refused_naming_the_family_and_the_flag(arch):
 @pytest.mark.parametrize("config", [NemotronHConfig, Qwen3NextConfig])
 def test_mamba_and_hybrid_linear_models_are_refused(config):
     a = args(schedule_policy="srpt")
-    a.model_config = mamba_model(config())
+    h.set_model_config(a, mamba_model(config()))
     with pytest.raises(ValueError, match="mamba / hybrid linear-attention"):
         lp.check_long_prefill_server_args(a)
 
 
-@pytest.mark.parametrize("kw, what", [
-    ({"enable_hierarchical_cache": True}, "HiCache (--enable-hierarchical-cache)"),
-    ({"enable_mixed_chunk": True}, "mixed chunking (--enable-mixed-chunk)"),
-])
+@pytest.mark.parametrize(
+    "kw, what",
+    [
+        ({"enable_hierarchical_cache": True}, "HiCache (--enable-hierarchical-cache)"),
+        ({"enable_mixed_chunk": True}, "mixed chunking (--enable-mixed-chunk)"),
+    ],
+)
 def test_hicache_and_mixed_chunking_are_refused(kw, what):
     with pytest.raises(ValueError, match=what.replace("(", r"\(").replace(")", r"\)")):
         lp.check_long_prefill_server_args(args(**TUNED, **kw))
@@ -58,29 +67,35 @@ def test_hicache_and_mixed_chunking_are_refused(kw, what):
 
 def test_stock_settings_start_with_any_model_family():
     a = args()
-    a.model_config = swa_model("GptOssForCausalLM")
+    h.set_model_config(a, swa_model("GptOssForCausalLM"))
     lp.check_long_prefill_server_args(a)  # T = 0, fcfs: the stock engine, no refusal
-    assert lp.model_family_reason(
-        SimpleNamespace(is_hybrid_swa=False, hf_config=SimpleNamespace(architectures=["X"]))
-    ) is None
+    assert (
+        lp.model_family_reason(
+            SimpleNamespace(is_hybrid_swa=False, hf_config=SimpleNamespace(architectures=["X"]))
+        )
+        is None
+    )
 
 
 def test_run_time_update_is_refused_for_a_hybrid_swa_model():
     eng = h.make_engine()
-    eng.s.server_args.model_config = swa_model("GptOssForCausalLM")
+    h.set_model_config(eng.s.server_args, swa_model("GptOssForCausalLM"))
     out = h.set_internal_state(eng, **TUNED)
     assert not out.updated and "hybrid sliding-window" in out.reason
     assert eng.s.long_prefill_token_threshold == 0
 
 
 def test_dp_attention_t_is_per_rank_and_at_most_c_over_dp():
-    a = ServerArgs(model_path="dummy", chunked_prefill_size=8192, enable_dp_attention=True,
-                   dp_size=4, tp_size=4, long_prefill_token_threshold=4096)
-    # SGLang's own division of C by the DP size; its later steps need a resolved
-    # CUDA-graph config (not on CPU).
-    with contextlib.suppress(AttributeError):
-        a._handle_data_parallelism()
-    assert a.chunked_prefill_size == 2048
+    a = ServerArgs(
+        model_path="dummy",
+        chunked_prefill_size=8192,
+        enable_dp_attention=True,
+        dp_size=4,
+        tp_size=4,
+        long_prefill_token_threshold=4096,
+    )
+    h.divide_chunk_by_dp(a)  # SGLang's own division of C by the DP size
+    assert h.resolved(a).chunked_prefill_size == 2048
     with pytest.raises(ValueError) as e:
         lp.check_long_prefill_server_args(a)
     assert "must be <= chunked_prefill_size 2048" in str(e.value)
@@ -112,8 +127,9 @@ def test_ignore_eos_with_the_radix_cache_off_honours_t_and_tracks_partials():
 
 
 def test_ignore_eos_with_the_radix_cache_off_reserves_kv():
-    eng = h.make_engine(chunked_prefill_size=8192, threshold=2048, radix_cache=False,
-                        kv_tokens=40_000)
+    eng = h.make_engine(
+        chunked_prefill_size=8192, threshold=2048, radix_cache=False, kv_tokens=40_000
+    )
     for r in "ABC":
         eng.add(30_000, rid=r, ignore_eos=True)
     assert eng.step() == {"A": 2048}  # B would not fit beside A's reserved remainder

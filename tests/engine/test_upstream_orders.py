@@ -1,7 +1,7 @@
 """SGLang 0.5.23's own ``SchedulePolicy.calc_priority`` against the twin's queue, round by round.
 
-Run in the 0.5.23 environment (``SGLANG_VERSION=0.5.23 bash tests/engine/run.sh``; pristine
-code only, so it is the file that version runs while it has no patch). Both sides get the
+Run in the 0.5.23 environment (``SGLANG_VERSION=0.5.23 bash tests/engine/run.sh``), on the
+patched copy there: with T = 0 the patch must leave upstream's orders as they are. Both sides get the
 same queue, round after round: requests arrive (appended, as ``Scheduler._add_request_to_queue``
 does), prefixes enter the cache between rounds, retracted requests re-enter, the front of the
 queue is admitted. Each round ``calc_priority`` (real ``SchedulePolicy``, real ``RadixCache``,
@@ -56,9 +56,15 @@ class Pair:
     """SGLang's waiting list and tree cache beside the twin's WaitQueue and PrefixCache."""
 
     def __init__(self, order: str, seed: int) -> None:
-        set_global_server_args_for_scheduler(ServerArgs(
-            model_path="dummy", schedule_policy=SGLANG_NAME[order], device="cpu",
-            attention_backend="torch_native", disable_overlap_schedule=True))
+        set_global_server_args_for_scheduler(
+            ServerArgs(
+                model_path="dummy",
+                schedule_policy=SGLANG_NAME[order],
+                device="cpu",
+                attention_backend="torch_native",
+                disable_overlap_schedule=True,
+            )
+        )
         self.order = order
         self.tree = RadixCache.create_simulated()
         self.policy = SchedulePolicy(SGLANG_NAME[order], self.tree, False, False, False)
@@ -95,8 +101,9 @@ class Pair:
         """A request that decoded ``produced`` tokens and was retracted at ``now_s``."""
         seq = self.seq
         self.seq += 1
-        request = Request(f"q{seq}", "t", arrived_s, len(tokens), produced + 4,
-                          tuple(tokens), (1,) * len(tokens))
+        request = Request(
+            f"q{seq}", "t", arrived_s, len(tokens), produced + 4, tuple(tokens), (1,) * len(tokens)
+        )
         job = Job(request, seq)
         # what Engine._retract leaves in the job
         job.redo = produced
@@ -120,8 +127,12 @@ class Pair:
 
     def cache_prefix(self, tokens: list[int]) -> None:
         """A computed prefix enters both caches."""
-        self.tree.insert(InsertParams(key=RadixKey(token_ids=array("q", tokens), extra_key=None),
-                                      value=torch.empty(len(tokens), dtype=torch.bool)))
+        self.tree.insert(
+            InsertParams(
+                key=RadixKey(token_ids=array("q", tokens), extra_key=None),
+                value=torch.empty(len(tokens), dtype=torch.bool),
+            )
+        )
         self.cache.insert(tokens, (1,) * len(tokens))
 
     def round(self) -> tuple[list[str], list[str]]:
@@ -141,7 +152,8 @@ class Pair:
 def _check(pair: Pair, label: str) -> list[str]:
     sglang_order, twin_order = pair.round()
     assert twin_order == sglang_order, (
-        f"{pair.order} {label}: twin {twin_order[:12]}... vs SGLang {sglang_order[:12]}...")
+        f"{pair.order} {label}: twin {twin_order[:12]}... vs SGLang {sglang_order[:12]}..."
+    )
     return sglang_order
 
 
@@ -150,14 +162,14 @@ def test_shared_prefixes_deprioritised_and_rematched(order):
     """In-batch de-duplication, and a cache hit that lands after arrival re-sorts the queue."""
     pair = Pair(order, seed=1)
     doc = pair.fresh(400)
-    a = pair.arrive(doc + pair.fresh(100), 0.0)       # first with the document: checked, inserted
+    a = pair.arrive(doc + pair.fresh(100), 0.0)  # first with the document: checked, inserted
     b = pair.arrive(doc[:200] + pair.fresh(50), 0.1)  # shares 200 >= 32 with a: to the back
     c = pair.arrive(pair.fresh(300), 0.2)
     d = pair.arrive(doc[:20] + pair.fresh(600), 0.3)  # shares 20 < 32: not deprioritised
     first = _check(pair, "round 1")
     assert first[-1] == b.req.rid
     pair.admit(0, 500)
-    pair.cache_prefix(doc)                             # the document is now cached
+    pair.cache_prefix(doc)  # the document is now cached
     second = _check(pair, "round 2 (after the document is cached)")
     # a and b now hit the cache (400 and 200 cached > 32): neither is checked in the batch
     assert a.job.need == 100 and b.job.need == 50 and b.req.num_matched_prefix_tokens == 200
@@ -211,12 +223,19 @@ def test_random_queues_below_and_above_128(order, seed):
         burst = rng.choice((0, 2, 8, 40)) if rnd < 25 else rng.choice((0, 1))
         for _ in range(burst):
             now += rng.choice((0.0, 0.01, 0.5))
-            head = rng.choice(docs + [never_cached])[: rng.choice((10, 40, 1000))] \
-                if rng.random() < 0.6 else []
+            head = (
+                rng.choice(docs + [never_cached])[: rng.choice((10, 40, 1000))]
+                if rng.random() < 0.6
+                else []
+            )
             pair.arrive(head + pair.fresh(rng.randint(1, 3000)), now)
         if rng.random() < 0.2:
-            pair.retracted(never_cached[: rng.choice((10, 50, 300))] + pair.fresh(rng.randint(10, 500)),
-                           produced=rng.randint(1, 200), arrived_s=max(0.0, now - 3.0), now_s=now)
+            pair.retracted(
+                never_cached[: rng.choice((10, 50, 300))] + pair.fresh(rng.randint(10, 500)),
+                produced=rng.randint(1, 200),
+                arrived_s=max(0.0, now - 3.0),
+                now_s=now,
+            )
         if rng.random() < 0.3:
             pair.cache_prefix(rng.choice(docs))
         size = len(pair.waiting)

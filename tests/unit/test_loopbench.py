@@ -112,3 +112,25 @@ def test_agreement_is_live_auto_against_the_twins_loop() -> None:
     refused = loopbench.RunFigures("auto", "Auto", "stock", worst_whole=10.0, refused="lag")
     assert loopbench.agreement([refused], twin) is None
     assert loopbench.agreement([run_of("Off", 10.0)], twin) is None
+
+
+def test_agreement_uses_the_twins_loop_with_lives_canary_engine() -> None:
+    """The operator canaries the first pod by name, either engine at random; the twin's
+    loop run with the same canary engine is the one live is judged against."""
+    urls = ["http://127.1.0.9:30000", "http://127.1.0.3:30000"]
+    pods = {"bench-a": urls[0], "bench-b": urls[1]}
+    events = [{"reason": "QueueMixChanged", "message": "trying it on canary pod(s) bench-b for 15 s"},
+              {"reason": "CanaryStarted", "message": "0 -> 4096 (x): h 0.9; trying it on canary pod(s) bench-a, "
+                                                     "bench-b for 15 s"},
+              {"reason": "CanaryStarted", "message": "4096 -> 0: trying it on canary pod(s) bench-b for 15 s"},
+              {"reason": "CanaryStarted", "message": "trying it on canary pod(s) bench-gone for 15 s"}]  # fmt: skip
+    # the load's round robin runs over the sorted URLs: bench-b's is engine 0
+    assert loopbench.canary_engines(events, pods, urls) == [1, 0]
+    twin = {"whole": 8.0, "by_canary": [{"whole": 8.0}, {"whole": 12.0}]}
+    auto = run_of("Auto", 12.5)
+    auto.canary_engines = [1, 0]
+    got = loopbench.agreement([auto], twin)
+    assert got is not None and got["canary_engine"] == 1 and got["twin_s"] == 12.0 and got["within"]
+    auto.canary_engines = [0]
+    got = loopbench.agreement([auto], twin)
+    assert got is not None and got["twin_s"] == 8.0 and not got["within"]

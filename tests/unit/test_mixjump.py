@@ -106,7 +106,7 @@ def test_noise_around_a_steady_mix_does_not_fire() -> None:
 
 def test_a_mix_hovering_inside_the_band_fires_once() -> None:
     decided = (0.5, 0.5, 0.0, 0.0, 0.0)
-    near, far, back = (0.5, 0.0, 0.5, 0.0, 0.0), (0.0, 0.5, 0.5, 0.0, 0.0), (0.4, 0.6, 0.0, 0.0, 0.0)
+    near, far, back = (0.5, 0.1, 0.4, 0.0, 0.0), (0.0, 0.5, 0.5, 0.0, 0.0), (0.4, 0.6, 0.0, 0.0, 0.0)
     assert mixjump.EXIT < mixjump.distance(near, decided) < mixjump.ENTER <= mixjump.distance(far, decided)
     watch = mixjump.MixWatch(decided)
     fired = []

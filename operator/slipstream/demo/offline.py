@@ -144,8 +144,14 @@ def static(workload: Workload, name: str) -> Run:
 
 
 def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: float,
-                lset: LoopSettings = LoopSettings(), log: Callable[[str], None] | None = None) -> Run:
-    """The phases with the operator's tuner deciding every interval from ``offset_s`` on."""
+                lset: LoopSettings = LoopSettings(), log: Callable[[str], None] | None = None,
+                canary: int = 0) -> Run:  # fmt: skip
+    """The phases with the operator's tuner deciding every interval from ``offset_s`` on;
+    each Move starts on engine ``canary`` (its index in the round robin, ``split``) and
+    reaches the others an analysis window later. Which engine is the canary matters: the
+    operator canaries the first pod by name, which is either engine at random, and on the
+    demo's phases a canary on the engine that holds the phase's first giants rescues the
+    heterogeneous phase's tail an analysis window sooner than one on the other."""
     cfg = engine_config()
     profile = profiles.load(phases.PROFILE)
     spec = candidates.TuningSpec(8192, 1, 1, lset.max_concurrency, 2.0)
@@ -168,9 +174,8 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             moves.append((now, policy_name(decision.from_), policy_name(decision.to), decision.reason))
             if log:
                 log(f"{now:7.0f} [{phase}] Move {moves[-1][1]} -> {moves[-1][2]}: {decision.reason}")
-            schedules[0].append((now, decision.to))
-            for k in range(1, REPLICAS):
-                schedules[k].append((now + lset.analysis_s, decision.to))
+            for k in range(REPLICAS):
+                schedules[k].append((now if k == canary else now + lset.analysis_s, decision.to))
             rollout_until = now + lset.analysis_s
             state = state.stepped(decision.to, now)
             jobs = run_engines(per_engine, schedules, profile, cfg)

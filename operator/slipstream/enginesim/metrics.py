@@ -118,7 +118,7 @@ class EngineMetrics:
         self.arrivals.labels(**self.base, **labels).inc()
 
     def _known_at_zero(self, labels: dict[str, str]) -> None:
-        """Create a new tenant's per-request series at 0 on its first arrival.
+        """Create a new tenant's size-class series (the patch's) at 0 on its first arrival.
 
         Prometheus' ``increase`` counts only what changes between two scrapes of a series:
         a series that first appears holding 150,000 tokens adds nothing. Were the size-class
@@ -131,8 +131,8 @@ class EngineMetrics:
             return
         self._known.add(key)
         req = {**self.base, **labels}
-        for s in ("true", "false"):
-            self.ttft.labels(**req, is_streaming=s)
+        # SGLang's own families (the TTFT histogram) are left as upstream makes them, at
+        # their first observation: the simulator must not hide what a real engine shows.
         for name in names.SIZE_CLASS_NAMES:
             cls = {**req, names.SIZE_CLASS_LABEL: name}
             self.ttft_by_class.labels(**cls)

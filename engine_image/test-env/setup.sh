@@ -12,7 +12,9 @@
 #   bin/python                 the interpreter (pristine sglang <version> in its site-packages)
 #   patched-<patch hash>/      a copy of the installed sglang package with
 #                              engine_image/patches/sglang-<version>-long-prefill.patch applied
-#   patched -> patched-<hash>  the copy for the current patch
+#   patched -> patched-<hash>  the copy for the patch last set up (tests/engine/run.sh
+#                              reads patched-<hash of its own patch> instead, so checkouts
+#                              with different patches do not test each other's)
 # A version with no patch file (both 0.5.18 and 0.5.23 have one) gets a pristine-only
 # environment: the patch step is skipped (said on stderr) and there is no patched/ link.
 # Progress goes to stderr. A patch that does not apply fails the script (exit 1).
@@ -101,10 +103,12 @@ else
     fi
     touch "$patched.tmp/.applied"
     mv "$patched.tmp" "$patched"
-    # Copies made for earlier versions of the patch are no longer used.
-    for old in "$env_dir"/patched-*; do
-        [[ "$old" == "$patched" || ! -d "$old" ]] || rm -rf "$old"
-    done
 fi
-ln -sfn "$patched" "$env_dir/patched"
+touch "$patched/.applied"  # last use: copies of other patches are kept while in use
+# Copies of other versions of the patch (older commits, other worktrees) unused for a day.
+# A run reads its own copy by hash (tests/engine/run.sh), never through the link, so two
+# checkouts with different patches can test side by side.
+find "$env_dir" -maxdepth 2 -path "$env_dir/patched-*/.applied" -mmin +1440 -printf '%h\n' \
+    | while read -r old; do [[ "$old" == "$patched" ]] || rm -rf "$old"; done
+ln -sfn "$patched" "$env_dir/patched.tmp-link-$$" && mv -T "$env_dir/patched.tmp-link-$$" "$env_dir/patched"
 echo "$env_dir"

@@ -128,6 +128,9 @@ def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
                    help="most concurrent prefills the tuner may choose (default 8)")
     g.add_argument("--ttft-target", type=float, default=2.0, metavar="S",
                    help="p99 TTFT target of every tenant, seconds (default 2)")
+    g.add_argument("--orders", default=",".join(policies.ORDERS), metavar="LIST",
+                   help="admission orders the tuner may choose, comma-separated (default "
+                   "%(default)s, spec.tuning.orders' default; SGLang 0.5.23 adds spf and hrrn)")
 
 
 def description() -> str:
@@ -353,8 +356,10 @@ def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
                    interval_s: float | None = None, cooldown_s: float | None = None) -> TunerSettings:
     """The tuner's settings from the command line (the spec's fields, as flags)."""
     try:
+        orders = tuple(dict.fromkeys(policies.Setting(0, order=o.strip()).order
+                                     for o in args.orders.split(",") if o.strip()))
         spec = TuningSpec(config.chunked_prefill_size, config.page_size, args.min_concurrency,
-                          args.max_concurrency, args.ttft_target)
+                          args.max_concurrency, args.ttft_target, orders=orders)
         timing = {k: v for k, v in (("interval_s", interval_s), ("cooldown_s", cooldown_s)) if v is not None}
         guard = GuardrailSettings(**timing)
     except ValueError as exc:

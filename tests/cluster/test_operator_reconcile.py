@@ -504,6 +504,9 @@ INVALID = [
     ("list as text", {"engine": {"extraArgs": "--disable-cuda-graph"}}, "spec.engine.extraArgs"),
     ("no image", {"engine": {"image": None}}, "spec.engine.image"),
     ("unknown field", {"engine": {"imagee": "typo"}}, "spec.engine.imagee"),
+    ("0.5.23's order on 0.5.18", {"engine": {"version": "0.5.18"}, "tuning": {"schedulePolicy": "hrrn"}}, "spec.tuning.schedulePolicy hrrn and shortest-prefill-first are SGLang 0.5.23's orders"),
+    ("0.5.23's orders to tune on 0.5.18", {"engine": {"version": "0.5.18"}, "tuning": {"orders": ["srpt", "shortest-prefill-first"]}}, "spec.tuning.orders: hrrn and shortest-prefill-first are SGLang 0.5.23's orders"),
+    ("unpatched release", {"engine": {"version": "0.5.24"}}, "spec.engine.version"),
 ]
 
 

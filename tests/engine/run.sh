@@ -13,8 +13,10 @@ env_dir="$(bash "$repo/engine_image/test-env/setup.sh")"
 export SLIPSTREAM_ENGINE_ENV="$env_dir"
 export SLIPSTREAM_SGLANG_VERSION="$SGLANG_VERSION"
 export PYTHONDONTWRITEBYTECODE=1
-if [[ -d "$env_dir/patched" ]]; then
-    export SLIPSTREAM_PATCHED_SGLANG="$env_dir/patched"
+patch_file="$repo/engine_image/patches/sglang-$SGLANG_VERSION-long-prefill.patch"
+if [[ -f "$patch_file" ]]; then
+    # This checkout's own copy (setup.sh names it by the patch's hash), not the shared link.
+    export SLIPSTREAM_PATCHED_SGLANG="$env_dir/patched-$(sha256sum "$patch_file" | cut -c1-16)"
     echo "==> [engine-test] sglang $SGLANG_VERSION: $env_dir/bin/python -m pytest tests/engine (patched sglang: $SLIPSTREAM_PATCHED_SGLANG)" >&2
 else
     unset SLIPSTREAM_PATCHED_SGLANG

@@ -1,6 +1,7 @@
-"""The image: the Dockerfile applies our 0.5.18 patch file (the image is built on sglang
-0.5.18 today, whichever environment runs this), and the patch of the environment's version
-applies cleanly to its pristine sglang source (docker cannot run here)."""
+"""The image: the Dockerfile builds the release its SGLANG_VERSION build arg names (the
+newest by default) on that release's official image with that release's patch file, and
+the patch of the environment's version applies cleanly to its pristine sglang source
+(docker cannot run here)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 from conftest import REPO, VERSION
 
 PATCH = REPO / f"engine_image/patches/sglang-{VERSION}-long-prefill.patch"
-IMAGE_PATCH = REPO / "engine_image/patches/sglang-0.5.18-long-prefill.patch"
 DOCKERFILE = REPO / "engine_image/Dockerfile"
 
 
@@ -32,14 +32,19 @@ def pristine_sglang_dir() -> Path:
 
 def test_dockerfile_uses_the_official_image_and_our_patch():
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM lmsysorg/sglang:v0\.5\.18\s*$", text, re.M)
+    default = re.search(r"^ARG SGLANG_VERSION=(\S+)$", text, re.M)
+    assert default and default.group(1) == "0.5.23", "the default build is the newest release"
+    assert re.search(r"^FROM lmsysorg/sglang:v\$\{SGLANG_VERSION\}\s*$", text, re.M)
     copied = re.search(r"^COPY (\S+) (\S+)$", text, re.M)
-    assert copied, "the Dockerfile must COPY the patch"
-    # Build context is engine_image/: the COPY source is the same file the tests apply.
-    assert (REPO / "engine_image" / copied.group(1)).resolve() == IMAGE_PATCH.resolve()
-    assert re.search(
-        rf"patch -p1 --forward --batch -d \"\$root\" < {re.escape(copied.group(2))}", text
-    )
+    assert copied, "the Dockerfile must COPY the patches"
+    # Build context is engine_image/: the COPY source holds the same file the tests apply,
+    # and the RUN step patches with the file of the release the build arg names.
+    assert PATCH.resolve() in {p.resolve() for p in (REPO / "engine_image").glob(copied.group(1))}
+    named = re.search(r'patch_file="(\S+)"', text)
+    assert named, "the RUN step names the patch file by the build arg"
+    image_patch = named.group(1).replace("${SGLANG_VERSION}", VERSION)
+    assert image_patch == copied.group(2).rstrip("/") + "/" + PATCH.name
+    assert 'patch -p1 --forward --batch -d "$root" < "$patch_file"' in text
     assert "set -eux" in text  # a failing patch fails the build
 
 

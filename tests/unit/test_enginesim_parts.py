@@ -93,8 +93,17 @@ def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) 
         parse("--admin-api-key-file", str(key))
     with pytest.raises(flags.FlagError, match="--time-scale"):
         parse("--time-scale", "0")
-    with pytest.raises(flags.FlagError, match="not modelled by the twin"):
+    with pytest.raises(flags.FlagError, match="not an order of SGLang 0.5.23"):
         parse("--schedule-policy", "lof")
+    # The release decides the orders: 0.5.23's own are refused on 0.5.18, at start and at run time.
+    assert parse("--schedule-policy", "hrrn").sglang_version == "0.5.23"
+    with pytest.raises(flags.FlagError, match="not an order of SGLang 0.5.18"):
+        parse("--schedule-policy", "shortest-prefill-first", "--sglang-version", "0.5.18")
+    assert parse(env={flags.SIM_VERSION_ENV: "0.5.18"}).sglang_version == "0.5.18"
+    with pytest.raises(flags.FlagError, match="--sglang-version"):
+        parse("--sglang-version", "latest")
+    assert "0.5.18" in (flags.policy_error("hrrn", "0.5.18") or "")
+    assert flags.policy_error("hrrn", "0.5.23") is None
     env = {"T": "2048", "MODE": "floor"}
     assert flags.expand_env(["--long-prefill-token-threshold", "$(T)", "--x=$(MODE)-$(UNSET)", "$$(T)"],
                             env) == ["--long-prefill-token-threshold", "2048", "--x=floor-$(UNSET)", "$(T)"]

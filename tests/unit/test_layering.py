@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "observe": {"api", "engine"},
     "tune": {"api", "sim"},
     "rollout": {"api", "engine", "tune"},
-    "enginesim": {"sim", "engine"},
+    "enginesim": {"sim", "engine", "api"},
     "controller": {"api", "engine", "observe", "tune", "rollout", "sim"},
 }
 """Stage -> the other stages it may import (its own modules always)."""

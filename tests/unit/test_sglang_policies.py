@@ -281,3 +281,38 @@ def test_spf_cap_counts_the_chunk_against_max_prefill_tokens():
     # M = 7900 leaves 108: a leaves 8 > 0, b is admitted and spends it
     assert spf_allocate(AdmissionRule(8192, max_prefill_tokens=7900), partial, waiting) == {
         "long": 7792, "a": 100, "b": 300}
+
+
+def test_spf_with_t_caps_each_partial_by_t_and_by_its_own_limit_in_turn():
+    # The 0.5.23 patch: each partial in turn takes min(need, T, budget left, spf limit
+    # against the waiting queue with the budget left). T = 4096, waiting 100 + 300 = 400.
+    rule = AdmissionRule(8192, 4096, "ceiling")
+    partials = [Candidate("p1", 20_000), Candidate("p2", 20_000)]
+    waiting = [Candidate("a", 100), Candidate("b", 300)]
+    # p1: min(4096, 8192 - 400 = 7792) = 4096; p2: budget left 4096, limit 4096 - 400 = 3696;
+    # then a and b fit in the 400 left.
+    assert spf_allocate(rule, partials, waiting) == {"p1": 4096, "p2": 3696, "a": 100, "b": 300}
+    # Without the cap (fcfs/ceiling), p2 takes all that is left and a, b wait.
+    assert allocate(rule, partials, waiting) == {"p1": 4096, "p2": 4096}
+
+
+@pytest.mark.parametrize("name, expect", [
+    ("ceiling:4096/spf", ("ceiling:4096/spf", 4096, "spf", spf_allocate)),
+    ("floor:2048/hrrn", ("floor:2048/hrrn", 2048, "hrrn", allocate)),
+    ("stock/spf", ("stock/spf", 0, "spf", spf_allocate)),
+])
+def test_sglang_orders_compose_with_any_kind(name, expect):
+    p = policies.parse(name, CFG)
+    assert (p.name, p.rule.threshold, p.order, p.allocator) == expect
+
+
+def test_a_hot_switch_to_and_from_spf_changes_the_split():
+    p = policies.parse("ceiling:4096", CFG)
+    p.apply(policies.Setting(4096, "ceiling", "shortest-prefill-first"))  # SGLang's name
+    assert (p.order, p.allocator) == ("spf", spf_allocate)
+    p.apply(policies.Setting(4096, "ceiling", "hrrn"))
+    assert (p.order, p.allocator) == ("hrrn", allocate)
+    with pytest.raises(ValueError, match="order must be one of"):
+        p.apply(policies.Setting(4096, "ceiling", "lifo"))
+    assert policies.engine_order("spf") == "shortest-prefill-first"
+    assert policies.engine_order("srpt") == "srpt"

@@ -40,8 +40,11 @@ TuningMode = Literal["Auto", "Recommend", "Fixed", "Off"]
 EngineMode = Literal["ceiling", "floor"]
 """ceiling: no request takes more than T a round; floor: each long request is guaranteed T
 a round and expands into idle budget."""
-SchedulePolicy = Literal["fcfs", "lpm", "srpt"]
-"""Admission order of waiting requests (srpt: shortest remaining uncached prefill first)."""
+SchedulePolicy = Literal["fcfs", "lpm", "srpt", "hrrn", "shortest-prefill-first"]
+"""Admission order of waiting requests (srpt: shortest remaining uncached prefill first, the
+patch's; hrrn and shortest-prefill-first: SGLang 0.5.23's own, so 0.5.23 only)."""
+EngineVersion = Literal["0.5.18", "0.5.23"]
+"""The SGLang releases Slipstream has a patch for (`slipstream.api.versions.PATCHED`)."""
 DeploymentPhase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?$"
@@ -286,8 +289,15 @@ class EngineSpec(Model):
 
     image: str = Field(
         min_length=1, max_length=1024, pattern=r"^\S(.*\S)?$",
-        description="Image of the patched engine (no leading or trailing space).",
+        description="Image of the patched engine (no leading or trailing space), built from "
+        "engine_image/Dockerfile for spec.engine.version (tag slipstream-engine:<version>).",
     )  # fmt: skip
+    version: EngineVersion = Field(
+        default="0.5.23",
+        description="The SGLang release the image holds (0.5.18 or 0.5.23; default the newest). "
+        "The operator offers it only the settings its patch supports (hrrn and "
+        "shortest-prefill-first need 0.5.23) and tunes only engines that report this release.",
+    )
     model: str = Field(
         min_length=1, max_length=1024, description="Model path or Hugging Face id (--model-path)."
     )
@@ -419,6 +429,15 @@ class Tuning(Model):
     schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
     min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T) Auto may choose.")
     max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T) Auto may choose.")
+    orders: list[SchedulePolicy] = Field(
+        default_factory=lambda: ["fcfs", "lpm", "srpt"],
+        min_length=1,
+        max_length=5,
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="Admission orders Auto and Recommend may choose (--schedule-policy). Default fcfs, "
+        "lpm, srpt (both releases run them); on 0.5.23 add hrrn and shortest-prefill-first to let the "
+        "tuner choose SGLang's own orders too, with or without a threshold.",
+    )
     interval_seconds: int = Field(
         default=60,
         ge=10,
@@ -488,6 +507,22 @@ class ServingDeploymentSpec(Model):
             "spec.prometheus.url is required when spec.tuning.mode is Auto or Recommend: set it "
             "to your Prometheus, or choose mode Fixed or Off",
             lambda s: s.tuning.mode not in ("Auto", "Recommend") or s.prometheus.url is not None,
+        ),
+        CelRule(
+            "!(self.tuning.schedulePolicy in ['hrrn', 'shortest-prefill-first']) "
+            "|| self.engine.version != '0.5.18'",
+            "spec.tuning.schedulePolicy hrrn and shortest-prefill-first are SGLang 0.5.23's orders: "
+            "set spec.engine.version 0.5.23 (with a 0.5.23 image) or choose fcfs, lpm or srpt",
+            lambda s: s.tuning.schedule_policy not in ("hrrn", "shortest-prefill-first")
+            or s.engine.version != "0.5.18",
+        ),
+        CelRule(
+            "self.engine.version != '0.5.18' "
+            "|| self.tuning.orders.all(o, !(o in ['hrrn', 'shortest-prefill-first']))",
+            "spec.tuning.orders: hrrn and shortest-prefill-first are SGLang 0.5.23's orders: set "
+            "spec.engine.version 0.5.23 (with a 0.5.23 image) or list only fcfs, lpm and srpt",
+            lambda s: s.engine.version != "0.5.18"
+            or not {"hrrn", "shortest-prefill-first"} & set(s.tuning.orders),
         ),
         CelRule(
             "self.tuning.mode != 'Auto' || self.tuning.rollout.canaryReplicas <= self.replicas",

@@ -292,7 +292,6 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
                  "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),
                  recommendation.reason[:300])  # fmt: skip
-    target = tuning.target(sd, recommendation)
     pol = tuning.policy(sd, config)
 
     items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
@@ -315,6 +314,8 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
          else p for p in views),
         key=lambda p: p.name,
     )  # fmt: skip
+    problem = tuning.engine_problem(sd, views)
+    target = tuning.target(sd, recommendation, problem)
     # The machine's clock is read when the pods were read, not when the step began: the
     # observe stage (a twin run queued on the tuner pool) may have taken seconds, and a
     # phase's clock (the analysis window) must start when the pods reported, not before.
@@ -349,9 +350,9 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)
     remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
     current = [remembered.pop(c.type, c) for c in sd.status.conditions] + list(remembered.values())
-    conds = tuning.conditions(sd, current, decision, views, snap, stamp, recommendation)
+    conds = tuning.conditions(sd, current, decision, views, snap, stamp, recommendation, problem)
     events += tuning.new_warnings(before, conds)
-    if (event := tuning.recommended_event(sd, decision.fleet, recommendation)) is not None:
+    if (event := tuning.recommended_event(sd, decision.fleet, recommendation, problem)) is not None:
         events.append(event)
     patch = tuning.status_patch(sd, decision, conds, snap, recommendation, started, stamp)
     if status.runs_nothing(conds, bool(items)):

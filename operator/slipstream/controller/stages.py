@@ -135,12 +135,8 @@ def latency_for(
     return latency
 
 
-def engine_setting(s: policies.Setting) -> models.EngineSetting:
-    return models.EngineSetting.model_validate({"threshold": s.threshold, "mode": s.mode, "schedulePolicy": s.order})
-
-
-def twin_setting(s: models.EngineSetting) -> policies.Setting:
-    return policies.Setting(s.threshold, s.mode, s.schedule_policy)
+engine_setting = tune_deployment.engine_setting
+twin_setting = tune_deployment.setting_of
 
 
 def in_engine_time(snap: snapshot.WorkloadSnapshot, scale: float) -> snapshot.WorkloadSnapshot:

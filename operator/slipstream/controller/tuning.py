@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from slipstream.api import models, snapshot
+from slipstream.api import models, snapshot, versions
 from slipstream.controller import objects, status
 from slipstream.controller import settings as settings_
 from slipstream.engine import args as engine_args
@@ -24,12 +24,15 @@ from slipstream.tune import modelcheck
 METRICS_AVAILABLE = "MetricsAvailable"
 ROLLOUT_PROGRESSING = "RolloutProgressing"
 ENGINES_IN_SYNC = "EnginesInSync"
-CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC)
+ENGINE_SUPPORTED = "EngineSupported"
+"""Whether every engine reports the patched release spec.engine.version names (modes that
+observe only): False holds Auto to recommending (`api.versions.problem`)."""
+CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC, ENGINE_SUPPORTED)
 
 PODS_UNREACHABLE = "PodsUnreachable"
 PODS_OFF_SETTING = "PodsOnOtherSetting"
 
-WARN_ON_FALSE = {METRICS_AVAILABLE: None, ENGINES_IN_SYNC: {PODS_UNREACHABLE}}
+WARN_ON_FALSE = {METRICS_AVAILABLE: None, ENGINES_IN_SYNC: {PODS_UNREACHABLE}, ENGINE_SUPPORTED: None}
 """Condition -> the False reasons that are a Warning (None: all). A pod on another setting
 is corrected at once (a Normal StalePodCorrected Event), not a problem to warn about."""
 
@@ -78,11 +81,25 @@ spec_setting = objects.spec_setting
 fleet_setting = objects.current_setting
 
 
-def target(sd: models.ServingDeployment, recommendation: Recommendation | None) -> machine.RolloutTarget | None:
-    """The setting the fleet should run; None: hold what it runs (Auto without a move)."""
+def engine_problem(sd: models.ServingDeployment, pods: Sequence[machine.Pod]) -> tuple[str, str] | None:
+    """(reason, message) when the engines may not be tuned: a pod reports a release with no
+    patch, or another release than spec.engine.version (`api.versions.problem`)."""
+    return versions.problem(sd.spec.engine.version, [(p.name, p.version) for p in pods if p.setting is not None])
+
+
+def only_recommends(sd: models.ServingDeployment, problem: tuple[str, str] | None) -> bool:
+    """Whether this step reports its recommendation without applying it: mode Recommend, or
+    Auto on engines it may not tune."""
+    return sd.spec.tuning.mode == "Recommend" or (sd.spec.tuning.mode == "Auto" and problem is not None)
+
+
+def target(sd: models.ServingDeployment, recommendation: Recommendation | None,
+           problem: tuple[str, str] | None = None) -> machine.RolloutTarget | None:
+    """The setting the fleet should run; None: hold what it runs (Auto without a move, or
+    Auto on engines it may not tune: `engine_problem`)."""
     tuning = sd.spec.tuning
     if tuning.mode == "Auto":
-        if recommendation is None or not recommendation.move:
+        if recommendation is None or not recommendation.move or problem is not None:
             return None
         proven = tuple(e.setting for e in sd.status.left_settings)
         return machine.RolloutTarget(recommendation.setting, recommendation.reason, canary=True, gain=recommendation.gain,
@@ -133,12 +150,23 @@ def conditions(
     snap: snapshot.WorkloadSnapshot | None,
     now: str,
     recommendation: Recommendation | None = None,
+    problem: tuple[str, str] | None = None,
 ) -> list[models.Condition]:
-    """`current` with the three tuning conditions set from this step. A valid window the
+    """`current` with the tuning conditions set from this step. A valid window the
     twin does not explain is `MetricsAvailable=False`, reason `ModelMismatch`: the metrics
-    are there, but nothing may be decided on them."""
+    are there, but nothing may be decided on them. `EngineSupported` (modes that observe)
+    is False with `problem`'s reason while the engines may not be tuned."""
     gen = sd.metadata.generation
     out = list(current)
+    if not observes(sd):
+        out = [c for c in out if c.type != ENGINE_SUPPORTED]
+    elif problem is not None:
+        out = status.set_condition(out, ENGINE_SUPPORTED, False, problem[0], problem[1], gen, now)
+    elif any(p.setting is not None for p in pods):
+        releases = sorted({versions.release(p.version) or sd.spec.engine.version for p in pods if p.setting is not None})
+        out = status.set_condition(out, ENGINE_SUPPORTED, True, "PatchedVersion",
+                                   f"the engines run SGLang {', '.join(releases)}, which Slipstream's patch supports",
+                                   gen, now)  # fmt: skip
     if snap is not None:
         if snap.valid and recommendation is not None and recommendation.model_mismatch:
             out = status.set_condition(out, METRICS_AVAILABLE, False, MODEL_MISMATCH, recommendation.model_mismatch,
@@ -256,12 +284,15 @@ def status_patch(
 
 
 def recommended_event(
-    sd: models.ServingDeployment, fleet: models.EngineSetting, recommendation: Recommendation | None
+    sd: models.ServingDeployment, fleet: models.EngineSetting, recommendation: Recommendation | None,
+    problem: tuple[str, str] | None = None,
 ) -> machine.Event | None:
-    """In Recommend, an Event when the tuner's choice changes (and differs from the fleet's)."""
-    if sd.spec.tuning.mode != "Recommend" or recommendation is None:
+    """When the step only recommends (`only_recommends`), an Event when the tuner's choice
+    changes (and differs from the fleet's)."""
+    if not only_recommends(sd, problem) or recommendation is None:
         return None
     if recommendation.setting == sd.status.recommendation or recommendation.setting == fleet:
         return None
     change = machine.describe_change(fleet, recommendation.setting, sd.spec.engine.chunked_prefill_size)
-    return machine.Event("Normal", "Recommended", f"{change}: {recommendation.reason} (mode Recommend: not applied)")
+    why = "mode Recommend" if sd.spec.tuning.mode == "Recommend" else f"{problem[0] if problem else 'held'}"
+    return machine.Event("Normal", "Recommended", f"{change}: {recommendation.reason} ({why}: not applied)")

@@ -50,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slipstream.demo import loop, phases
 from slipstream.enginesim import metrics as sim_metrics
 from slipstream.localkube import podrunner
+from slipstream.sim import policies
 from slipstream.sim import spec as spec_mod
 from slipstream.sim.workload import Request, Workload, build
 
@@ -109,14 +110,16 @@ class RunFigures:
 
 def setting_fields(name: str) -> dict[str, Any]:
     """The tuning fields of a policy name: ``ceiling:4096/srpt`` -> threshold 4096, engineMode
-    ceiling, schedulePolicy srpt; ``stock`` and ``stock/srpt`` have threshold 0."""
+    ceiling, schedulePolicy srpt; ``stock`` and ``stock/srpt`` have threshold 0; the twin's
+    ``spf`` is SGLang's ``shortest-prefill-first``."""
     head, _, order = name.partition("/")
+    order = policies.engine_order(order or "fcfs")
     if head == "stock":
-        return {"threshold": 0, "engineMode": "ceiling", "schedulePolicy": order or "fcfs"}
+        return {"threshold": 0, "engineMode": "ceiling", "schedulePolicy": order}
     mode, _, threshold = head.partition(":")
     if mode not in ("ceiling", "floor") or not threshold.isdigit():
         raise ValueError(f"setting {name!r}: expected stock[/ORDER] or ceiling|floor:T[/ORDER]")
-    return {"threshold": int(threshold), "engineMode": mode, "schedulePolicy": order or "fcfs"}
+    return {"threshold": int(threshold), "engineMode": mode, "schedulePolicy": order}
 
 
 def load_phases(path: str | Path) -> tuple[Workload, list[phases.Phase]]:

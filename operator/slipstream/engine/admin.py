@@ -70,6 +70,13 @@ def setting_of(server_info: dict[str, Any]) -> models.EngineSetting:
         raise BadAnswer(f"server info holds no usable setting: {str(exc)[:300]}") from None
 
 
+def version_of(server_info: dict[str, Any]) -> str:
+    """The SGLang version an engine reports (``version``, SGLang's ``__version__``), "" when
+    it reports none or something that is not a short string."""
+    version = server_info.get("version")
+    return version.strip()[:64] if isinstance(version, str) else ""
+
+
 @dataclass(frozen=True)
 class AdminClient:
     """One engine pod, e.g. `AdminClient("http://10.0.0.7:30000", api_key)`."""

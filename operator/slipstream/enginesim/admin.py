@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from slipstream.api import versions
 from slipstream.enginesim import flags
 from slipstream.enginesim.bodies import BodyError
 
@@ -54,7 +55,7 @@ def server_args_of(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def apply_updates(live: Live, updates: dict[str, Any], chunked_prefill_size: int,
-                  page_size: int) -> tuple[Live, str | None]:
+                  page_size: int, version: str = versions.NEWEST) -> tuple[Live, str | None]:
     """The settings after ``updates``, or the unchanged settings and the refusal's reason."""
     others = [k for k in updates if k not in LONG_PREFILL_KEYS]
     if others:
@@ -72,7 +73,7 @@ def apply_updates(live: Live, updates: dict[str, Any], chunked_prefill_size: int
     if err is None and "long_prefill_mode" in updates:
         err = flags.mode_error(updates["long_prefill_mode"])
     if err is None and "schedule_policy" in updates:
-        err = flags.policy_error(updates["schedule_policy"])
+        err = flags.policy_error(updates["schedule_policy"], version)
     if err is not None:
         return live, err
     return Live(int(threshold), updates.get("long_prefill_mode", live.mode),
@@ -143,7 +144,7 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         **redacted_secrets(cfg),
         **state,
         "internal_states": [{**state, **redacted_secrets(cfg)}],
-        "version": "0.5.18+slipstream-engine-sim",
+        "version": f"{cfg.sglang_version}+slipstream-engine-sim",
         "engine_sim": extra,
     }
     return info

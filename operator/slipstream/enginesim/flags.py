@@ -16,13 +16,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from slipstream.api import versions
 from slipstream.engine import args as engine_args
 from slipstream.engine import metrics as engine_metrics
 from slipstream.sim import admission
 
 DEFAULT_PROFILE = "kimi-k3-8xh200"
-SCHEDULE_POLICIES = ("fcfs", "lpm", "srpt")
-"""Admission orders the twin models (the patch switches among these at run time)."""
+SCHEDULE_POLICIES = versions.orders(versions.NEWEST)
+"""Admission orders the twin models, the newest release's (at start and at run time)."""
+SIM_VERSION_ENV = "SLIPSTREAM_SIM_SGLANG_VERSION"
+"""Environment variable naming the SGLang release the simulator reports (``--sglang-version``)."""
+
+
+def policies_of(version: str) -> tuple[str, ...]:
+    """The orders an engine of ``version`` runs: its patch's, or the newest release's for a
+    release with no patch (the simulator still models the patched scheduler)."""
+    return versions.PATCHED.get(versions.release(version), SCHEDULE_POLICIES)
 MODES = ("ceiling", "floor")
 DEFAULT_MAX_PARTIAL_PREFILLS = 8
 """The patch's ``--max-partial-prefills`` default (INTERFACES B)."""
@@ -74,6 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     own.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                      help="twin seconds per wall second (default %(default)s)")
     own.add_argument("--pod-name", default="", help="name used in log lines")
+    own.add_argument("--sglang-version", default=None, metavar="X.Y.Z",
+                     help=f"SGLang release reported in /get_server_info and whose orders are "
+                          f"accepted (default env {SIM_VERSION_ENV}, else {versions.NEWEST})")
     own.add_argument("--cache-tokens", type=int, default=None,
                      help="prefix-cache capacity in tokens (default: the twin's)")
 
@@ -101,6 +113,7 @@ class SimConfig:
     pod_name: str
     cache_tokens: int | None = None
     admin_api_key_file: str | None = None
+    sglang_version: str = versions.NEWEST
     context_length: int | None = None
     max_total_tokens: int | None = None
 
@@ -134,10 +147,11 @@ def mode_error(value: object) -> str | None:
     return None
 
 
-def policy_error(value: object) -> str | None:
-    if value not in SCHEDULE_POLICIES:
+def policy_error(value: object, version: str = versions.NEWEST) -> str | None:
+    allowed = policies_of(version)
+    if value not in allowed:
         return (f"schedule_policy can be switched at run time among "
-                f"{list(SCHEDULE_POLICIES)}, got {value!r}")
+                f"{list(allowed)} (SGLang {version}), got {value!r}")
     return None
 
 
@@ -182,9 +196,13 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
                 max_partials_error(ns.max_partial_prefills)):
         if err:
             raise FlagError(err)
-    if ns.schedule_policy not in SCHEDULE_POLICIES:
-        raise FlagError(f"--schedule-policy {ns.schedule_policy!r} is not modelled by the twin: "
-                        f"use one of {', '.join(SCHEDULE_POLICIES)}")
+    env = os.environ if environ is None else environ
+    sglang_version = (getattr(ns, "sglang_version", None) or env.get(SIM_VERSION_ENV) or versions.NEWEST).strip()
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+){1,3}", sglang_version):
+        raise FlagError(f"--sglang-version must be a release like {versions.NEWEST}, got {sglang_version!r}")
+    if ns.schedule_policy not in policies_of(sglang_version):
+        raise FlagError(f"--schedule-policy {ns.schedule_policy!r} is not an order of SGLang "
+                        f"{sglang_version}: use one of {', '.join(policies_of(sglang_version))}")
     if not (ns.srpt_aging_tokens_per_s > 0 and math.isfinite(ns.srpt_aging_tokens_per_s)):
         raise FlagError(f"srpt_aging_tokens_per_s must be > 0, got {ns.srpt_aging_tokens_per_s!r}")
     if not (ns.time_scale > 0 and math.isfinite(ns.time_scale)):
@@ -218,6 +236,7 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
         enable_metrics=bool(ns.enable_metrics),
         profile=ns.profile,
         time_scale=float(ns.time_scale),
+        sglang_version=sglang_version,
         pod_name=ns.pod_name,
         cache_tokens=ns.cache_tokens,
         admin_api_key_file=ns.admin_api_key_file,

@@ -155,7 +155,7 @@ class SimPod:
     def set_state(self, updates: dict[str, object]) -> str | None:
         """/set_internal_state: the refusal's reason, or None once applied to the twin."""
         live, reason = admin.apply_updates(self.live, updates, self.cfg.chunked_prefill_size,
-                                           self.cfg.page_size)
+                                           self.cfg.page_size, self.cfg.sglang_version)
         if reason is None:
             d = self.driver
             d.advance(self.clock.now())

@@ -37,7 +37,8 @@ def failure(error: BaseException) -> str:
 
 async def read_one(name: str, client: admin.AdminClient) -> machine.Pod:
     try:
-        return machine.Pod(name, admin.setting_of(await client.get_server_info()))
+        info = await client.get_server_info()
+        return machine.Pod(name, admin.setting_of(info), version=admin.version_of(info))
     except Exception as error:  # every failure is data for the machine
         return machine.Pod(name, None, f"reading its setting failed: {failure(error)}")
 

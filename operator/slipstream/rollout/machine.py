@@ -66,6 +66,8 @@ class Pod:
     """What it reports it runs; None when the read failed."""
     error: str = ""
     """Why the read failed, or why the last change of this pod failed (for messages)."""
+    version: str = ""
+    """The SGLang version it reports (``version`` in /get_server_info); "" if none."""
 
 
 @dataclass(frozen=True)

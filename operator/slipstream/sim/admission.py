@@ -55,7 +55,7 @@ bound of ``srpt_key``), never because of memory.
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -155,6 +155,7 @@ def allocate(
     kv_free: int | None = None,
     max_partials: int | None = None,
     partial_rids: Collection[str] = (),
+    chunk_limit: Callable[[HasNeed, int], int | None] | None = None,
 ) -> dict[str, int]:
     """Tokens each request prefills this round (requests given nothing are absent).
 
@@ -167,7 +168,10 @@ def allocate(
     None = unbounded. ``partial_rids``: the rids in ``waiting`` that are partial prefills
     in progress (srpt in ceiling mode, where the caller merges them into one order).
     A candidate may carry ``out_reserve`` (KV tokens charged for its output when its
-    prefill finishes, SGLang's clipped ``max_new_tokens``); absent = 0.
+    prefill finishes, SGLang's clipped ``max_new_tokens``); absent = 0. ``chunk_limit``
+    (partial, budget left) -> a further cap on that partial's chunk, or None: SGLang 0.5.23's
+    shortest-prefill-first cap, which the patch composes with T for each partial in turn
+    (``policies.spf_allocate``); the floor mode's expansion is not capped by it.
     """
     page = rule.page_size
     rem = rule.chunked_prefill_size if budget is None else budget
@@ -197,6 +201,8 @@ def allocate(
     def serve_partial(c: HasNeed) -> int:
         nonlocal reserve, unfinished
         take = min(c.need, cap, rem)
+        if chunk_limit is not None and (limit := chunk_limit(c, rem)) is not None:
+            take = min(take, limit)
         if take < c.need:
             take = take // page * page
         if take > 0:

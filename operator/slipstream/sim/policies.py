@@ -20,7 +20,7 @@
 |             | waiting measured in prefill tokens processed since arrival                 |
 | auto        | T, mode and order set between rounds by a controller (the tuner)           |
 
-The order (``/fcfs`` default, ``/lpm``, ``/srpt``) is a second dimension of every kind
+The order (``/fcfs`` default, ``/lpm``, ``/srpt``, and 0.5.23's ``/spf`` and ``/hrrn``) is a second dimension of every kind
 except ``sglang-spf`` and ``hrrn``, which are orders of their own (stock's allocation
 otherwise). Each kind is a small factory in ``REGISTRY``; a policy is plain settings the
 engine reads every round, so ``auto`` (and the tuner) can change them between rounds.
@@ -75,9 +75,10 @@ from slipstream.sim.admission import (
 )
 
 ORDERS = ("fcfs", "lpm", "srpt")
-"""Orders a user may put after any kind (``/srpt``) and the tuner may set."""
+"""Orders every patched release runs (0.5.18 and 0.5.23): the tuner's default choice."""
 QUEUE_ORDERS = (*ORDERS, "spf", "hrrn")
-"""Every order the waiting queue knows: SGLang 0.5.23's two belong to their own kinds."""
+"""Every order the waiting queue knows, and a user may put after any kind (``/hrrn``):
+SGLang 0.5.23's ``shortest-prefill-first`` (``spf``, with its chunk cap) and ``hrrn`` too."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +129,28 @@ class EngineConfig:
             raise ValueError(f"srpt_aging_tokens_per_s must be a finite number > 0, got {aging!r}")
 
 
+ENGINE_ORDERS = {"spf": "shortest-prefill-first"}
+"""Twin order -> SGLang's ``--schedule-policy`` value, where the two names differ."""
+TWIN_ORDERS = {engine: twin for twin, engine in ENGINE_ORDERS.items()}
+
+
+def engine_order(order: str) -> str:
+    """SGLang's name of a twin order (``spf`` -> ``shortest-prefill-first``)."""
+    return ENGINE_ORDERS.get(order, order)
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """What the tuner may change between rounds."""
+    """What the tuner may change between rounds. ``order`` may be given by SGLang's name
+    (``shortest-prefill-first``): it is kept by the twin's (``spf``)."""
 
     threshold: int
     mode: str = "ceiling"
     order: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.order in TWIN_ORDERS:
+            object.__setattr__(self, "order", TWIN_ORDERS[self.order])
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,9 +213,12 @@ class Policy:
     next_control_s: float = field(default=0.0)
 
     def apply(self, setting: Setting) -> None:
-        """Change T, mode and order between rounds (validated like the engine's admin API)."""
-        if setting.order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {setting.order!r}")
+        """Change T, mode and order between rounds (validated like the engine's admin API;
+        ``spf`` and ``hrrn`` as a 0.5.23 engine switches to them)."""
+        if setting.order not in QUEUE_ORDERS:
+            raise ValueError(f"order must be one of {QUEUE_ORDERS}, got {setting.order!r}")
+        if self.allocator in (allocate, spf_allocate):
+            self.allocator = spf_allocate if setting.order == "spf" else allocate
         rule = self.rule
         self.rule = AdmissionRule(
             rule.chunked_prefill_size,
@@ -278,8 +297,10 @@ def spf_chunk_limit(remaining: int, waiting_needs: Sequence[int], budget: int, p
 def spf_allocate(rule: AdmissionRule, partials: Sequence[HasNeed], waiting: Sequence[HasNeed],
                  budget: int | None = None, *, kv_free: int | None = None,
                  max_partials: int | None = None, **rest: Any) -> dict[str, int]:
-    """A round under ``sglang-spf``: stock's split (T = 0) with the chunked request (at most
-    one) capped by ``spf_chunk_limit`` (``adder.chunked_req_limit`` in scheduler.py).
+    """A round under the ``spf`` order: with T = 0 (``sglang-spf``) stock's split with the
+    chunked request (at most one) capped by ``spf_chunk_limit`` (``adder.chunked_req_limit``
+    in scheduler.py); with T > 0 the patch's split with each partial capped by T and by
+    ``spf_chunk_limit`` in turn (the 0.5.23 patch's ``_get_new_batch_prefill_long``).
 
     ``waiting`` is already in shortest-prefill order (the queue's ``spf`` order). The
     capped chunk is served here and the rest of the round is ``admission.allocate``'s, with
@@ -289,6 +310,17 @@ def spf_allocate(rule: AdmissionRule, partials: Sequence[HasNeed], waiting: Sequ
     second chunked request while one is unfinished (``_select_prefill_admission``); in the
     twin that never binds: the capped chunk leaves less than a page of budget.
     """
+    if rule.threshold > 0:
+        # The patch: every partial's chunk is capped by T and by the limit computed for it
+        # against the waiting queue with the budget left when its turn comes.
+        needs = [w.need for w in waiting]
+        page = rule.page_size
+
+        def limit_of(c: HasNeed, left: int) -> int | None:
+            return spf_chunk_limit(c.need, needs, left, page)
+
+        return allocate(rule, partials, waiting, budget, kv_free=kv_free, max_partials=max_partials,
+                        chunk_limit=limit_of, **rest)
     rem = rule.chunked_prefill_size if budget is None else budget
     page = rule.page_size
     limit = (spf_chunk_limit(partials[0].need, [w.need for w in waiting], rem, page)
@@ -363,13 +395,13 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
     text = name.strip()
     body, _, order = text.partition("/")
     order = order or "fcfs"
-    if order not in ORDERS:
-        raise PolicyError(f"policy {name!r}: unknown order {order!r}; use one of {', '.join(ORDERS)}")
+    if order not in QUEUE_ORDERS:
+        raise PolicyError(f"policy {name!r}: unknown order {order!r}; use one of {', '.join(QUEUE_ORDERS)}")
     kind, sep, arg_text = body.partition(":")
     if kind not in REGISTRY:
         raise PolicyError(
             f"unknown policy {name!r}: use one of {', '.join(REGISTRY)} "
-            "(with ':N' where needed and an optional '/fcfs', '/lpm' or '/srpt')"
+            "(with ':N' where needed and an optional order: '/fcfs', '/lpm', '/srpt', '/spf' or '/hrrn')"
         )
     arg: int | None = None
     if sep and kind in ("stock", *OWN_ORDER):
@@ -396,6 +428,8 @@ def parse(name: str, cfg: EngineConfig, controller: Controller | None = None,
     if kind not in OWN_ORDER:
         policy.order = order
         policy.name = f"{policy.name}/{order}" if order != "fcfs" else policy.name
+        if order == "spf" and policy.allocator is allocate:
+            policy.allocator = spf_allocate
     if controller is not None:
         policy.controller = controller
         policy.interval_s = interval_s

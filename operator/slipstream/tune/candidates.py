@@ -1,7 +1,7 @@
 """The settings the tuner may choose from, and what the spec allows of them.
 
 A candidate is the engine's tuned triple (``sim.policies.Setting``): admission order
-(fcfs, lpm, srpt), mode (ceiling, floor) and threshold T. T is set through a concurrency
+(fcfs, lpm, srpt; on SGLang 0.5.23 also hrrn and spf, its shortest-prefill-first), mode (ceiling, floor) and threshold T. T is set through a concurrency
 K, the number of long prefills that share a round: ``T = C // K`` rounded down to whole
 pages. T = 0 is off (stock's whole-request admission): one long prefill at a time, so it
 counts as concurrency 1; its mode does not matter and it is listed once per order (as
@@ -10,11 +10,13 @@ counts as concurrency 1; its mode does not matter and it is listed once per orde
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slipstream.api import versions
 from slipstream.api.models import ServingDeploymentSpec
 from slipstream.sim.admission import MODES
-from slipstream.sim.policies import ORDERS, Setting
+from slipstream.sim.policies import ORDERS, QUEUE_ORDERS, TWIN_ORDERS, Setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,9 @@ class TuningSpec:
     """p99 TTFT target of every tenant not listed (``spec.tuning.objective.ttftP99Seconds``)."""
     tenant_targets: tuple[tuple[str, float], ...] = ()
     """(tenant, p99 TTFT target seconds) (``spec.tuning.objective.tenants``)."""
+    orders: tuple[str, ...] = ORDERS
+    """Orders the tuner may choose, twin names: ``spec.tuning.orders`` that the engine's
+    release (``spec.engine.version``) runs."""
 
     def __post_init__(self) -> None:
         if self.chunked_prefill_size <= 0 or self.page_size <= 0:
@@ -44,6 +49,8 @@ class TuningSpec:
             )
         if self.max_concurrency * self.page_size > self.chunked_prefill_size:
             raise ValueError("max_concurrency must be <= chunked_prefill_size / page_size")
+        if not self.orders or any(o not in QUEUE_ORDERS for o in self.orders):
+            raise ValueError(f"orders must be some of {QUEUE_ORDERS}, got {self.orders!r}")
 
     def target_for(self, tenant: str) -> float:
         return dict(self.tenant_targets).get(tenant, self.ttft_target_s)
@@ -54,7 +61,7 @@ class TuningSpec:
 
     def allows(self, setting: Setting) -> bool:
         """Inside the spec's bounds (order and mode known, concurrency in range, whole pages)."""
-        if setting.order not in ORDERS or setting.mode not in MODES:
+        if setting.order not in self.orders or setting.mode not in MODES:
             return False
         if setting.threshold % self.page_size or setting.threshold > self.chunked_prefill_size:
             return False
@@ -71,7 +78,14 @@ def from_spec(spec: ServingDeploymentSpec) -> TuningSpec:
         max_concurrency=tuning.max_concurrency,
         ttft_target_s=tuning.objective.ttft_p99_seconds,
         tenant_targets=tuple((t.name, t.ttft_p99_seconds) for t in tuning.objective.tenants),
+        orders=twin_orders(spec.engine.version, spec.tuning.orders),
     )
+
+
+def twin_orders(version: str, wanted: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The orders of ``wanted`` (``spec.tuning.orders``; None: all) the release's patched
+    engine runs, by the twin's names, in the release's order."""
+    return tuple(TWIN_ORDERS.get(o, o) for o in versions.orders(version) if wanted is None or o in wanted)
 
 
 def concurrency(setting: Setting, chunked_prefill_size: int) -> int:
@@ -79,11 +93,12 @@ def concurrency(setting: Setting, chunked_prefill_size: int) -> int:
     return max(1, chunked_prefill_size // setting.threshold) if setting.threshold else 1
 
 
-PREFERRED_ORDERS = ("srpt", "fcfs", "lpm")
+PREFERRED_ORDERS = ("srpt", "fcfs", "lpm", "spf", "hrrn")
 """Tie-break among orders. srpt (with aging) predicts as well as fcfs on a calm window and
 far better once a long prompt arrives, which a short window may not have shown: a tie
 broken towards fcfs leaves the next giant prompt in front of every short request that
-arrives behind it, while srpt lets them past."""
+arrives behind it, while srpt lets them past. 0.5.23's own orders come last: on a tie the
+order both releases run is kept."""
 
 
 def preference(setting: Setting, chunked_prefill_size: int) -> tuple[int, int, int]:
@@ -96,7 +111,9 @@ def preference(setting: Setting, chunked_prefill_size: int) -> tuple[int, int, i
 
 def enumerate_candidates(spec: TuningSpec, orders: tuple[str, ...] = ORDERS,
                          modes: tuple[str, ...] = MODES) -> list[Setting]:
-    """Every candidate inside the spec's bounds, preferred first, without duplicates."""
+    """Every candidate inside the spec's bounds (orders the release runs), preferred first,
+    without duplicates."""
+    orders = tuple(o for o in orders if o in spec.orders)
     out: list[Setting] = []
     if spec.min_concurrency <= 1:
         out += [Setting(0, "ceiling", order) for order in orders]

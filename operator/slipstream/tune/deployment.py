@@ -24,7 +24,7 @@ from datetime import datetime
 
 from slipstream.api import models
 from slipstream.api.snapshot import WorkloadSnapshot
-from slipstream.sim.policies import EngineConfig, Setting
+from slipstream.sim.policies import EngineConfig, Setting, engine_order
 from slipstream.sim.profiles import Profile
 from slipstream.tune.candidates import from_spec
 from slipstream.tune.guardrails import Decision, GuardrailSettings, Move, TunerState
@@ -44,7 +44,7 @@ def setting_of(es: models.EngineSetting) -> Setting:
 
 def engine_setting(setting: Setting) -> models.EngineSetting:
     return models.EngineSetting(threshold=setting.threshold, mode=setting.mode,  # type: ignore[arg-type]
-                                schedule_policy=setting.order)  # type: ignore[arg-type]
+                                schedule_policy=engine_order(setting.order))  # type: ignore[arg-type]
 
 
 def tuner_settings(spec: models.ServingDeploymentSpec, time_scale: float = 1.0) -> TunerSettings:

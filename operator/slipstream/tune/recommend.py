@@ -141,8 +141,9 @@ class RecommenderSettings:
     model_calibration_runs: int = 3
     """Twin runs of the running setting (count) the offered-load calibration may spend
     when the first check disagrees (arrivals x0.5, x0.25, ... or x2, x4, ...)."""
-    orders: tuple[str, ...] = policies.ORDERS
-    """Admission orders tried."""
+    orders: tuple[str, ...] = policies.QUEUE_ORDERS
+    """Admission orders tried, of those the spec allows (``TuningSpec.orders``: by default
+    fcfs, lpm and srpt)."""
     modes: tuple[str, ...] = ("ceiling", "floor")
     """Engine modes tried."""
 

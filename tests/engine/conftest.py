@@ -29,7 +29,7 @@ VERSION = os.environ.get("SLIPSTREAM_SGLANG_VERSION", "0.5.18")
 
 PRISTINE_ONLY = ["test_upstream_orders.py"]
 """Tests that need only the pristine sglang: all a version without a patch would run."""
-VERSION_FILES = {"test_upstream_orders.py": ("0.5.23",)}
+VERSION_FILES = {"test_upstream_orders.py": ("0.5.23",), "test_conformance_spf.py": ("0.5.23",)}
 """Tests that drive code only some versions have (0.5.23's shortest-prefill-first, hrrn)."""
 
 if not os.environ.get("SLIPSTREAM_ENGINE_ENV"):

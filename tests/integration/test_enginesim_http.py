@@ -200,6 +200,27 @@ def test_the_operators_admin_client_drives_the_simulator() -> None:
     asyncio.run(with_sim(check, "--page-size", "64"))
 
 
+@pytest.mark.parametrize(("version_args", "release"), [((), "0.5.23"), (("--sglang-version", "0.5.18"), "0.5.18")])
+def test_the_simulator_reports_its_release_and_runs_only_its_orders(version_args: tuple[str, ...], release: str) -> None:
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        client = admin_client.AdminClient(url, KEY)
+        info = await client.get_server_info()
+        assert admin_client.version_of(info) == f"{release}+slipstream-engine-sim"
+        for order in ("hrrn", "shortest-prefill-first"):
+            wanted = models.EngineSetting(threshold=2048, mode="ceiling", schedule_policy=order)
+            if release == "0.5.23":
+                assert await client.apply(wanted) == wanted, "0.5.23's own orders switch at run time"
+            else:
+                with pytest.raises(admin_client.AdminError) as refused:
+                    await client.apply(wanted)
+                assert refused.value.status == 400 and "(SGLang 0.5.18)" in refused.value.body
+        # A request is served under the order in force.
+        async with s.post(url + "/v1/completions", json={"prompt": "a " * 3000, "max_tokens": 2}) as r:
+            assert r.status == 200
+
+    asyncio.run(with_sim(check, *version_args))
+
+
 @pytest.mark.parametrize(("args", "reason"), [
     ({"long_prefill_token_threshold": 100}, "must be a multiple of the page size 64"),
     ({"long_prefill_token_threshold": 16384}, "must be <= chunked_prefill_size 8192"),

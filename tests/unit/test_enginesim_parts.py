@@ -225,7 +225,7 @@ def test_a_new_tenants_size_class_series_start_at_zero_on_its_first_arrival() ->
     assert not samples(m)
     m.arrived({"tenant": "code"})
     before = samples(m)
-    tokens = names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL.removesuffix("_total") + "_total"
+    tokens = names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL
     for cls in names.SIZE_CLASS_NAMES:
         assert before[(tokens, cls, "uncached")] == 0
         assert before[(names.TTFT_BY_SIZE_CLASS_SECONDS + "_count", cls, "")] == 0

@@ -40,8 +40,9 @@ The rule, with hysteresis so that it cannot flap:
 (``scripts/closed-loop-offline.py --mix-poll 10``, and ``slipstream loopbench``'s live
 runs), whose uniform-to-heterogeneous change moves the distance to 0.16-0.24 once two
 giants are in the window (30-45% of the work from ``le8k`` to ``le300k``), but to only
-0.13-0.15 while the first giant is the window's only one, as read live from Prometheus:
-at 0.15 the live loop waited for the second giant, 40 s later than the twin's loop. ``tests/unit/test_mixjump.py`` checks them elsewhere, on synthetic windows: a
+0.13-0.15 while the first giant is the window's only one, as read live from Prometheus: a
+trigger above that waits for the second giant. The value is in-sample (chosen on those
+runs); ``tests/unit/test_mixjump.py`` checks it elsewhere, on synthetic windows: a
 uniform-to-giants jump fires, and the window-to-window noise of steady phases (50 uniform
 requests: at most 0.04; 400 with one in ten a giant: at most 0.06) never does.
 """

@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) and installing slipstream (pip cache: ~/.cache/pip)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q --progress-bar on -e '.[dev]'
+	@$(PY) -m pip install -q --progress-bar on -e '.[dev,tools]'
 	@touch $(STAMP)
 
 # The main job: a local control plane, Prometheus and the operator (helm-installed),

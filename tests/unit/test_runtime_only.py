@@ -1,0 +1,87 @@
+"""The operator's runtime apart from the tooling (issue 20 item 1).
+
+The runtime (api, engine, observe, tune, sim, rollout, controller) must import and start
+without the tooling modules and without the `tools` extra's packages: the operator image
+removes the tooling (Dockerfile) and installs no extra. Here the controller's entry point is
+imported in a fresh interpreter in which every tooling module and tooling dependency is made
+unimportable, as it is in the image, and none of them may have been loaded.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "operator" / "slipstream"
+
+TOOLING = ("localkube", "demo", "enginesim", "scalebench.py", "canarycheck.py", "cli.py", "sim/plots.py")
+"""The tooling inside the package, as paths under operator/slipstream/."""
+TOOLING_DEPENDENCIES = ("matplotlib", "cryptography", "tqdm")
+ENTRY_POINTS = ("slipstream.controller.main", "slipstream.controller.handlers", "slipstream.controller.__main__")
+
+BLOCKER = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            raise ImportError(f"{{name}} is not in the runtime-only environment")
+        return None
+sys.meta_path.insert(0, Block())
+sys.argv = ["slipstream.controller", "--help"]
+import importlib
+for entry in {entries!r}:
+    if entry.endswith("__main__"):
+        continue
+    importlib.import_module(entry)
+loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
+print("LOADED", loaded)
+"""
+
+
+def module_of(path: str) -> str:
+    return "slipstream." + path.removesuffix(".py").replace("/", ".")
+
+
+def test_the_tooling_list_names_what_exists() -> None:
+    for path in TOOLING:
+        assert (PACKAGE / path).exists(), path
+
+
+def test_the_controller_imports_in_a_runtime_only_environment() -> None:
+    blocked = [module_of(p) for p in TOOLING] + list(TOOLING_DEPENDENCIES)
+    script = BLOCKER.format(blocked=blocked, entries=ENTRY_POINTS)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "operator"), "PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "LOADED []" in out.stdout, out.stdout
+
+
+def test_the_blocker_would_see_a_tooling_import() -> None:
+    script = BLOCKER.format(blocked=["slipstream.demo"], entries=("slipstream.demo.phases",))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "operator"), "PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+    assert out.returncode != 0 and "not in the runtime-only environment" in out.stderr
+
+
+def test_the_runtime_dependencies_hold_none_of_the_tools_extra() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=\[ ]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert not names & set(TOOLING_DEPENDENCIES), names
+    extra = {re.split(r"[<>=\[ ]", d, maxsplit=1)[0].lower() for d in project["optional-dependencies"]["tools"]}
+    assert set(TOOLING_DEPENDENCIES) <= extra
+    assert "'.[dev,tools]'" in (REPO / "Makefile").read_text(), "the Makefile installs the tools extra"
+
+
+def test_the_operator_image_removes_the_tooling_and_installs_no_extra() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    removed = re.search(r"rm -rf ([^;]+);", text)
+    assert removed, "the Dockerfile removes the tooling before it installs the package"
+    assert set(removed.group(1).split()) == set(TOOLING)
+    install = [line for line in text.splitlines() if "pip install" in line]
+    assert install and all("[" not in line for line in install), install
+    assert "import slipstream.controller.main" in text, "the build checks the runtime imports"

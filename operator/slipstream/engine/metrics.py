@@ -32,7 +32,9 @@ NUM_PARTIAL_PREFILLS = "sglang:num_partial_prefills"
 CUSTOM_LABELS_HEADER = "x-custom-labels"
 """HTTP header clients send the tenant in: `x-custom-labels: {"tenant": "acme"}`."""
 
-# ---- The queue mix (engine simulator; the patch does not export these yet) --------------
+# ---- The queue mix (the patch, both versions, from its tokenizer manager; the engine simulator) --
+# The patched engine classifies the queue gauges by prompt tokens (its tokenizer does not know
+# the cached part before the first token), the simulator by the uncached tokens (docs/engine.md).
 # Per tenant, so the tuner sees the mix the engines are being sent, not only the requests
 # that got through: arrivals are counted when a request arrives, and the requests with no
 # first token yet are read by size class, so requests starving in the queue (or a giant

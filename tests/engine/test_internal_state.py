@@ -34,7 +34,7 @@ def test_valid_update_takes_effect_next_round():
         ({"long_prefill_token_threshold": 5000}, "multiple of the page size"),
         ({"long_prefill_token_threshold": 16384}, "<= chunked_prefill_size 8192"),
         ({"long_prefill_token_threshold": -1}, "0 (off) or positive"),
-        ({"long_prefill_token_threshold": "4096"}, "must be an integer"),
+        ({"long_prefill_token_threshold": "40x6"}, "must be an integer"),
         ({"long_prefill_mode": "median"}, "long_prefill_mode must be one of"),
         ({"schedule_policy": "lof"}, "schedule_policy can be switched"),
         ({"long_prefill_token_threshold": 4096, "long_prefill_mode": "bogus"}, "long_prefill_mode"),

@@ -86,6 +86,26 @@ mixes = st.lists(
 )
 
 
+def run_rounds(eng, mix, predict, prefix_of=lambda need: None):
+    """Feed ``mix`` ((round, need) arrivals) to the engine and run it to the end, asserting
+    each round's allocation equals ``predict()`` (made before the round), order included."""
+    arrivals = sorted(mix, key=lambda x: x[0])
+    t = 0.0
+    rnd = 0
+    while arrivals or eng.busy():
+        while arrivals and arrivals[0][0] <= rnd:
+            _, need = arrivals.pop(0)
+            t += 1.0
+            eng.add(need, prefix=prefix_of(need), arrival=t)
+        predicted = predict()
+        got = eng.step()
+        assert got or not eng.busy() or arrivals, f"round {rnd}: no progress"
+        assert got == predicted, f"round {rnd}: engine {got} != twin {predicted}"
+        assert list(got) == list(predicted), f"round {rnd}: admission order differs"
+        rnd += 1
+        assert rnd < 5_000
+
+
 def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=False):
     C = engine_kwargs["chunked_prefill_size"]
     T = engine_kwargs.get("threshold", 0)
@@ -103,21 +123,8 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
     # it): with None it ran a ninth partial the engine refuses (found by a 5,000-example run).
     max_partials = eng.s.max_partial_prefills
     prefix = list(range(1, prefix_len + 1))
-    arrivals = sorted(mix, key=lambda x: x[0])
-    t = 0.0
-    rnd = 0
-    while arrivals or eng.busy():
-        while arrivals and arrivals[0][0] <= rnd:
-            _, need = arrivals.pop(0)
-            t += 1.0
-            eng.add(need, prefix=prefix if need % 2 else None, arrival=t)
-        predicted = twin_prediction(eng, rule, order, memory, max_partials)
-        got = eng.step()
-        assert got or not eng.busy() or arrivals, f"round {rnd}: no progress"
-        assert got == predicted, f"round {rnd}: engine {got} != twin {predicted}"
-        assert list(got) == list(predicted), f"round {rnd}: admission order differs"
-        rnd += 1
-        assert rnd < 5_000
+    run_rounds(eng, mix, lambda: twin_prediction(eng, rule, order, memory, max_partials),
+               lambda need: prefix if need % 2 else None)
     assert eng.slots_free() == eng.slots_free_at_start
     assert eng.kv_free() == eng.kv_free_at_start
 

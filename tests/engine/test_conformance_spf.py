@@ -16,7 +16,7 @@ import harness as h
 import sglang
 from hypothesis import example, given
 from hypothesis import strategies as st
-from test_conformance import AGING, SETTINGS, Cand, engine_partials
+from test_conformance import AGING, SETTINGS, Cand, engine_partials, run_rounds
 
 from slipstream.sim import admission, policies
 
@@ -45,20 +45,7 @@ def check(t, mix, chunked_prefill_size=4096):
     eng = h.make_engine(policy="shortest-prefill-first", aging=AGING, kv_tokens=400_000, max_reqs=32,
                         chunked_prefill_size=chunked_prefill_size, threshold=t)
     max_partials = eng.s.max_partial_prefills
-    arrivals = sorted(mix, key=lambda x: x[0])
-    clock, rnd = 0.0, 0
-    while arrivals or eng.busy():
-        while arrivals and arrivals[0][0] <= rnd:
-            _, need = arrivals.pop(0)
-            clock += 1.0
-            eng.add(need, arrival=clock)
-        predicted = spf_prediction(eng, rule, max_partials)
-        got = eng.step()
-        assert got or not eng.busy() or arrivals, f"round {rnd}: no progress"
-        assert got == predicted, f"round {rnd}: engine {got} != twin {predicted}"
-        assert list(got) == list(predicted), f"round {rnd}: admission order differs"
-        rnd += 1
-        assert rnd < 5_000
+    run_rounds(eng, mix, lambda: spf_prediction(eng, rule, max_partials))
     assert eng.slots_free() == eng.slots_free_at_start
 
 

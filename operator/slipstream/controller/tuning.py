@@ -294,5 +294,5 @@ def recommended_event(
     if recommendation.setting == sd.status.recommendation or recommendation.setting == fleet:
         return None
     change = machine.describe_change(fleet, recommendation.setting, sd.spec.engine.chunked_prefill_size)
-    why = "mode Recommend" if sd.spec.tuning.mode == "Recommend" else f"{problem[0] if problem else 'held'}"
+    why = "mode Recommend" if sd.spec.tuning.mode == "Recommend" or problem is None else problem[0]
     return machine.Event("Normal", "Recommended", f"{change}: {recommendation.reason} ({why}: not applied)")

@@ -139,6 +139,11 @@ def engine_order(order: str) -> str:
     return ENGINE_ORDERS.get(order, order)
 
 
+def twin_order(name: str) -> str:
+    """The twin's name of an SGLang order (``shortest-prefill-first`` -> ``spf``)."""
+    return TWIN_ORDERS.get(name, name)
+
+
 @dataclass(frozen=True, slots=True)
 class Setting:
     """What the tuner may change between rounds. ``order`` may be given by SGLang's name
@@ -150,7 +155,7 @@ class Setting:
 
     def __post_init__(self) -> None:
         if self.order in TWIN_ORDERS:
-            object.__setattr__(self, "order", TWIN_ORDERS[self.order])
+            object.__setattr__(self, "order", twin_order(self.order))
 
 
 @dataclass(frozen=True, slots=True)

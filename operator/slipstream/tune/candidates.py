@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from slipstream.api import versions
 from slipstream.api.models import ServingDeploymentSpec
 from slipstream.sim.admission import MODES
-from slipstream.sim.policies import ORDERS, QUEUE_ORDERS, TWIN_ORDERS, Setting
+from slipstream.sim.policies import ORDERS, QUEUE_ORDERS, Setting, twin_order
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ def from_spec(spec: ServingDeploymentSpec) -> TuningSpec:
 def twin_orders(version: str, wanted: Sequence[str] | None = None) -> tuple[str, ...]:
     """The orders of ``wanted`` (``spec.tuning.orders``; None: all) the release's patched
     engine runs, by the twin's names, in the release's order."""
-    return tuple(TWIN_ORDERS.get(o, o) for o in versions.orders(version) if wanted is None or o in wanted)
+    return tuple(twin_order(o) for o in versions.orders(version) if wanted is None or o in wanted)
 
 
 def concurrency(setting: Setting, chunked_prefill_size: int) -> int:

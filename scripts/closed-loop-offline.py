@@ -53,6 +53,7 @@ def main() -> int:
                     help="twin s between queue-mix polls (step early on a jump); 0: the timer only "
                          "(default %(default)s, the operator's)")  # fmt: skip
     ap.add_argument("--off", action="store_true", help="never move (tuning Off): the decisions are still printed")
+    ap.add_argument("--canary", type=int, default=0, help="the canary engine's index in the round robin (0 or 1)")
     ap.add_argument("--verbose", action="store_true", help="print every interval's decision")
     args = ap.parse_args()
 
@@ -63,13 +64,17 @@ def main() -> int:
                                 args.off, args.mix_poll)  # fmt: skip
     off = offline.figures(offline.static(workload, "stock"), spans)
     print("Off (stock): " + "  ".join(f"{k} {v:.2f}s" for k, v in off.items()))
+    (best_name, best_whole), *_ = offline.ranked_static(workload, spans)
+    print(f"best static in hindsight: {best_name}, whole run {best_whole:.2f}s")
     misses: list[str] = []
     for offset in offsets:
-        run = offline.closed_loop(workload, spans, offset, lset, log=print if args.verbose else None)
+        run = offline.closed_loop(workload, spans, offset, lset, log=print if args.verbose else None,
+                                  canary=args.canary)
         got = offline.figures(run, spans)
         print(f"== timer at {offset:g} s: {len(run.moves)} move(s): "
               + "; ".join(f"{at:.0f} {a} -> {b}" for at, a, b, _ in run.moves))  # fmt: skip
-        print("   auto: " + "  ".join(f"{k} {v:.2f}s ({v / off[k]:.2f}x Off)" for k, v in got.items()))
+        print("   auto: " + "  ".join(f"{k} {v:.2f}s ({v / off[k]:.2f}x Off)" for k, v in got.items())
+              + f"; whole run {got['whole'] / best_whole:.2f}x the best static")
         print("   on the final setting: " + "  ".join(f"{p.name} {run.settled_after(p.start_s, p.end_s):.0f} s in"
                                                       for p in spans))  # fmt: skip
         for p in spans:
@@ -82,7 +87,7 @@ def main() -> int:
                     misses.append(f"offset {offset:g}: {p.name} not capped within two intervals "
                                   f"(first capped move: {first_cap})")  # fmt: skip
             elif capped(final):
-                misses.append(f"offset {offset:g}: {p.name} (uniform) ends capped on {final}")
+                misses.append(f"offset {offset:g}: {p.name} ({p.kind}) ends capped on {final}")
             elif p.start_s == 0 and first_cap is not None:
                 misses.append(f"offset {offset:g}: {p.name} capped before any heterogeneous traffic")
     for miss in misses:

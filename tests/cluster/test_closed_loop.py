@@ -3,8 +3,8 @@ one engine simulator per engine pod (localkube.podrunner), a real Prometheus dis
 the pods through the apiserver, the chart installed with helm, and the operator running as
 the chart's ServiceAccount. Only the GPU is simulated.
 
-Traffic comes in phases (slipstream.demo.phases): uniform, heterogeneous (rare cold
-giants among short and high-hit prompts, three tenants), uniform again, replayed by the
+Traffic comes in the demo's phases (slipstream.demo.phases): uniform long documents, short
+turns among giant cold prompts, documents again, two tenants throughout, replayed by the
 load generator against the engine Service's ready pods, which it picks by the Service's
 selector itself: the apiserver refuses loopback addresses in EndpointSlices, so this
 stands in for kube-proxy.
@@ -17,21 +17,25 @@ Prometheus reports (per wall second, TIME_SCALE times the engines' own) by TIME_
 before the twin runs (SLIPSTREAM_ENGINE_TIME_SCALE): the twin sees the traffic the
 engines serve, and moves for a reason it sees at those rates.
 
-"Within 3 intervals of each phase change", as the issue puts it, is checked twice: the
-decision naming the final setting (its CanaryStarted Event, or RolloutStarted without a
-canary) comes within 3 intervals (DECIDE_S), and the engines run it (their setting gauges,
-read back into status) from 3 intervals + one canary analysis window on (SETTLE_S),
-because a change is not the fleet's until its canary has been judged and promoted.
+Judged as a user would, over whole phases from their first second (no settling period
+left out): Auto's worst tenant's p99 TTFT over the whole run at most 1.1x the best static
+setting's in hindsight and at most half Off's (issue 16's targets). The static settings'
+figures are the twin's on the same requests (`demo.offline.static`: two twin engines,
+the load's round robin): the engine simulators are that same twin run in real time, so a
+live static run would repeat them at four minutes each; `slipstream loopbench` runs them
+live. The decisions are checked too: each phase's setting decided within 3 intervals of
+the phase change (DECIDE_S), the engines on it from then plus one analysis window
+(SETTLE_S) to the phase's end, no flapping, an Event for every change, no restart.
 
-The run prints its story (Events in twin seconds, per-tenant p99 TTFT Off vs Auto) to the
-terminal, so a CI log shows the figures whether the test passes or fails.
+The run prints its story (Events in twin seconds, per-phase p99 TTFT, Auto against the
+static settings) to the terminal, so a CI log shows the figures whether the test passes or
+fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import urllib.request
@@ -49,7 +53,7 @@ from slipstream.localkube import stack as stack_mod
 
 TIME_SCALE = float(os.environ.get("SLIPSTREAM_LOOP_TIME_SCALE", "8"))
 PHASE_S = float(os.environ.get("SLIPSTREAM_LOOP_PHASE_S", "720"))
-"""Twin seconds per phase: 90 s of wall time at x8, room for 3 intervals and an analysis."""
+"""Twin seconds per phase (the demo's): 90 s of wall time at x8."""
 
 DUMP_DIR = os.environ.get("SLIPSTREAM_LOOP_DUMP_DIR", "")
 """Where to write every request's outcome (tenant, arrival, TTFT) per run, if set."""
@@ -62,32 +66,23 @@ seconds across the fleet): a shorter window compares noise."""
 REPLICAS = 2
 MIN_CONCURRENCY = 1
 MAX_CONCURRENCY = 2
-"""The spec's bound (loop.serving_deployment's default, as in the demo). From off the
-recommender reaches at most twice the current concurrency in one step (its
-max_step_factor: more partial prefills hold more KV, which a window-long twin run sees
-late), so with a wider bound the twin's best of the whole range (concurrency 3-4 on this
-mix, predicted 20-25% better than 2) is two steps and a cooldown away: measured offline
-(the phases on two twin engines with the operator's tuner each interval), a second step
-came 1-8 intervals after the first. Bounded at 2, the best candidate is one step away."""
+"""The spec's bound (loop.serving_deployment's default, as in the demo): the static
+settings Auto is judged against are every setting within it (`demo.offline.STATIC`)."""
+TARGET_VS_BEST = 1.1
+TARGET_VS_OFF = 0.5
 NAMESPACE = "closed-loop"
 READY_S = 120.0
-WARMUP_S = 120
-"""Twin seconds of the Off baseline replayed before its judged window (queues build up)."""
 STEP_SLACK_S = 4 * TIME_SCALE
 """Four wall seconds: the operator's steps and the status reads run on a loaded machine's
 wall clock (a step each rollout poll, 1 s), not exactly at interval boundaries."""
 DECIDE_S = 3 * INTERVAL_S + STEP_SLACK_S
 """Twin seconds after a phase change by which the tuner has decided the phase's setting
-(the issue's "within 3 intervals"): one interval may end before the new mix shows, the
-next sees it (the phases' giants arrive from the phase's first second on). Known residue,
-measured offline (scripts/closed-loop-offline.py at 39 offsets of the operator's interval
-timer against the phases): at one, a window ending 14 s into the heterogeneous phase holds
-its first giant among mostly uniform traffic, the twin picks floor:4096/srpt, and the
-next full window corrects it to ceiling:4096/srpt a cooldown later, which fails the
-"no later decision" check below; the other 38 decide once."""
+(the issue's "within 3 intervals"). Into the giants it is usually the first mix poll that
+sees one (a giant among documents is a jump: tune.mixjump); back to documents it waits for
+the calm (a cooldown of near-uniform windows) and the canary of the step back."""
 SETTLE_S = DECIDE_S + ANALYSIS_S
 """Twin seconds after a phase change from which the engines run that setting: the
-decision, then one canary analysis window before the promotion."""
+decision, then one canary analysis window before the promotion (a harder cap skips it)."""
 
 
 @dataclass
@@ -114,9 +109,11 @@ def closed_loop(cluster: localkube.Cluster) -> Iterator[Loop]:
 # -- helpers --------------------------------------------------------------------------------
 
 
-def deploy(lp: Loop, name: str, mode: str) -> podrunner.ServiceTargets:
+def deploy(lp: Loop, name: str, mode: str, threshold: int = 0, schedule_policy: str = "fcfs",
+           ) -> podrunner.ServiceTargets:  # fmt: skip
     sd = loop.serving_deployment(
-        name, lp.target.prometheus_url, mode=mode, replicas=REPLICAS, interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S,
+        name, lp.target.prometheus_url, mode=mode, replicas=REPLICAS, threshold=threshold,
+        schedule_policy=schedule_policy, interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S,
         analysis_s=ANALYSIS_S, max_concurrency=MAX_CONCURRENCY,
     )
     sd["metadata"]["namespace"] = NAMESPACE
@@ -177,19 +174,16 @@ def changes(samples: list[loop.StatusSample]) -> list[tuple[float, loop.StatusSa
     return [(b.twin_s, b) for a, b in zip(known, known[1:], strict=False) if setting(a) != setting(b)]
 
 
-REGRESSION = 200.0
+REGRESSION = 20.0
 """TTFT multiplier injected into the rollback check's canaries (it delays each request that
-arrives after the fault by (multiplier - 1) x its TTFT). It must clear maxRegressionPercent
-(100) against a stock baseline that is itself far slower than the capped candidate on this
-traffic: the candidate's short requests take a few tenths of a second against the stock
-pods' many seconds, so a multiplier near that ratio (50x) lands the canary at parity. At
-200x the canary's requests that show a first token inside the 120 s analysis window are the
-slow ones; a canary with none fails the analysis too (no figure on both sides is never a
-pass)."""
+arrives after the fault by (multiplier - 1) x its TTFT): far beyond maxRegressionPercent
+(100) on uniform documents, where the candidate (stock) and the baseline (the cap) are
+within tens of percent of each other. A canary with no first token in the analysis window
+fails it too (no figure on both sides is never a pass)."""
 
-DECISIONS = ("CanaryStarted", "RolloutStarted")
+DECISIONS = ("CanaryStarted", "CanarySkipped", "RolloutStarted")
 """The Events that name a new setting when the tuner decides it (ThresholdChanged follows
-at the promotion, one analysis window later)."""
+at the promotion)."""
 
 
 def named(event: dict[str, Any]) -> tuple[int, str]:
@@ -207,16 +201,6 @@ def story(events: list[dict[str, Any]]) -> str:
     return "\n".join(f"  {e['_twin_s']:7.0f}  {e.get('reason')}: {e.get('message', '')[:200]}" for e in events)
 
 
-def p99_table(rows: dict[str, dict[str, float]]) -> str:
-    """Per-tenant p99 TTFT (twin s), one row per run, tenants as columns."""
-    tenants = sorted({t for row in rows.values() for t in row})
-    lines = [f"  {'':34s}" + "".join(f"{t:>9s}" for t in tenants) + "    worst"]
-    for label, row in rows.items():
-        cells = "".join(f"{row.get(t, math.nan):8.2f}s" for t in tenants)
-        lines.append(f"  {label:34s}{cells} {max(row.values(), default=math.nan):7.2f}s")
-    return "\n".join(lines)
-
-
 def tell(capsys: pytest.CaptureFixture[str], text: str) -> None:
     """Straight to the terminal (past pytest's capture): the CI log shows the run's figures
     whether the test passes or fails (`make test` runs pytest with -ra, not -rA)."""
@@ -228,13 +212,11 @@ def uncapped(s: loop.StatusSample) -> bool:
     return s.threshold == 0 or (s.concurrency or 1) <= MIN_CONCURRENCY
 
 
-def run_phases(lp: Loop, name: str, kinds: tuple[str, ...], start_s: float = 0.0,
+def run_phases(lp: Loop, name: str, kinds: tuple[str, ...],
                ) -> tuple[loop.Watcher, list[loop.Result], list[phases.Phase]]:  # fmt: skip
-    """Replay the phases (from twin time ``start_s`` on) while watching the ServingDeployment."""
+    """Replay the phases while watching the ServingDeployment."""
     targets = lp.target.targets(NAMESPACE, name)
     workload, spans = phases.plan(PHASE_S, replicas=REPLICAS, kinds=kinds)
-    if start_s > 0:
-        workload = dataclasses.replace(workload, requests=tuple(r for r in workload.requests if r.arrival_s >= start_s))
     watcher = loop.Watcher(lp.target, NAMESPACE, name)
     load = loop.LoadRun(workload.requests, targets, TIME_SCALE).start()
     watcher.t0 = load.t0
@@ -255,30 +237,33 @@ def run_phases(lp: Loop, name: str, kinds: tuple[str, ...], start_s: float = 0.0
 
 
 def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.CaptureFixture[str]) -> None:
+    from slipstream.demo import offline  # the twin's static settings on the same requests
+
     lp = closed_loop
     het = phases.HETEROGENEOUS
 
-    # 1. Baseline: the heterogeneous phase with tuning Off (stock engines), from a warm-up
-    # before the window the tuned run is judged on to the phase's end.
-    deploy(lp, "off", "Off")
-    _, off_results, _ = run_phases(lp, "off", (het,), start_s=SETTLE_S - WARMUP_S)
-    off_p99 = loop.tenant_p99(off_results, SETTLE_S, PHASE_S)
-    lp.target.kubectl("delete", "sd", "off", f"--namespace={NAMESPACE}", "--wait=true")
-
-    # 2. Auto through uniform -> heterogeneous -> uniform.
+    # 1. Auto through documents -> heterogeneous -> documents, from stock engines.
     deploy(lp, "auto", "Auto")
     pods_before = pod_identity(lp, "auto")
-    watcher, results, spans = run_phases(lp, "auto", (phases.UNIFORM, het, phases.UNIFORM))
+    watcher, results, spans = run_phases(lp, "auto", phases.DEMO)
     samples, events = watcher.samples, watcher.events
-    het_span = next(s for s in spans if s.kind == het)
-    tuned_p99 = loop.tenant_p99(results, het_span.start_s + SETTLE_S, het_span.end_s)
+    workload, _ = phases.plan(PHASE_S, replicas=REPLICAS)
+    auto = offline.figures(offline.Run(results), spans)
+    ranked = offline.ranked_static(workload, spans)
+    best_name, best = ranked[0]
+    off = offline.figures(offline.static(workload, "stock"), spans)
+    rows = {"Auto (live)": auto, f"best static: {best_name} (twin)": offline.figures(offline.static(workload, best_name), spans),
+            "Off: stock (twin)": off}  # fmt: skip
     tell(capsys, "\n".join([
         f"\nclosed loop at time scale {TIME_SCALE:g} (twin seconds; phases "
         + ", ".join(f"{p.name} {p.start_s:.0f}-{p.end_s:.0f}" for p in spans)
         + f"; decide within {DECIDE_S:.0f} s, settled from {SETTLE_S:.0f} s into a phase):",
         story(events),
-        f"p99 TTFT per tenant, heterogeneous phase from {SETTLE_S:.0f} s to its end:",
-        p99_table({"Off (stock engines)": off_p99, "Auto": tuned_p99}),
+        "worst tenant's p99 TTFT over whole phases, from their first second (twin s):",
+        "  " + f"{'':40s}" + "".join(f"{p.name:>18s}" for p in spans) + f"{'whole':>10s}",
+        *("  " + f"{label:40s}" + "".join(f"{fig[p.name]:18.2f}" for p in spans) + f"{fig['whole']:10.2f}"
+          for label, fig in rows.items()),
+        f"Auto per tenant, whole run: {loop.tenant_p99(results, 0, spans[-1].end_s)}",
         f"{len(results)} requests in the Auto run, {sum(not r.ok for r in results)} failed",
     ]))  # fmt: skip
     assert samples, "no status was read"
@@ -286,18 +271,15 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
         after = [s for s in samples if span.start_s + SETTLE_S <= s.twin_s < span.end_s]
         assert after, f"{span.name}: no status sample after the settling time"
         decided = [e for e in events if e.get("reason") in DECISIONS and span.start_s <= e["_twin_s"] < span.end_s]
-        if span.kind == phases.UNIFORM:
+        if span.kind != het:
             assert all(uncapped(s) for s in after), (
                 f"{span.name}: setting not off / least concurrency: {[setting(s) for s in after]}\n{story(events)}")
         else:
-            # The tuner decided a capped setting (the twin's best) within 3 intervals, the
-            # engines run it from one analysis window later to the end of the phase, and no
-            # later decision in the phase named another.
+            # The tuner decided a capped setting within 3 intervals, the engines run it from
+            # then to the end of the phase, and no later decision in the phase named another
+            # T (at most one refinement of order or mode, never back to a setting it left).
             early = [e for e in decided if e["_twin_s"] <= span.start_s + DECIDE_S]
             assert early, f"{span.name}: no decision within {DECIDE_S:.0f} twin s\n{story(events)}"
-            # Settled: capped throughout, and at most one later refinement that keeps T and
-            # changes only the order or mode (fcfs -> srpt once its gain shows), never back to
-            # a setting it left: a refinement is not a flap.
             run = [setting(s) for s in after]
             held = [a for i, a in enumerate(run) if i == 0 or a != run[i - 1]]
             assert all((s.threshold or 0) > 0 for s in after), f"{span.name}: not capped: {run}\n{story(events)}"
@@ -306,11 +288,8 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
             assert all(h[0] == held[0][0] for h in held), f"{span.name}: T moved again: {held}\n{story(events)}"
             assert named(early[-1]) == (after[0].threshold, after[0].schedule_policy), (
                 early[-1]["message"], setting(after[0]))
-            assert decided[-1] is early[-1] or (
-                len(held) == 2 and named(decided[-1]) == (held[1][0], held[1][2])
-            ), f"{span.name}: decided again later\n{story(events)}"
 
-    # At most one change per cooldown, each with an Event carrying its reason.
+    # At most one change per cooldown, each with an Event carrying its reason; no rollback.
     moved = changes(samples)
     gaps = [b - a for (a, _), (b, _) in zip(moved, moved[1:], strict=False)]
     # Samples are a second of wall time apart: allow one sample's worth of twin time.
@@ -320,35 +299,37 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
         assert any(str(s.threshold) in m and "->" in m for m in messages), (
             f"no Event for the change to {setting(s)}; events: {messages}")
     assert all(e.get("reason") and e.get("message") for e in events), events
+    assert not [e for e in events if e.get("reason") == "RolledBack"], story(events)
 
-    # The heterogeneous phase, tuned, against the same phase with tuning Off.
-    worst_off, worst_tuned = max(off_p99.values()), max(tuned_p99.values())
-    assert worst_tuned <= worst_off / 5, f"tuned {tuned_p99} vs off {off_p99}"
+    # Whole phases, the whole run: Auto against the best static setting in hindsight and Off.
+    assert auto["whole"] <= TARGET_VS_BEST * best, f"Auto {auto['whole']:.2f} s vs {best_name} {best:.2f} s"
+    assert auto["whole"] <= TARGET_VS_OFF * off["whole"], f"Auto {auto['whole']:.2f} s vs Off {off['whole']:.2f} s"
 
-    # 3. Metrics withheld: heterogeneous traffic from a settled, uniform fleet, and no change.
+    # 2. Metrics withheld: heterogeneous traffic from a settled fleet on documents, and no change.
     key = admin_key(lp, "auto")
     urls = lp.target.targets(NAMESPACE, "auto").refresh()
     for url in urls:
         post_fault(url, key, {"metrics": "error"})
     withheld = loop.Watcher(lp.target, NAMESPACE, "auto").start()
-    workload, _ = phases.plan(4 * INTERVAL_S, replicas=REPLICAS, kinds=(het,))
-    loop.LoadRun(workload.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE).start().join(timeout_s=300)
+    giants, _ = phases.plan(4 * INTERVAL_S, replicas=REPLICAS, kinds=(het,))
+    loop.LoadRun(giants.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE).start().join(timeout_s=300)
     withheld.stop()
     assert not changes(withheld.samples), f"moved while metrics were withheld: {changes(withheld.samples)}"
     for url in urls:
         post_fault(url, key, {"metrics": "ok"})
 
-    # 4. A canary whose TTFT regresses is rolled back; the fleet ends uniform. A fresh
-    # deployment from stock engines, so the tuner's first move (and its canary) comes as soon
-    # as the mix is measured, whatever setting the earlier phases left running.
-    deploy(lp, "fresh", "Auto")
+    # 3. A canary whose TTFT regresses is rolled back; the fleet ends uniform. A fresh
+    # deployment that starts capped (threshold 4096, srpt) under documents: the tuner steps
+    # back to stock, a move that always runs its canary (it caps less, and stock never ran
+    # on this fleet), and the test makes that canary REGRESSION x slower.
+    deploy(lp, "fresh", "Auto", threshold=4096, schedule_policy="srpt")
     key = admin_key(lp, "fresh")
     watcher = loop.Watcher(lp.target, NAMESPACE, "fresh")
     watcher.poll()
     seen = len(watcher.events)  # the Events so far: only a rollback after this one counts
     watcher.start()
-    workload, _ = phases.plan(4 * INTERVAL_S + 2 * ANALYSIS_S, replicas=REPLICAS, kinds=(het,))
-    load = loop.LoadRun(workload.requests, lp.target.targets(NAMESPACE, "fresh"), TIME_SCALE)
+    documents, _ = phases.plan(4 * INTERVAL_S + 2 * ANALYSIS_S, replicas=REPLICAS, kinds=(phases.DOCUMENTS,))
+    load = loop.LoadRun(documents.requests, lp.target.targets(NAMESPACE, "fresh"), TIME_SCALE)
     watcher.t0 = load.start().t0
     canaries: list[str] = []
     try:
@@ -357,15 +338,15 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
             rollout = (sd.get("status") or {}).get("rollout") or {}
             return list(rollout.get("canaryPods") or []) if rollout.get("phase") in ("Canary", "Analysis") else []
 
-        canaries = loop.wait_for(canary_pods, (3 * INTERVAL_S + WARMUP_S) / TIME_SCALE + 30, "a canary")
+        canaries = loop.wait_for(canary_pods, 5 * INTERVAL_S / TIME_SCALE + 30, "a canary")
         for pod_name in canaries:
             post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": REGRESSION})
         try:
             loop.wait_for(lambda: any(e.get("reason") == "RolledBack" for e in watcher.events[seen:]),
                           2 * ANALYSIS_S / TIME_SCALE + 30, "a RolledBack Event")  # fmt: skip
         finally:
-            tell(capsys, f"a fresh Auto deployment, its canaries {canaries} made {REGRESSION:g}x slower:\n"
-                 + story(watcher.events[seen:]))  # fmt: skip
+            tell(capsys, f"a fresh Auto deployment from 4096/srpt on documents, its canaries {canaries} made "
+                 f"{REGRESSION:g}x slower:\n" + story(watcher.events[seen:]))  # fmt: skip
         live = {url: live_setting(url, key) for url in lp.target.targets(NAMESPACE, "fresh").refresh()}
         assert len(set(live.values())) == 1, f"fleet not uniform after the rollback: {live}"
         rolled = next(e for e in watcher.events[seen:] if e.get("reason") == "RolledBack")
@@ -373,7 +354,7 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
     finally:
         for pod_name in canaries:
             post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": 1.0})
-        load.join(timeout_s=workload.span_s / TIME_SCALE + 180)
+        load.join(timeout_s=documents.span_s / TIME_SCALE + 180)
         watcher.stop()
 
     # Never a restart: same pods, same UIDs, no container or simulator restarts.
@@ -381,4 +362,3 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
     assert lp.stack.runner is not None
     restarts = {k: v for k, v in lp.stack.runner.restarts().items() if k.startswith(f"{NAMESPACE}/auto")}
     assert restarts and not any(restarts.values()), restarts
-    assert not math.isnan(worst_tuned) and not math.isnan(worst_off)

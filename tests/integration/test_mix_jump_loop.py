@@ -55,7 +55,8 @@ class Phases:
         self.jump_at = jump_at
         self.reads: list[float] = []
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snapshot.WorkloadSnapshot:
         self.reads.append(now)
         return window(now, self.jump_at is not None and now >= self.jump_at)
 
@@ -66,7 +67,8 @@ class Holds:
     def __init__(self) -> None:
         self.asked: list[float] = []
 
-    def without_twin(self, sd: Any, snap: Any, fleet: models.EngineSetting, now: float) -> tuning.Recommendation:
+    def without_twin(self, sd: Any, snap: Any, fleet: models.EngineSetting, now: float,
+                     jumped: bool = False) -> tuning.Recommendation:
         self.asked.append(now)
         return tuning.Recommendation(fleet, False, "AtBest: hold")
 

@@ -9,7 +9,7 @@ from slipstream.demo import offline, phases
 
 @pytest.fixture(scope="module")
 def plan():
-    return phases.plan(240.0, replicas=offline.REPLICAS)
+    return phases.plan(360.0, replicas=offline.REPLICAS)
 
 
 @pytest.mark.parametrize("offset", [0.0, 30.0])
@@ -32,17 +32,24 @@ def test_figures_are_whole_phases_and_static_cap_beats_off_in_the_heterogeneous_
     assert cap[spans[1].name] * 5 <= off[spans[1].name], (cap, off)
 
 
-def test_demo_comparison_prints_off_best_static_and_both_autos(plan, capsys):
+def test_demo_comparison_prints_auto_off_and_the_best_static_settings(plan, capsys):
     from slipstream.demo import driver
 
     workload, spans = plan
     live = offline.static(workload, "floor:4096/srpt").results  # stands in for the live run
     driver.compare(workload, spans, live)
     lines = capsys.readouterr().out.splitlines()
-    rows = {line.split()[0]: line for line in lines[2:]}
-    assert "(best static)" in rows["ceiling:4096/srpt"], lines
-    assert "(Off)" in rows["stock"], lines
+    ranked = offline.ranked_static(workload, spans)
+    assert any(line.split()[:1] == [ranked[0][0]] and "(best static)" in line for line in lines), lines
+    assert any(line.split()[:1] == [ranked[1][0]] and "(second best static)" in line for line in lines), lines
+    assert any(line.split()[:1] == ["stock"] and "(Off)" in line for line in lines), lines
     live_row = next(line for line in lines if "auto (live" in line)
     want = offline.figures(offline.Run(live), spans)["whole"]
     assert float(live_row.split()[-1]) == pytest.approx(want, abs=0.005), (live_row, want)
-    assert any("auto (twin's loop)" in line for line in lines), lines
+    verdict = next(line for line in lines if line.startswith("Auto (live)"))
+    assert f"{want / ranked[0][1]:.2f}x the best static setting ({ranked[0][0]}" in verdict, verdict
+
+
+def test_the_static_settings_are_every_setting_auto_may_choose():
+    assert set(offline.STATIC) == {"stock", "stock/srpt", "stock/lpm"} | {
+        f"{mode}:4096{order}" for mode in ("ceiling", "floor") for order in ("", "/srpt", "/lpm")}

@@ -105,8 +105,9 @@ def test_noise_around_a_steady_mix_does_not_fire() -> None:
 
 
 def test_a_mix_hovering_inside_the_band_fires_once() -> None:
-    decided = (0.5, 0.5, 0.0, 0.0, 0.0)
-    near, far, back = (0.5, 0.1, 0.4, 0.0, 0.0), (0.0, 0.5, 0.5, 0.0, 0.0), (0.4, 0.6, 0.0, 0.0, 0.0)
+    # Every mix here holds the same largest class (le60k): only the distance moves.
+    decided = (0.5, 0.45, 0.05, 0.0, 0.0)
+    near, far, back = (0.5, 0.1, 0.4, 0.0, 0.0), (0.0, 0.5, 0.5, 0.0, 0.0), (0.4, 0.55, 0.05, 0.0, 0.0)
     assert mixjump.EXIT < mixjump.distance(near, decided) < mixjump.ENTER <= mixjump.distance(far, decided)
     watch = mixjump.MixWatch(decided)
     fired = []
@@ -132,3 +133,82 @@ def test_missing_or_thin_metrics_judge_nothing() -> None:
     assert watch.stepped(None) == watch  # a step on no mix keeps the reference
     # No reference yet (no step has seen a mix): nothing to jump from.
     assert mixjump.MixWatch().see(mixjump.mix_of(snap_of(giants(rng, 100)))) == (mixjump.MixWatch(), False)
+
+
+def documents(rng: random.Random, n: int) -> list[float]:
+    """A steady phase of long documents (10K to 24K tokens, the ``le60k`` class)."""
+    return [rng.uniform(10_000, 24_000) for _ in range(n)]
+
+
+def test_giants_among_documents_are_a_jump_though_the_work_moved_little() -> None:
+    rng = random.Random(6)
+    docs = documents(rng, 96)  # a minute of two engines' documents
+    watch = mixjump.MixWatch().stepped(mixjump.mix_of(snap_of(docs)))
+    # One 175K-token giant waiting: a tenth of the work, one class up.
+    mix = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))
+    assert mix is not None and watch.decided is not None
+    assert mixjump.distance(mix, watch.decided) < mixjump.ENTER  # the distance alone would miss it
+    watch, first = watch.see(mix)
+    watch, fired = watch.see(mix)
+    assert not first and fired
+    # Once giants are part of the decided mix, more of them are no jump.
+    steady = mixjump.MixWatch().stepped(mix)
+    assert not steady.see(mix)[0].see(mix)[1]
+
+
+def test_steady_documents_never_fire() -> None:
+    rng = random.Random(7)
+    watch = mixjump.MixWatch().stepped(mixjump.mix_of(snap_of(documents(rng, 50))))
+    for _ in range(300):
+        watch, fired = watch.see(mixjump.mix_of(snap_of(documents(rng, 50))))
+        assert not fired
+
+
+def test_a_step_that_cannot_judge_its_window_is_retried_at_the_next_look() -> None:
+    rng = random.Random(8)
+    before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
+    assert before is not None and after is not None
+    watch = mixjump.MixWatch().stepped(before)
+    watch, _ = watch.see(after)
+    watch, fired = watch.see(after)
+    assert fired
+    # The step the jump asked for held ModelMismatch (a window straddling the change): the old
+    # reference stays and the next look fires again, RETRIES times at most.
+    for k in range(mixjump.RETRIES):
+        watch = watch.stepped(after, judged=False, brought=True)
+        assert watch.decided == before and watch.retries == k + 1
+        watch, fired = watch.see(after)
+        assert fired, k
+    watch = watch.stepped(after, judged=False, brought=True)  # retries spent: the step's window is the reference
+    assert watch.decided == after and not watch.see(after)[1]
+    # A judged step ends the retries as before.
+    judged = mixjump.MixWatch().stepped(before).see(after)[0].see(after)[0].stepped(after)
+    assert judged.decided == after and judged.retries == 0
+
+
+def test_a_step_that_judged_nothing_leaves_a_jump_to_fire_later() -> None:
+    rng = random.Random(9)
+    before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
+    watch = mixjump.MixWatch().stepped(before)
+    # A rollout in flight: its steps hold before the twin runs, every few seconds, and polls
+    # pause. None of them takes the new mix as the reference, nor spends a retry.
+    for _ in range(10):
+        watch = watch.stepped(after, judged=False)
+    assert watch.decided == before and watch.retries == 0
+    watch, first = watch.see(after)
+    watch, fired = watch.see(after)
+    assert not first and fired
+
+
+def test_random_giants_with_quiet_windows_between_are_one_regime() -> None:
+    rng = random.Random(10)
+    quiet = mixjump.mix_of(snap_of(documents(rng, 96)))
+    giant = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))
+    watch = mixjump.MixWatch().stepped(giant)  # a step decided on a window with a giant
+    watch = watch.stepped(quiet)  # the next one had none
+    # The next giant is no jump: the references remember what the last few held.
+    assert not watch.see(giant)[0].see(giant)[1]
+    # After TOP_MEMORY quiet references the giants are gone as far as the watch knows.
+    for _ in range(mixjump.TOP_MEMORY):
+        watch = watch.stepped(quiet)
+    assert watch.see(giant)[0].see(giant)[1]

@@ -70,11 +70,12 @@ class CountingRecommender:
         self.threads: set[str] = set()
 
     def without_twin(self, sd: models.ServingDeployment, s: snap.WorkloadSnapshot,
-                     fleet_setting: models.EngineSetting, now: float) -> tuning.Recommendation | None:  # fmt: skip
+                     fleet_setting: models.EngineSetting, now: float, jumped: bool = False,
+                     ) -> tuning.Recommendation | None:  # fmt: skip
         return None  # every call is a twin run
 
     def recommend(self, sd: models.ServingDeployment, s: snap.WorkloadSnapshot, fleet_setting: models.EngineSetting,
-                  now: float) -> tuning.Recommendation:  # fmt: skip
+                  now: float, jumped: bool = False) -> tuning.Recommendation:  # fmt: skip
         with self.lock:
             self.inside += 1
             self.most = max(self.most, self.inside)
@@ -87,7 +88,8 @@ class CountingRecommender:
 
 
 class ValidSnapshots:
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snap.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snap.WorkloadSnapshot:
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
         return snap.WorkloadSnapshot(name, now, window_s)
 
@@ -161,7 +163,8 @@ class Snapshots:
     def __init__(self, snaps: dict[str, snap.WorkloadSnapshot]) -> None:
         self.snaps = snaps
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snap.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snap.WorkloadSnapshot:
         return self.snaps[f"{sd.metadata.namespace}/{sd.metadata.name}"]
 
 

@@ -341,6 +341,48 @@ def test_at_best_holds_and_uniform_traffic_steps_back_to_off():
     assert isinstance(d, Move) and d.to.threshold == 0  # by gain, or as less concurrency
 
 
+def test_a_cap_is_loosened_only_after_a_cooldown_of_near_uniform_traffic():
+    busy = HET_REC.best.setting
+    rec = recommend.recommend(uniform(), busy, SPEC, PROFILE)
+    assert rec.heterogeneity <= GUARD.step_back_max_heterogeneity
+    # A heterogeneous window 200 s ago (inside one 600 s cooldown of calm): hold, say why.
+    mixed = TunerState(busy, mixed_at=9_800.0)
+    d = decide(uniform(), rec, mixed)
+    assert isinstance(d, Hold) and d.reason == guardrails.CALM and "200 s ago" in d.message
+    # A cooldown of calm since: the step back goes ahead; and with no memory of a mix, too.
+    assert isinstance(decide(uniform(), rec, TunerState(busy, mixed_at=9_400.0)), Move)
+    assert isinstance(decide(uniform(), rec, TunerState(busy)), Move)
+    off = GuardrailSettings(min_samples=50, min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60,
+                            calm_cooldowns=0)
+    assert isinstance(decide(uniform(), rec, mixed, guard=off), Move)
+    # The state remembers what each step saw: near-uniform windows leave it, mixed ones move it.
+    assert mixed.saw(rec.heterogeneity, 10_000.0, GUARD).mixed_at == 9_800.0
+    assert mixed.saw(HET_REC.heterogeneity, 10_000.0, GUARD).mixed_at == 10_000.0
+    assert mixed.saw(math.nan, 10_000.0, GUARD).mixed_at == 9_800.0
+    assert mixed.stepped(OFF, 10_000.0).mixed_at == 9_800.0
+    # A harder cap is never held by the calm.
+    assert isinstance(decide(heterogeneous(), HET_REC, TunerState(OFF, mixed_at=9_999.0)), Move)
+
+
+def test_a_jump_of_the_queue_mix_may_cap_harder_during_the_cooldown():
+    rec = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE)
+    assert rec.best.setting.threshold > 0 and rec.sure_gain >= GUARD.jump_gain
+    cooling = TunerState(OFF, last_step_at=9_800.0)
+    assert guardrails.gate(heterogeneous(), cooling, GUARD, 10_000.0).reason == guardrails.COOLDOWN
+    jumped = replace(cooling, mix_jumped=True)
+    assert guardrails.gate(heterogeneous(), jumped, GUARD, 10_000.0) is None  # the twin runs
+    d = decide(heterogeneous(), rec, jumped)
+    assert isinstance(d, Move) and d.to == rec.best.setting and "cooldown" in d.reason
+    # Not for a gain below jump_gain, nor for a move that caps less.
+    timid = GuardrailSettings(min_samples=50, min_gain=0.2, min_gain_abs=0.5, cooldown_s=600, interval_s=60,
+                              jump_gain=rec.sure_gain + 0.01)
+    d = decide(heterogeneous(), rec, jumped, guard=timid)
+    assert isinstance(d, Hold) and d.reason == guardrails.COOLDOWN and "jumped" in d.message
+    back = recommend.recommend(uniform(), rec.best.setting, SPEC, PROFILE)
+    d = decide(uniform(), back, replace(jumped, current=rec.best.setting))
+    assert isinstance(d, Hold) and d.reason == guardrails.COOLDOWN
+
+
 def test_bounds_hold_when_the_spec_narrowed_after_the_recommendation():
     narrow = TuningSpec(min_concurrency=1, max_concurrency=1)
     d = decide(heterogeneous(), HET_REC, TunerState(OFF), spec=narrow)

@@ -145,6 +145,13 @@ def test_the_twin_recommender_moves_on_heterogeneous_traffic_and_holds_after() -
                  {"lastDecision": {"time": machine.stamp(990.0), "to": rec.setting.to_k8s(), "reason": "r"}})  # fmt: skip
     held = stages.TwinRecommender(config).recommend(moved, heterogeneous(), rec.setting, 1000.0)
     assert not held.move and held.reason.startswith("Cooldown"), held
+    # ... and the hold still reports the window's mix: status.mixedAt is written from it
+    assert held.heterogeneity is not None and held.heterogeneity > tuning.MIXED
+    patch = tuning.status_patch(moved, decision(), [], heterogeneous(), held, False, "2026-01-01T00:00:00Z")
+    assert patch["mixedAt"] == "2026-01-01T00:00:00Z"
+    # a step the queue mix brought forward may cap harder during the cooldown
+    urgent = stages.TwinRecommender(config).recommend(moved, heterogeneous(), S(threshold=0), 1000.0, jumped=True)
+    assert urgent.move and "cooldown" in urgent.reason, urgent
     # a promotion left rec.setting 100 s ago (past the 60 s cooldown, within 3 of them): no return
     left = make({"mode": "Auto", "threshold": 0, "cooldownSeconds": 600},
                 {"lastDecision": {"time": machine.stamp(900.0), "to": {"threshold": 0}, "reason": "r"},
@@ -446,3 +453,22 @@ def test_the_fleet_read_is_reused_for_a_scaled_time() -> None:
     assert stages.fleet_observer(settings_.ControllerSettings()).reuse_s == stages.FLEET_REUSE_S
     fast = stages.fleet_observer(settings_.ControllerSettings(tuning_time_scale=0.125))
     assert fast.reuse_s == stages.FLEET_REUSE_S * 0.125  # under one mix poll (10 s x 0.125)
+
+
+def test_a_recent_mix_in_status_holds_a_step_back() -> None:
+    from test_tune import uniform
+
+    from slipstream.controller import stages
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, observe_min_samples=50)
+    capped = S(threshold=4096, schedule_policy="srpt")
+    spec = {"mode": "Auto", "threshold": 0, "cooldownSeconds": 600}
+    calm = stages.TwinRecommender(config).recommend(make(spec), uniform(), capped, 1000.0)
+    assert calm.move and calm.setting.threshold == 0, calm
+    assert calm.heterogeneity is not None and calm.heterogeneity <= tuning.MIXED
+    patch = tuning.status_patch(make(spec), decision(), [], uniform(), calm, False, "2026-01-01T00:00:00Z")
+    assert "mixedAt" not in patch  # a near-uniform window leaves the memory alone
+    # status.mixedAt 20 s ago (inside the 60 s cooldown at this scale): held, Calm
+    recent = make(spec, {"mixedAt": machine.stamp(980.0)})
+    held = stages.TwinRecommender(config).recommend(recent, uniform(), capped, 1000.0)
+    assert not held.move and held.reason.startswith("Calm"), held

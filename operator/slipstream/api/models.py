@@ -625,6 +625,11 @@ class ServingDeploymentStatus(Model):
     left_settings: list[LeftSetting] = Field(
         default_factory=list, max_length=8, description="Settings recently left by a promotion, oldest first."
     )
+    mixed_at: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"},
+        description="When the tuner last saw a heterogeneous window (heterogeneity above 0.1); a cap is "
+        "loosened only after a cooldown of near-uniform traffic since.",
+    )
     rollout: RolloutStatus | None = None
     tenants: list[TenantLatency] = Field(default_factory=list, max_length=256)
     ready_replicas: int | None = Field(default=None, ge=0)

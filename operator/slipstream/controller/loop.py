@@ -42,15 +42,20 @@ from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.engine import admin, metrics
 from slipstream.rollout import analysis, engines, machine, sequential
-from slipstream.tune import mixjump
+from slipstream.tune import guardrails, mixjump
 
 log = logging.getLogger(__name__)
+
+
+JUMP_MIN_SAMPLES = guardrails.GuardrailSettings().jump_min_samples
+"""First tokens a step the queue mix brought forward needs in its shorter window."""
 
 
 class SnapshotSource(Protocol):
     """`slipstream.observe` as the loop uses it: never raises, says why a snapshot is invalid."""
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot: ...
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snapshot_.WorkloadSnapshot: ...
 
 
 class Recommender(Protocol):
@@ -62,11 +67,13 @@ class Recommender(Protocol):
     inputs whichever answers."""
 
     def without_twin(
-        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+        jumped: bool = False,
     ) -> tuning.Recommendation | None: ...
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+        jumped: bool = False,
     ) -> tuning.Recommendation: ...
 
 
@@ -76,17 +83,20 @@ class NotBuilt:
 
     what: str = "the observe stage is not built into this operator yet"
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot_.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snapshot_.WorkloadSnapshot:
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
         return snapshot_.invalid(name, now, window_s, snapshot_.UNREACHABLE, self.what)
 
     def without_twin(
-        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+        jumped: bool = False,
     ) -> tuning.Recommendation | None:
         return self.recommend(sd, snap, fleet, now)
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot_.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+        jumped: bool = False,
     ) -> tuning.Recommendation:
         return tuning.Recommendation(fleet, False, "the tuner is not built into this operator yet")
 
@@ -168,17 +178,22 @@ def allowed(url: str, networks: str) -> bool:
     return any(ip in ipaddress.ip_network(n.strip(), strict=False) for n in networks.split(",") if n.strip())
 
 
-async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float
-                  ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float,
+                  jumped: bool = False) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+    """The step's snapshot and the tuner's recommendation on it (``jumped``: the queue mix
+    brought this step forward, which lets a harder cap skip the cooldown: tune.guardrails)."""
     if not tuning.observes(sd):
         return None, None
-    window = tuning.interval(sd, deps.config)
+    window, need = tuning.interval(sd, deps.config), None
+    if jumped:  # the traffic since the jump, not the interval's mostly older mix (tune.mixjump)
+        window = mixjump.window_s(tuning.scale(deps.config.mix_poll_seconds, deps.config), window)
+        need = min(deps.config.observe_min_samples, JUMP_MIN_SAMPLES)
     name = f"{sd.metadata.namespace}/{sd.metadata.name}"
     if deps.tokens is not None:
         await deps.tokens(sd)
     try:
         snap = await asyncio.wait_for(
-            deps.observer.snapshot(sd, window, now), timeout=2 * deps.config.prometheus_timeout_seconds
+            deps.observer.snapshot(sd, window, now, need), timeout=2 * deps.config.prometheus_timeout_seconds
         )
     except Exception as error:  # a failed read is a reason, never zero traffic
         snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
@@ -186,7 +201,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         return snap, None
     # Reuse (or a guardrail's hold) is decided here on the event loop: it costs a dict
     # look-up and the guardrails, and must not queue behind other deployments' twin runs.
-    if (quick := deps.recommender.without_twin(sd, snap, fleet, now)) is not None:
+    if (quick := deps.recommender.without_twin(sd, snap, fleet, now, jumped)) is not None:
         return snap, quick
     # A twin run goes to a thread of the tuner pool: it must not stall the event loop that
     # every other deployment's loop shares, nor hold the worker threads their Kubernetes and
@@ -194,7 +209,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
     # under the GIL, more at once would only hold more memory. The call runs in a copy of
     # this task's context, as `asyncio.to_thread` does (kopf's context vars, e.g.
     # the Event queue `kopf.event` posts to, stay visible there).
-    call = functools.partial(contextvars.copy_context().run, deps.recommender.recommend, sd, snap, fleet, now)
+    call = functools.partial(contextvars.copy_context().run, deps.recommender.recommend, sd, snap, fleet, now, jumped)
     return snap, await asyncio.get_running_loop().run_in_executor(deps.tuner, call)
 
 
@@ -286,8 +301,11 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     config, now = deps.config, deps.clock()
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
-    snap, recommendation = await observe(deps, sd, fleet, now)
-    memory.mix = memory.mix.stepped(mixjump.mix_of(snap))
+    snap, recommendation = await observe(deps, sd, fleet, now, bool(memory.jumped))
+    # A step that judged nothing leaves the mix watch alone; one the mix jump brought forward
+    # that held is retried at the next poll (tune.mixjump).
+    judged = recommendation is not None and recommendation.judged and (not memory.jumped or recommendation.move)
+    memory.mix = memory.mix.stepped(mixjump.mix_of(snap), judged, brought=bool(memory.jumped))
     if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
                  "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),

@@ -34,6 +34,7 @@ from slipstream.sim import policies, profiles
 from slipstream.tune import candidates, guardrails, modelcheck
 from slipstream.tune import deployment as tune_deployment
 from slipstream.tune import memo as memo_
+from slipstream.tune import recommend as recommend_
 from slipstream.tune import tuner as tuner_
 
 TUNER_SECONDS = prometheus_client.Histogram(
@@ -172,23 +173,25 @@ class TwinRecommender:
             self.memo = memo_.Memo(max_age_s=reuse)
 
     def without_twin(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+        jumped: bool = False,
     ) -> tuning.Recommendation | None:
         """The recommendation when it needs no twin run (`tune.tuner.without_twin`: a
         guardrail holds, or the memo's run for this workload is reused); None: call
         `recommend`. The profile is loaded by the first twin run, never here (file I/O):
         until then, and without a memo, only the guardrails' gate is checked."""
-        state, settings, config = self._inputs(sd, fleet)
-        decision = tuner_.without_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
-                                       self.profile, config, now, self.memo)
+        state, settings, config = self._inputs(sd, fleet, jumped)
+        engine_snap = in_engine_time(snap, self.config.engine_time_scale)
+        decision = tuner_.without_twin(engine_snap, state, settings, self.profile, config, now, self.memo)
         if decision is None:
             return None
         if decision.recommendation is not None:  # a reused run (a gate's Hold carries none)
             TUNER_REUSES.inc()
-        return self._summary(decision, fleet, sd)
+        return self._summary(decision, fleet, sd, self._mix(engine_snap, settings))
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
+        self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
+        jumped: bool = False,
     ) -> tuning.Recommendation:
         """The recommendation with a fresh twin run (`tune.tuner.with_twin`), stored in the
         memo; the loop calls it on the tuner pool when `without_twin` returned None."""
@@ -196,23 +199,30 @@ class TwinRecommender:
         with TUNER_SECONDS.time():
             try:
                 profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
-                state, settings, config = self._inputs(sd, fleet)
-                decision = tuner_.with_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
-                                            profile, config, now, self.memo)
-                return self._summary(decision, fleet, sd)
+                state, settings, config = self._inputs(sd, fleet, jumped)
+                engine_snap = in_engine_time(snap, self.config.engine_time_scale)
+                decision = tuner_.with_twin(engine_snap, state, settings, profile, config, now, self.memo)
+                return self._summary(decision, fleet, sd, self._mix(engine_snap, settings))
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
 
+    def _mix(self, snap: snapshot.WorkloadSnapshot, settings: tuner_.TunerSettings) -> float:
+        """The window's heterogeneity, for every step (a gate's Hold too: status.mixedAt)."""
+        return recommend_.window_heterogeneity(snap, self.profile, settings.spec.chunked_prefill_size)
+
     def _inputs(
-        self, sd: models.ServingDeployment, fleet: models.EngineSetting
+        self, sd: models.ServingDeployment, fleet: models.EngineSetting, jumped: bool = False
     ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
-        """The tuner's state (from status), settings (from the spec) and engine config."""
+        """The tuner's state (from status; ``jumped``: the queue mix brought this step
+        forward), settings (from the spec) and engine config."""
         rollout = sd.status.rollout
         state = guardrails.TunerState(
             current=twin_setting(fleet),
             last_step_at=tune_deployment.last_step_at(sd.status),  # cooldown from promotion/rollback
             rollout_in_progress=rollout is not None and rollout.phase != "Idle",
             left=tune_deployment.left_of(sd.status),
+            mixed_at=tune_deployment.unix_seconds(sd.status.mixed_at),
+            mix_jumped=jumped,
         )
         settings = tuner_.TunerSettings(
             spec=candidates.from_spec(sd.spec),
@@ -227,9 +237,9 @@ class TwinRecommender:
 
     @staticmethod
     def _summary(decision: guardrails.Decision, fleet: models.EngineSetting,
-                 sd: models.ServingDeployment | None = None) -> tuning.Recommendation:  # fmt: skip
+                 sd: models.ServingDeployment | None = None, window_mix: float | None = None) -> tuning.Recommendation:  # fmt: skip
         rec = decision.recommendation
-        mix = rec.heterogeneity if rec is not None else None
+        mix = rec.heterogeneity if rec is not None else window_mix
         model = rec.model if rec is not None else None
         prediction = tuple((t.name, t.predicted_s, t.observed_s) for t in model.tenants) if model is not None else ()
         if sd is not None:
@@ -242,11 +252,11 @@ class TwinRecommender:
         DECISIONS.labels(outcome, outcome if isinstance(decision, guardrails.Move) else decision.reason).inc()
         mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
-            gains = [g for g in (rec.gain, rec.resample_gain) if math.isfinite(g)] if rec is not None else []
             return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction,
-                                         gain=min(gains, default=0.0))  # fmt: skip
+                                         gain=rec.sure_gain if rec is not None else 0.0)  # fmt: skip
         best = engine_setting(rec.best.setting) if rec is not None else fleet
-        return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix, prediction, mismatch)
+        return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix, prediction, mismatch,
+                                     judged=rec is not None)  # fmt: skip
 
 
 @dataclass

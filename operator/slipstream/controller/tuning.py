@@ -19,7 +19,7 @@ from slipstream.controller import settings as settings_
 from slipstream.engine import args as engine_args
 from slipstream.rollout import machine
 from slipstream.tune import deployment as tune_deployment
-from slipstream.tune import modelcheck
+from slipstream.tune import guardrails, modelcheck
 
 METRICS_AVAILABLE = "MetricsAvailable"
 ROLLOUT_PROGRESSING = "RolloutProgressing"
@@ -67,6 +67,9 @@ class Recommendation:
     gain: float = 0.0
     """The predicted relative gain of a move: the lesser of the confirming run's and the
     independent resample's (the canary's risk rule, `rollout.machine.skip_canary`)."""
+    judged: bool = True
+    """The twin judged the window (a fresh or a reused run); False when a guardrail held
+    before it (a rollout in flight, the cooldown, too few samples)."""
 
     @property
     def prediction_error_ratio(self) -> float | None:
@@ -76,6 +79,9 @@ class Recommendation:
 
 
 MODEL_MISMATCH = modelcheck.MODEL_MISMATCH
+MIXED = guardrails.GuardrailSettings().step_back_max_heterogeneity
+"""Heterogeneity above which a window counts as mixed (status.mixedAt): the guardrails'
+near-uniform bound."""
 
 spec_setting = objects.spec_setting
 fleet_setting = objects.current_setting
@@ -270,6 +276,8 @@ def status_patch(
         out["recommendation"] = recommendation.setting.to_k8s()
         if recommendation.heterogeneity is not None and math.isfinite(recommendation.heterogeneity):
             out["heterogeneity"] = round(recommendation.heterogeneity, 3)
+            if recommendation.heterogeneity > MIXED:  # the calm's memory (tune.guardrails.TunerState.mixed_at)
+                out["mixedAt"] = now
         if (ratio := recommendation.prediction_error_ratio) is not None:
             out["predictionErrorRatio"] = round(ratio, 3)
     if started and decision.state.candidate is not None:  # a rollout began this step

@@ -103,6 +103,7 @@ def serving_deployment(
     mode: str = "Auto",
     replicas: int = 2,
     threshold: int = 0,
+    schedule_policy: str = "fcfs",
     interval_s: int = 60,
     cooldown_s: int = 180,
     analysis_s: int = 120,
@@ -126,7 +127,7 @@ def serving_deployment(
     tuning: dict[str, Any] = {
         "mode": mode,
         "engineMode": "ceiling",
-        "schedulePolicy": "fcfs",
+        "schedulePolicy": schedule_policy,
         "minConcurrency": 1,
         "maxConcurrency": max_concurrency,
         "intervalSeconds": interval_s,

@@ -156,9 +156,7 @@ def best_static(workload: Workload, spans: Sequence[phases.Phase], count: int = 
     """The ``count`` static settings with the lowest whole-run worst-tenant p99 on the twin."""
     from slipstream.demo import offline  # the twin and the tuner: loaded when a bench runs
 
-    ranked = sorted((offline.figures(offline.static(workload, name), spans)["whole"], name)
-                    for name in offline.STATIC)  # fmt: skip
-    return [(name, whole) for whole, name in ranked[:count]]
+    return offline.ranked_static(workload, spans)[:count]
 
 
 def p99(values: Sequence[float]) -> float:

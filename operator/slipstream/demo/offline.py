@@ -25,15 +25,28 @@ from slipstream.api import buckets, models
 from slipstream.api.snapshot import PodSetting, WorkloadSnapshot
 from slipstream.controller import settings as controller_settings
 from slipstream.demo import loop, phases
+from slipstream.rollout import machine
 from slipstream.sim import engine, policies, profiles
 from slipstream.sim.workload import Request, Workload, build
-from slipstream.tune import candidates, guardrails, mixjump, observed, tuner
+from slipstream.tune import (
+    candidates,
+    deployment,
+    guardrails,
+    mixjump,
+    observed,
+    recommend,
+    tuner,
+)
 from slipstream.tune.recommend import policy_name
 
 STOCK = policies.Setting(0, "ceiling", "fcfs")
 REPLICAS = 2
-STATIC = ("stock", "stock/srpt", "ceiling:4096/srpt", "floor:4096/srpt")
-"""The static settings the demo compares Auto with (concurrency <= 2: the demo's bound)."""
+SPEC = candidates.TuningSpec(8192, 1, 1, 2)
+"""The demo's tuning bounds (C 8192, page 1, concurrency 1-2: loop.serving_deployment's)."""
+STATIC = tuple(policy_name(s) for s in candidates.enumerate_candidates(SPEC))
+"""The static settings Auto is judged against: every setting it may choose within the
+demo's bounds (stock, and T 4096 in either mode, each in every order), so "the best
+static setting in hindsight" is the best of what Auto could have left on."""
 
 Schedule = list[tuple[float, policies.Setting]]
 
@@ -101,6 +114,17 @@ def first_tokens(jobs: Sequence[Sequence[engine.Job]]) -> list[policies.FirstTok
                    for js in jobs for j in js if j.first_token_s >= 0), key=lambda f: f.first_token_s)  # fmt: skip
 
 
+def arrivals_of(jobs: Sequence[Sequence[engine.Job]]) -> list[tuple[str, float]]:
+    return [(j.req.tenant, j.arrival_s) for js in jobs for j in js]
+
+
+def waiting_at(jobs: Sequence[Sequence[engine.Job]], now: float) -> list[tuple[str, int]]:
+    """(tenant, uncached tokens) of every request arrived by ``now`` with no first token yet:
+    what the engines' queue gauges count."""
+    return [(j.req.tenant, j.uncached if j.uncached > 0 else j.req.prompt_tokens) for js in jobs for j in js
+            if j.arrival_s <= now and not 0 <= j.first_token_s <= now]
+
+
 def mix_at(jobs: Sequence[Sequence[engine.Job]], now: float, window_s: float) -> mixjump.Mix | None:
     """The queue mix the engines' size-class series would show at ``now``: the uncached
     tokens of the window's first tokens plus those of the requests waiting at ``now``."""
@@ -148,7 +172,8 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
                 canary: int = 0) -> Run:  # fmt: skip
     """The phases with the operator's tuner deciding every interval from ``offset_s`` on;
     each Move starts on engine ``canary`` (its index in the round robin, ``split``) and
-    reaches the others an analysis window later. Which engine is the canary matters: the
+    reaches the others an analysis window later, or on every engine at once when the
+    operator's risk rule skips the canary (``skips_canary``). Which engine is the canary matters: the
     operator canaries the first pod by name, which is either engine at random, and on the
     demo's phases a canary on the engine that holds the phase's first giants rescues the
     heterogeneous phase's tail an analysis window sooner than one on the other."""
@@ -160,36 +185,59 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
     per_engine = split(workload)
     schedules: list[Schedule] = [[] for _ in range(REPLICAS)]
     state = guardrails.TunerState(STOCK)
-    rollout_until, now = -1.0, offset_s
+    rollout_until, now, jumped = -1.0, offset_s, False
     moves: list[tuple[float, str, str, str]] = []
     watch = mixjump.MixWatch()
     jobs = run_engines(per_engine, schedules, profile, cfg)
     while now < spans[-1].end_s:
-        snap = observed.snapshot_of("sd", first_tokens(jobs), now, lset.interval_s)
+        window = mixjump.window_s(lset.mix_poll_s, lset.interval_s) if jumped else lset.interval_s
+        seen = first_tokens(jobs)
+        snap = observed.with_queue_mix(observed.snapshot_of("sd", seen, now, window), seen,
+                                       arrivals_of(jobs), waiting_at(jobs, now))
         snap = as_prometheus_reads(snap, REPLICAS, lset.rate_factor)
-        decision = tuner.tune_once(snap, replace(state, rollout_in_progress=now < rollout_until),
+        decision = tuner.tune_once(snap, replace(state, rollout_in_progress=now < rollout_until, mix_jumped=jumped),
                                    settings, profile, cfg, now)  # fmt: skip
+        state = state.saw(recommend.window_heterogeneity(snap, profile, spec.chunked_prefill_size), now,
+                          settings.guardrails)
         phase = next((p.name for p in spans if p.holds(now)), "?")
         if isinstance(decision, guardrails.Move) and not lset.off:
             moves.append((now, policy_name(decision.from_), policy_name(decision.to), decision.reason))
             if log:
                 log(f"{now:7.0f} [{phase}] Move {moves[-1][1]} -> {moves[-1][2]}: {decision.reason}")
+            skipped = skips_canary(decision, state)
             for k in range(REPLICAS):
-                schedules[k].append((now if k == canary else now + lset.analysis_s, decision.to))
-            rollout_until = now + lset.analysis_s
-            state = state.stepped(decision.to, now)
+                schedules[k].append((now if k == canary or skipped else now + lset.analysis_s, decision.to))
+            rollout_until = now if skipped else now + lset.analysis_s
+            if log and skipped:
+                log(f"{now:7.0f} [{phase}] {skipped}")
+            # The cooldown runs from the promotion (tune.deployment.last_step_at), as the operator's.
+            state = state.stepped(decision.to, rollout_until)
             jobs = run_engines(per_engine, schedules, profile, cfg)
         elif log:
             log(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
-        watch = watch.stepped(mix_at(jobs, now, lset.interval_s))
-        now, watch = next_step(jobs, now, rollout_until, watch, lset, log)
+        judged = decision.recommendation is not None and (not jumped or isinstance(decision, guardrails.Move))
+        watch = watch.stepped(mix_at(jobs, now, lset.interval_s), judged, brought=jumped)
+        now, watch, jumped = next_step(jobs, now, rollout_until, watch, lset, log)
     return Run(results_of(jobs, workload), moves, schedules)
 
 
+def skips_canary(move: guardrails.Move, state: guardrails.TunerState) -> str:
+    """The operator's risk rule (``rollout.machine.skip_canary``) for this move: why it goes
+    to every engine at once, or "" (the canary runs). Proven settings are those a promotion
+    left (``state.left``); the twin's rollouts are never rolled back."""
+    def es(s: policies.Setting) -> models.EngineSetting:
+        return deployment.engine_setting(s)
+
+    target = machine.RolloutTarget(es(move.to), move.reason, canary=True, gain=move.recommendation.sure_gain,
+                                   proven=tuple(es(s) for s, _ in state.left))
+    return machine.skip_canary(target, models.RolloutStatus(), es(state.current), engine_config().chunked_prefill_size)
+
+
 def next_step(jobs: Sequence[Sequence[engine.Job]], now: float, rollout_until: float, watch: mixjump.MixWatch,
-              lset: LoopSettings, log: Callable[[str], None] | None) -> tuple[float, mixjump.MixWatch]:
-    """When the next step runs: one interval on, or at the first mix poll that saw a jump.
-    While a rollout is in flight the operator steps every few seconds anyway: no polls."""
+              lset: LoopSettings, log: Callable[[str], None] | None) -> tuple[float, mixjump.MixWatch, bool]:
+    """(when the next step runs, the watch, whether a jump brought it forward): one interval
+    on, or at the first mix poll that saw a jump. While a rollout is in flight the operator
+    steps every few seconds anyway: no polls."""
     step_at = now + lset.interval_s
     poll = now + lset.mix_poll_s
     while lset.mix_poll_s > 0 and poll < step_at:
@@ -198,9 +246,16 @@ def next_step(jobs: Sequence[Sequence[engine.Job]], now: float, rollout_until: f
             if fired:
                 if log:
                     log(f"{poll:7.0f} queue mix jumped: stepping {step_at - poll:.0f} s before the timer")
-                return poll, watch
+                return poll, watch, True
         poll += lset.mix_poll_s
-    return step_at, watch
+    return step_at, watch, False
+
+
+def ranked_static(workload: Workload, spans: Sequence[phases.Phase]) -> list[tuple[str, float]]:
+    """(policy name, whole-run worst-tenant p99 TTFT) of every ``STATIC`` setting on the
+    twin, best first: the static settings in hindsight."""
+    scored = [(name, figures(static(workload, name), spans)["whole"]) for name in STATIC]
+    return sorted(scored, key=lambda x: x[1])
 
 
 def worst_tenant_p99(results: Sequence[loop.Result], start_s: float, end_s: float) -> float:

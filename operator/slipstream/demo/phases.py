@@ -1,33 +1,40 @@
-"""Traffic in phases, for the demo and the closed-loop test.
+"""Traffic in phases, for the demo, the loop benchmark and the closed-loop test.
 
-1. uniform: one tenant of short, similar prompts. Nothing to gain from capping
-   prefill concurrency; the tuner should leave it off (or at the least
-   concurrency allowed).
-2. heterogeneous: three tenants of short and high-hit prompts (chat, code, and
-   an agent re-sending a long shared context) among long cold prompts
-   ("giants", 150K-200K tokens, 9-14.5 s of prefill alone) that arrive at
-   fixed times, from chat and code in turn, the first as the phase begins.
-   Stock SGLang runs a giant's whole prefill before the next request's first
-   token, so every request arriving behind one waits; with C // T prefills at
-   once they do not. Giants are kept under 1% of each tenant's requests, so each
-   tenant's p99 TTFT measures the short requests (what the users feel), not the
-   giants' own prefill time. Short prompts stay under 4K tokens (chat and code
-   sessions), so a window without a giant gives no reason to cap anything.
-3. uniform again: the tuner should step back.
+The demo's workload (``plan``'s default) is documents -> heterogeneous -> documents, two
+tenants (chat and code) throughout, whose traffic changes shape:
+
+1. documents: both tenants send retrieval-augmented prompts of about 16K cold tokens
+   (10K-24K), uniform in size, keeping each engine about 40% busy. Stock SGLang is best
+   here: one prompt at a time with the whole budget. A cap costs: with C // T = 2 two
+   documents share every pass, so each takes longer, and a ceiling caps a lone document
+   for nothing; on the twin every capped setting's worst-tenant p99 TTFT is 5-40% above
+   stock's (``tests/unit/test_demo_phases.py`` checks that no setting is best in both).
+2. heterogeneous: short chat and code prompts among long cold prompts ("giants",
+   150K-200K tokens, 9-14.5 s of prefill alone) that arrive at fixed times, from chat and
+   code in turn, the first as the phase begins. Stock SGLang runs a giant's whole prefill
+   before the next request's first token, so every request arriving behind one waits
+   (worst-tenant p99 ~12 s); with C // T prefills at once they do not (~1 s).
+3. documents again: the tuner should step back.
+
+So no single static setting is best: the cap loses in the documents phases and stock
+loses ten-fold in the heterogeneous one, and a loop that follows the traffic can beat
+both over the whole run. Giants are kept under 1% of each tenant's requests, so each
+tenant's p99 TTFT measures the short requests (what the users feel), not the giants' own
+prefill time; and the tenants span every phase, so one giant caught before a loop can
+react weighs what it weighs in any tenant's day, not the whole p99 of a tenant that
+lives only in that phase.
+
+``uniform`` (one tenant of short, similar prompts) is a further kind, where nothing is
+gained or lost by capping.
 
 Rates are per engine replica (``replicas`` multiplies them, the load spreads
-over the pods). The heterogeneous phase keeps an engine about 80% busy on the
-twin (33% of it prefill; ``slipstream bench --workload`` of
-``spec_yaml("heterogeneous", 720)``): a loaded but not overloaded fleet, where
-stock's worst tenant p99 TTFT is ~12 s and concurrency 2 (ceiling, srpt) brings it
-to ~1.3 s. These are the engines' own rates: the operator divides what Prometheus
+over the pods). These are the engines' own rates: the operator divides what Prometheus
 counts per wall second by a time-scaled stack's factor before the twin runs, so
 the twin judges this traffic, not eight times it (at the wall-clock rates the
 twin would see an overloaded fleet and move for the overload, not for the mix).
 Times are twin seconds; the load divides them by the time
 scale. Every phase is a YAML workload spec (slipstream.sim.spec), so
-``slipstream bench --workload`` can run each one on the twin alone; the
-twin's figures in docs/demo.md come from that command.
+``slipstream bench --workload`` can run each one on the twin alone.
 """
 
 from __future__ import annotations
@@ -40,7 +47,12 @@ from slipstream.sim import spec as spec_mod
 from slipstream.sim.workload import Request, Workload, build
 
 UNIFORM = "uniform"
+DOCUMENTS = "documents"
 HETEROGENEOUS = "heterogeneous"
+DEMO = (DOCUMENTS, HETEROGENEOUS, DOCUMENTS)
+"""The demo's phases, in order."""
+TENANTS = ("chat", "code")
+"""The demo's tenants: both send in every phase of ``DEMO``."""
 
 ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
 PROFILE = "kimi-k3-8xh200"
@@ -56,10 +68,13 @@ middle of the phase."""
 
 GIANT_TOKENS = (150_000, 200_000)
 
-GIANT_TENANTS = ("chat", "code")
-"""The tenants whose requests include giants, in turn. The agent, whose long prompts
-hit the cache, has none: with three tenants a judged window of a few hundred seconds put
-more than 1% giants into the agent's requests, and its p99 became a giant's own prefill."""
+GIANT_TENANTS = TENANTS
+"""The tenants whose requests include giants, in turn."""
+
+DOCUMENT_RATE_PER_S = 0.4
+"""Documents per second per tenant and replica: two tenants keep an engine ~40% busy with
+16K-token prefills, enough that two documents often overlap (where a cap makes them
+share passes) without a standing queue."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,20 @@ def uniform_spec(duration_s: float, replicas: int, seed: int) -> dict[str, objec
             }
         ],
     }
+
+
+SHORT_OUTPUT = {"dist": "lognormal", "median": 20, "sigma": 0.5, "min": 1, "max": 100}
+
+
+def _spec(name: str, duration_s: float, seed: int, **rest: object) -> dict[str, object]:
+    return {"name": name, "profile": PROFILE, "engine": ENGINE, "seed": seed, "duration_s": duration_s, **rest}
+
+
+def documents_spec(duration_s: float, replicas: int, seed: int) -> dict[str, object]:
+    document = {"dist": "lognormal", "median": 16000, "sigma": 0.15, "min": 10000, "max": 24000}
+    return _spec(DOCUMENTS, duration_s, seed, tenants=[
+        {"name": name, "rate_per_s": DOCUMENT_RATE_PER_S * replicas, "prompt_tokens": document,
+         "output_tokens": SHORT_OUTPUT} for name in TENANTS])  # fmt: skip
 
 
 def heterogeneous_spec(duration_s: float, replicas: int, seed: int) -> dict[str, object]:
@@ -130,18 +159,11 @@ def heterogeneous_spec(duration_s: float, replicas: int, seed: int) -> dict[str,
                 "prompt_tokens": {"dist": "lognormal", "median": 1200, "sigma": 0.5, "min": 100, "max": 4000},
                 "output_tokens": short,
             },
-            {
-                "name": "agent",
-                "rate_per_s": 0.3 * replicas,
-                "prompt_tokens": {"dist": "lognormal", "median": 20000, "sigma": 0.1, "min": 19000, "max": 30000},
-                "output_tokens": short,
-                "shared_prefix_tokens": 18000,
-            },
         ],
     }
 
 
-SPECS = {UNIFORM: uniform_spec, HETEROGENEOUS: heterogeneous_spec}
+SPECS = {UNIFORM: uniform_spec, DOCUMENTS: documents_spec, HETEROGENEOUS: heterogeneous_spec}
 
 
 def phase_workload(kind: str, duration_s: float, replicas: int = 1, seed: int = 1, base: int = 0) -> Workload:
@@ -153,7 +175,7 @@ def phase_workload(kind: str, duration_s: float, replicas: int = 1, seed: int = 
 def plan(
     phase_s: float,
     replicas: int = 2,
-    kinds: tuple[str, ...] = (UNIFORM, HETEROGENEOUS, UNIFORM),
+    kinds: tuple[str, ...] = DEMO,
 ) -> tuple[Workload, list[Phase]]:
     """The phases back to back: one workload (request ids prefixed by the phase) and the spans."""
     requests: list[Request] = []

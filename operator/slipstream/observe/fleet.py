@@ -27,8 +27,9 @@ from slipstream.api import snapshot as snap
 from slipstream.observe import assemble
 from slipstream.observe.observer import FleetRead, Observer, ObserveSettings
 
-ReadKey = tuple[str, float, str, str]
-"""(Prometheus URL, window seconds, tenant label, bearer token or "")."""
+ReadKey = tuple[str, float, str, str, int | None]
+"""(Prometheus URL, window seconds, tenant label, bearer token or "", min samples or None:
+the settings')."""
 
 TokenFor = Callable[[models.ServingDeployment], str | None]
 """The bearer token of a deployment's Prometheus (``spec.prometheus.bearerTokenSecretRef``,
@@ -89,22 +90,28 @@ class FleetObserver:
         """Round trips to every Prometheus so far (the scale benchmark's figure)."""
         return sum(o.queries_made for o in self._observers.values())
 
-    def observer(self, url: str, window_s: float, tenant_label: str, token: str = "") -> Observer:
+    def observer(self, url: str, window_s: float, tenant_label: str, token: str = "",
+                 min_samples: int | None = None) -> Observer:
         """The Observer of one key (built on first use; it keeps that key's backoff)."""
-        key = (url, window_s, tenant_label, token)
+        key = (url, window_s, tenant_label, token, min_samples)
         if key not in self._observers:
-            settings = dataclasses.replace(self.settings, window_s=window_s, tenant_label=tenant_label)
+            settings = dataclasses.replace(self.settings, window_s=window_s, tenant_label=tenant_label,
+                                           min_samples=self.settings.min_samples if min_samples is None else min_samples)
             self._observers[key] = Observer(url, settings, bearer_token=token or None)
         return self._observers[key]
 
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snap.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snap.WorkloadSnapshot:
+        """The deployment's snapshot of the last ``window_s`` from a fleet read shared by every
+        deployment on the same Prometheus; ``min_samples`` (default: the settings') first
+        tokens make it valid (a step a jump of the queue mix brought forward needs fewer)."""
         name = f"{sd.metadata.namespace}/{sd.metadata.name}"
         url = sd.spec.prometheus.url
         if not url:
             return snap.invalid(name, now, window_s, snap.UNREACHABLE,
                                 "spec.prometheus.url is not set: no metrics to read")
         token = (self._token_for(sd) if self._token_for is not None else None) or ""
-        key: ReadKey = (url, float(window_s), sd.spec.tuning.objective.tenant_label, token)
+        key: ReadKey = (url, float(window_s), sd.spec.tuning.objective.tenant_label, token, min_samples)
         while True:
             cached = self._reads.get(key)
             if cached is not None and 0 <= now - cached.read.at < self.reuse_s:

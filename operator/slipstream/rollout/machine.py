@@ -13,9 +13,9 @@ The rollout, step by step:
 1. Idle. When the target differs from the fleet's setting, start a rollout. With a canary
    (mode Auto) the first `canary_replicas` pods that run the fleet's setting become
    canaries (phase Canary); without one (a user's Fixed edit, Off) go straight to Promoting.
-   An Auto candidate skips its canary only by the risk rule `skip_canary` (proven on this
-   deployment, never rolled back, a large predicted gain): straight to Promoting, with a
-   CanarySkipped Event that says why.
+   An Auto candidate skips its canary only by the risk rule `skip_canary` (a large predicted
+   gain, not rolled back since, and proven on this deployment or capping harder than the
+   fleet): straight to Promoting, with a CanarySkipped Event that says why.
    A candidate that was rolled back is not tried again before `retry_after_s`. While Idle,
    any pod that reports another setting than the fleet's (a pod started from a stale
    ConfigMap, an engine restarted, a hand edit) is set back to the fleet's setting.
@@ -180,35 +180,53 @@ def explain(pod: Pod) -> str:
 
 SKIP_GAIN = 0.5
 """Least predicted gain (relative; 0.5 halves the worst tenant's objective) with which a
-proven candidate skips its canary (`skip_canary`)."""
+candidate may skip its canary (`skip_canary`)."""
 
 
-def skip_canary(target: RolloutTarget, state: models.RolloutStatus) -> str:
+def skip_canary(target: RolloutTarget, state: models.RolloutStatus, fleet: EngineSetting,
+                chunked_prefill_size: int) -> str:
     """Why `target` may go to every pod without a canary, or "" (the canary runs).
 
     The canary's analysis window is most of the time from a phase change to the fleet on
     the right setting, and on heavy-tailed traffic it is also the riskiest part (one giant
-    prompt on the one canary pod reads as a regression). It is skipped only when all of:
+    prompt on the one canary pod reads as a regression, and every other pod keeps serving
+    giants uncapped for the whole window). It is skipped only for a tuner's move
+    (`RolloutTarget.gain` > 0: the lesser of its confirming run's and its independent
+    resample's predicted gain) whose candidate was not rolled back since (the last
+    rollout's result is not a rollback of it), when either:
 
-    - the candidate is proven on this deployment: its whole fleet ran it until a promotion
-      left it (`RolloutTarget.proven`, from status.leftSettings; the setting the deployment
-      started on counts, it ran on every pod), so it is known to run on these engines;
-    - it was not rolled back since: the last rollout's result is not a rollback of it;
-    - the tuner predicts a large gain, at least `SKIP_GAIN`, on its confirming run and on
-      an independent resample (`RolloutTarget.gain` is the lesser).
+    - **proven**: this deployment's whole fleet ran the candidate until a promotion left it
+      (`RolloutTarget.proven`, from status.leftSettings; the setting the deployment started
+      on counts, it ran on every pod), so it is known to run on these engines, and the
+      predicted gain is large, at least `SKIP_GAIN`; or
+    - **a harder cap**: the candidate runs more prefills at once than the fleet (C // T
+      higher), so no request takes more of a pass than before. Errors cost unequal amounts:
+      a cap the traffic did not need costs its uniform requests a fraction of their TTFT
+      until the next step steps back (after a cooldown of calm traffic and a canary: the
+      way back is the careful one), while an uncapped pod under giant prompts makes every
+      request behind one wait for its whole prefill, for as long as the canary runs.
 
-    What it risks: a setting that was fine under an earlier mix regresses under this one
-    with no canary to catch it; the next step's observed window (the tuner's model check
-    and its gain) is then the check, one interval later. A first try of any setting always
-    runs its canary."""
+    What it risks: a setting that regresses under this mix with no canary to catch it; the
+    next step's observed window (the tuner's model check and its gain) is then the check,
+    one interval later. A first try of a setting that caps less (a step back towards off,
+    or another order or mode alone) always runs its canary."""
     candidate = target.setting
-    if not target.canary or candidate not in target.proven or not target.gain >= SKIP_GAIN:
+    if not target.canary or not target.gain > 0:
         return ""
     if state.result == "RolledBack" and state.candidate == candidate:
         return ""
-    return (f"canary skipped: every pod of this deployment ran {show(candidate)} before, left by a promotion and "
-            f"not rolled back since, and the predicted gain {target.gain:.0%} is at least {SKIP_GAIN:.0%} "
-            "(risk rule: docs/operator.md, \"When the canary is skipped\")")  # fmt: skip
+    rule = "(risk rule: docs/operator.md, \"When the canary is skipped\")"
+    if candidate in target.proven and target.gain >= SKIP_GAIN:
+        return (f"canary skipped: every pod of this deployment ran {show(candidate)} before, left by a promotion "
+                f"and not rolled back since, and the predicted gain {target.gain:.0%} is at least {SKIP_GAIN:.0%} "
+                f"{rule}")  # fmt: skip
+    conc = engine_args.concurrency
+    before, after = conc(chunked_prefill_size, fleet.threshold), conc(chunked_prefill_size, candidate.threshold)
+    if after > before:
+        return (f"canary skipped: {show(candidate)} caps each prefill harder than the fleet's {show(fleet)} "
+                f"(concurrency {before} -> {after}, predicted gain {target.gain:.0%}), the direction that costs "
+                f"little if wrong {rule}")  # fmt: skip
+    return ""
 
 
 # -- the machine -----------------------------------------------------------------------------
@@ -342,7 +360,7 @@ class _Step:
     def start(self, target: RolloutTarget) -> RolloutDecision:
         change = self.change(self.fleet, target.setting)
         on_fleet = [p for p in self.pods if p.setting == self.fleet]
-        skipped = skip_canary(target, self.state)
+        skipped = skip_canary(target, self.state, self.fleet, self.policy.chunked_prefill_size)
         if target.canary and on_fleet and not skipped:
             canaries = sorted(on_fleet, key=lambda p: p.name)[: self.policy.canary_replicas]
             state = self.phase("Canary", candidate=target.setting, baseline=self.fleet,

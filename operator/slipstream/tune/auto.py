@@ -29,6 +29,7 @@ from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView,
 from slipstream.sim.profiles import Profile
 from slipstream.tune import mixjump, observed
 from slipstream.tune.guardrails import Decision, Hold, Move, TunerState
+from slipstream.tune.recommend import window_heterogeneity
 from slipstream.tune.tuner import TunerSettings, tune_once
 
 
@@ -76,23 +77,31 @@ class TwinAuto:
         self._promote(now)
         assert self._next_step is not None
         due = now >= self._next_step - 1e-9
+        jumped = False
         if not due and self._rollout is None and self.mix_poll_s > 0:
-            self._watch, due = self._watch.see(self._mix(view))
-            self.early_steps += due
+            self._watch, jumped = self._watch.see(self._mix(view))
+            self.early_steps += jumped
+            due = jumped
         if not due:
             return None
         self._next_step = now + self.interval_s
         # A window reaching back before the first call would count the time before any
         # traffic as idle and halve the rates (as increase() over a younger series would).
         window = min(self.window_s, now - self._started)
+        if jumped:  # the traffic since the jump (tune.mixjump), as the operator judges it
+            window = mixjump.window_s(self.mix_poll_s, window)
         if window <= 0:
             self.decisions.append((now, Hold(NO_TRAFFIC, "no time observed yet")))
             return None
         snapshot = observed.snapshot_of(self.deployment, self._seen, now, window)
-        decision = tune_once(snapshot, self.state, self.settings, self.profile, self.config, now)
+        decision = tune_once(snapshot, replace(self.state, mix_jumped=jumped), self.settings, self.profile,
+                             self.config, now)
+        self.state = self.state.saw(window_heterogeneity(snapshot, self.profile, self.settings.spec.chunked_prefill_size),
+                                    now, self.settings.guardrails)
         self.decisions.append((now, decision))
         if self.mix_poll_s > 0:
-            self._watch = self._watch.stepped(self._mix(view))
+            judged = decision.recommendation is not None and (not jumped or isinstance(decision, Move))
+            self._watch = self._watch.stepped(self._mix(view), judged, brought=jumped)
         if isinstance(decision, Move):
             if self.analysis_s > 0:
                 self._rollout = (now + self.analysis_s, decision.to)

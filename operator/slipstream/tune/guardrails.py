@@ -8,9 +8,15 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 1. a rollout in progress (canary, analysis, promotion or rollback): Hold ``RolloutInProgress``;
 2. an invalid snapshot: Hold with the snapshot's own reason (``NoTraffic``, ``StaleMetrics``,
    ``PrometheusUnreachable``, ...) and its detail: fail-static, a failed read never moves;
-3. fewer first tokens in the window than ``min_samples``: Hold ``TooFewSamples``;
+3. fewer first tokens in the window than ``min_samples`` (``jump_min_samples`` on a step a
+   jump of the queue mix brought forward): Hold ``TooFewSamples``;
 4. less than ``interval_s`` since the last step: Hold ``Interval`` (one step per interval);
-5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``;
+5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``; except (for 4 and 5) on
+   a step the queue mix brought forward (``TunerState.mix_jumped``: larger prompts arrived,
+   or the mix moved far), which runs the twin and may move then only to a setting that
+   caps each prefill harder with a large predicted gain (``jump_gain`` on both samples,
+   ``Ranking.sure_gain``): errors cost unequal amounts, and giants that arrive a minute
+   after a step would otherwise be served uncapped for the rest of the cooldown;
 6. the twin's replay of the window under the running setting disagrees with what the
    engines reported, even after its offered load was refitted (``Ranking.model``,
    ``tune.modelcheck``): Hold ``ModelMismatch``, naming the worst tenant's predicted and
@@ -41,8 +47,20 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 10. otherwise the gain is below the margin: Hold ``BelowMargin`` (hysteresis: noisy
     windows do not flap).
 
+A move by gain that keeps the concurrency (another order or mode alone) is held
+``WorseP99TTFT`` when it predicts a worse worst-tenant p99 TTFT (beyond
+``step_back_tolerance``): the objective is slowdown, fair to short and long prompts, and
+reordering uniform documents (srpt first) lowers the short ones' slowdown by making the
+long ones wait, which users read as a worse p99 TTFT for nothing a cap would fix.
+
 The step back to less concurrency on near-uniform traffic is not held by the dwell: it
-answers a change of mix, not a noisy ranking.
+answers a change of mix, not a noisy ranking. Every move to less concurrency (by gain or by
+the step back) is held ``Calm`` until the traffic has been near-uniform for
+``calm_cooldowns`` cooldowns (``TunerState.mixed_at``, the last window that was not, this
+one included): one quiet window among random giant prompts (a Poisson stream of one a
+minute leaves a quarter of the minutes without one) is not the end of them, and lifting a
+cap too early costs the next giant's whole queue, while keeping it a little long costs
+uniform traffic a fraction of its TTFT.
 
 Steps 1-5 need no twin run: ``gate`` returns their Hold (or None) so a controller can skip
 the recommendation's cost when nothing could move anyway.
@@ -51,7 +69,7 @@ the recommendation's cost when nothing could move anyway.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
@@ -67,6 +85,8 @@ AT_BEST = "AtBest"
 BELOW_MARGIN = "BelowMargin"
 DWELL = "Dwell"
 NOT_ON_RESAMPLE = "NotOnResample"
+CALM = "Calm"
+WORSE_TTFT = "WorseP99TTFT"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,13 +129,28 @@ class GuardrailSettings:
     """No Move by gain back to a setting left less than this many cooldowns ago
     (dimensionless; 0 turns it off): users judge a tuner by never flapping, and a return
     within a few cooldowns means one of the two steps was noise."""
+    calm_cooldowns: float = 1.0
+    """A move to less concurrency waits until the traffic has been near-uniform
+    (heterogeneity at most ``step_back_max_heterogeneity``) for this many cooldowns
+    (dimensionless; 0 turns it off). At one 180 s cooldown, a Poisson stream of a giant a
+    minute leaves three windows in a row without one 5% of the time (e^-3); reasoned, not
+    fitted."""
+    jump_min_samples: int = 25
+    """``min_samples`` of a step a jump brought forward (count): it judges the traffic since
+    the jump (``tune.mixjump.WINDOW_POLLS``, half the default interval's window), and an
+    engine busy with the giant that caused the jump gives no first token meanwhile. The
+    question there is whether giants came, not a fine p99."""
+    jump_gain: float = 0.5
+    """Least predicted gain (both samples: ``Ranking.sure_gain``) with which a step brought
+    forward by a jump of the queue mix may cap harder during the cooldown (the canary's
+    risk rule uses the same 50%, ``rollout.machine.SKIP_GAIN``)."""
 
     def __post_init__(self) -> None:
         if self.min_samples < 1 or min(self.min_gain, self.min_gain_abs, self.step_back_tolerance,
                                        self.step_back_max_heterogeneity) < 0:
             raise ValueError("min_samples must be >= 1 and the gain margins >= 0")
-        if self.noise_factor < 0 or self.dwell_cooldowns < 0:
-            raise ValueError("noise_factor and dwell_cooldowns must be >= 0")
+        if self.noise_factor < 0 or self.dwell_cooldowns < 0 or self.calm_cooldowns < 0 or self.jump_gain < 0:
+            raise ValueError("noise_factor, dwell_cooldowns, calm_cooldowns and jump_gain must be >= 0")
         if self.cooldown_s < 0 or self.interval_s <= 0:
             raise ValueError("cooldown_s must be >= 0 and interval_s > 0")
 
@@ -132,12 +167,24 @@ class TunerState:
     left: tuple[tuple[Setting, float], ...] = ()
     """Settings stepped away from and when (seconds on the same clock), oldest first: the
     dwell's memory (``stepped``). Empty when the controller keeps none (no dwell)."""
+    mixed_at: float | None = None
+    """When a window last was not near-uniform (heterogeneity above
+    ``step_back_max_heterogeneity``; ``saw``): the calm's memory. None: never seen."""
+    mix_jumped: bool = False
+    """This step was brought forward by a jump of the queue mix (``tune.mixjump``)."""
 
     def stepped(self, to: Setting, now: float, keep_s: float = float("inf")) -> TunerState:
         """The state after a step to ``to`` at ``now``: the current setting joins ``left``,
         entries older than ``keep_s`` drop out."""
         left = tuple((s, at) for s, at in self.left if now - at < keep_s) + ((self.current, now),)
-        return TunerState(to, now, False, left)
+        return TunerState(to, now, False, left, self.mixed_at)
+
+    def saw(self, heterogeneity: float, now: float, settings: GuardrailSettings) -> TunerState:
+        """After judging a window of this heterogeneity at ``now``: ``mixed_at`` moves to
+        ``now`` when it was not near-uniform (NaN, no traffic, changes nothing)."""
+        if heterogeneity > settings.step_back_max_heterogeneity:
+            return replace(self, mixed_at=now)
+        return self
 
     def left_within(self, setting: Setting, now: float, span_s: float) -> float | None:
         """When ``setting`` was last left, if less than ``span_s`` before ``now``; else None."""
@@ -188,16 +235,23 @@ def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSetti
     if not snapshot.valid:
         assert snapshot.invalid is not None
         return Hold(snapshot.invalid, snapshot.detail or f"metrics not usable: {snapshot.invalid}")
-    if snapshot.requests < settings.min_samples:
+    need = min(settings.min_samples, settings.jump_min_samples) if state.mix_jumped else settings.min_samples
+    if snapshot.requests < need:
         return Hold(TOO_FEW_SAMPLES, f"{snapshot.requests:.0f} first tokens in the window, "
-                    f"fewer than the {settings.min_samples} needed")
+                    f"fewer than the {need} needed")
     if state.last_step_at is not None:
         since = now - state.last_step_at
-        if since < settings.interval_s:
+        if since < settings.interval_s and not state.mix_jumped:
             return Hold(INTERVAL, f"last step {since:.0f} s ago: one step per {settings.interval_s:.0f} s interval")
-        if since < settings.cooldown_s:
+        if since < settings.cooldown_s and not state.mix_jumped:
             return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s")
     return None
+
+
+def cooling(state: TunerState, settings: GuardrailSettings, now: float) -> bool:
+    """Whether the last step is less than a cooldown (or an interval) ago."""
+    wait = max(settings.cooldown_s, settings.interval_s)
+    return state.last_step_at is not None and now - state.last_step_at < wait
 
 
 def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: TunerState,
@@ -227,11 +281,33 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
         return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
                     f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
                     f"{rec.reason}", rec)
+    fewer = concurrency(best, c) < concurrency(state.current, c)
+    step_back = (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
+                 and rec.heterogeneity <= settings.step_back_max_heterogeneity and fewer)
+    if cooling(state, settings, now):  # only a step the mix brought forward gets here
+        harder = concurrency(best, c) > concurrency(state.current, c)
+        if by_gain and left_at is None and harder and rec.sure_gain >= settings.jump_gain:
+            return Move(state.current, best, f"{rec.reason}; the queue mix jumped, so it does not wait out "
+                        "the cooldown", rec)  # fmt: skip
+        since = now - state.last_step_at if state.last_step_at is not None else 0.0
+        return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s: the queue "
+                    f"mix jumped, but only a harder cap with a predicted gain of at least "
+                    f"{settings.jump_gain:.0%} skips it ({rec.reason})", rec)  # fmt: skip
+    if fewer and (by_gain or step_back):
+        mixed = now if rec.heterogeneity > settings.step_back_max_heterogeneity else state.mixed_at
+        calm_s = settings.calm_cooldowns * settings.cooldown_s
+        if mixed is not None and now - mixed < calm_s:
+            return Hold(CALM, f"{describe(best, c)} would run fewer prefills at once, but the traffic was "
+                        f"heterogeneous {now - mixed:.0f} s ago: a cap is loosened only after {calm_s:.0f} s of "
+                        f"near-uniform traffic: {rec.reason}", rec)  # fmt: skip
+    same_cap = best != state.current and concurrency(best, c) == concurrency(state.current, c)
+    ttft_now, ttft_best = rec.current.worst_tenant_ttft_p99_s, rec.best.worst_tenant_ttft_p99_s
+    if by_gain and same_cap and ttft_best > ttft_now * (1 + settings.step_back_tolerance):
+        return Hold(WORSE_TTFT, f"{describe(best, c)} changes only the order or mode and predicts a worse "
+                    f"worst-tenant p99 TTFT ({ttft_now:.2f} s -> {ttft_best:.2f} s): {rec.reason}", rec)  # fmt: skip
     if by_gain and left_at is None:
         return Move(state.current, best, rec.reason, rec)
-    if (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
-            and rec.heterogeneity <= settings.step_back_max_heterogeneity
-            and concurrency(best, c) < concurrency(state.current, c)):
+    if step_back:
         return Move(state.current, best, f"{rec.reason}; less concurrency predicts as well", rec)
     if by_gain:
         return Hold(DWELL, f"{describe(best, c)} was left {now - left_at:.0f} s ago: no return within "

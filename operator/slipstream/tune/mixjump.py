@@ -23,18 +23,34 @@ neighbouring classes (giants of 250k and of 350k tokens, ``le300k`` and ``gt300k
 little, and work that moves from chat turns to giant prompts moves it much: what the
 threshold is about.
 
+The distance undervalues one kind of jump: giants arriving among long prompts. Among
+16K-token documents (the ``le60k`` class) a 175K-token giant is one class up and a tenth
+of a minute's work, a distance of 0.03; yet it is exactly what the threshold is for. So a
+look also counts as a jump when prompts larger than any the decided mix held carry
+``NEW_SHARE`` (5%) of the work: work in classes above the decided mix's largest class
+(the largest with at least ``NEW_SHARE`` of its work), or of the ``TOP_MEMORY`` references
+before it. Only a rise counts: giants that stop leave the window one interval later, and
+the distance (or the timer) sees that.
+
 The rule, with hysteresis so that it cannot flap:
 
 - it fires when ``CONFIRM`` (2) looks in a row (polls, or the timer's step and a poll)
-  find the distance to the decided mix at least ``ENTER`` (0.12), at most once: after
-  firing it is disarmed; a step that sees the jump first keeps the old reference;
+  find the distance to the decided mix at least ``ENTER`` (0.12), or larger prompts than
+  it held (above), at most once: after firing it is disarmed; a step that sees the jump
+  first keeps the old reference;
 - it re-arms only when a poll finds the mix within ``EXIT`` (0.05) of the mix last
-  decided on (the regular steps keep updating that reference), so a transition that keeps
+  decided on, with no larger prompts than it held, (the regular steps keep updating that reference), so a transition that keeps
   moving for a whole window (the window filling with the new phase) fires once, and noise
   around a steady mix (within ``EXIT`` .. ``ENTER``) never fires;
 - a window with fewer than ``MIN_REQUESTS`` requests in it (finished or waiting), an
   invalid snapshot or one without the queue-mix series never fires and changes nothing:
-  missing metrics never move anything, not even the clock.
+  missing metrics never move anything, not even the clock;
+- a step the jump brought forward that did not move (its window barely holds the new
+  traffic: a giant still prefilling has no first token for the twin to see, or a window
+  that straddles the change, half old traffic and half new, that the twin cannot explain,
+  ``ModelMismatch``) does not take the jump's mix as its reference: the watch fires again
+  at the next look that still sees the jump, up to ``RETRIES`` times a jump, instead of
+  leaving the new phase to the timer a whole interval later.
 
 ``ENTER`` and ``CONFIRM`` are in-sample: chosen on the demo's phases
 (``scripts/closed-loop-offline.py --mix-poll 10``, and ``slipstream loopbench``'s live
@@ -63,6 +79,28 @@ CONFIRM = 2
 """Looks in a row (polls, or a step and a poll) that must see the jump before it fires: the
 first poll after a phase change sees a window the new phase has barely entered, on which
 the tuner cannot yet tell (the demo's heterogeneous phase 10 s in: heterogeneity 0.09)."""
+NEW_SHARE = 0.05
+"""Share of the window's prefill work in classes above the decided mix's largest class at
+which a look counts as a jump whatever the distance; also the share a class needs to count
+as held. One giant among a minute of two engines' documents is about a tenth of the work;
+5% leaves room for a smaller giant or a longer window. A false jump costs one early step
+(one twin run); the guardrails still decide."""
+RETRIES = 3
+"""Steps a jump may be retried at the next look when its step did not settle it
+(``MixWatch.stepped(judged=False)``): a window a poll later holds more of the new phase,
+and at the demo's 10 s polls three retries reach 30 s past the jump. Bounded, so a jump
+the tuner never acts on costs at most this many extra steps (twin runs)."""
+TOP_MEMORY = 3
+"""References (judged steps) whose largest class ``larger`` remembers: giants that come at
+random leave some windows without one, and a reference taken in such a gap would make the
+next giant a jump each time (a step, a twin run and an Event, all saying the same). Three
+steps are the calm a cap waits before it is loosened (``tune.guardrails``, one 180 s
+cooldown at 60 s intervals): giants gone that long are gone as far as the tuner knows."""
+WINDOW_POLLS = CONFIRM + 1
+"""A step a jump brought forward judges the last ``WINDOW_POLLS`` polls (``window_s``), not
+the whole interval: the jump began after the look before the first that saw it, and a
+window reaching back further is mostly the old traffic (a minute of documents with one
+giant at its end reads as documents, and the twin then picks the setting for those)."""
 MIN_REQUESTS = 20.0
 """Requests (first tokens in the window plus waiting now) a mix needs to be judged."""
 
@@ -92,6 +130,30 @@ def mix_of(snap: WorkloadSnapshot | None) -> Mix | None:
     return shares(work, requests)
 
 
+def window_s(poll_s: float, interval_s: float) -> float:
+    """The window a step a jump brought forward judges (``WINDOW_POLLS``), at most the
+    interval's."""
+    return min(interval_s, WINDOW_POLLS * poll_s) if poll_s > 0 else interval_s
+
+
+def top(mix: Sequence[float]) -> int:
+    """The largest class holding at least ``NEW_SHARE`` of the work (-1: none)."""
+    return max((i for i, share in enumerate(mix) if share >= NEW_SHARE), default=-1)
+
+
+def larger(mix: Sequence[float], decided: Sequence[float], held: int = -1) -> float:
+    """Share of ``mix``'s work in classes above the largest class ``decided`` held (or
+    ``held``, when larger): prompts larger than the reference held."""
+    return sum(mix[max(top(decided), held) + 1:])
+
+
+def jumped(mix: Sequence[float], decided: Sequence[float], held: int = -1) -> bool:
+    """Whether ``mix`` is a jump from ``decided``: moved at least ``ENTER``, or larger
+    prompts than it (or the references before it: ``held``) held carry at least
+    ``NEW_SHARE`` of the work."""
+    return distance(mix, decided) >= ENTER or larger(mix, decided, held) >= NEW_SHARE
+
+
 def distance(a: Sequence[float], b: Sequence[float]) -> float:
     """Earth mover's distance between two share vectors over the ordered classes, over the
     largest possible (all work from the first class to the last): 0 to 1."""
@@ -110,31 +172,47 @@ class MixWatch:
     decided: Mix | None = None
     armed: bool = True
     seen: int = 0
+    retries: int = 0
+    """Steps of the current jump that could not judge their window (``stepped``)."""
+    tops: tuple[int, ...] = ()
+    """The largest class held by each of the last ``TOP_MEMORY`` references (``larger``
+    compares with the largest of them)."""
 
     def see(self, mix: Mix | None) -> tuple[MixWatch, bool]:
         """(the watch after this poll, whether to step now)."""
         if mix is None or self.decided is None:
             return self, False
-        d = distance(mix, self.decided)
-        if self.armed and d >= ENTER:
+        held = max(self.tops, default=-1)
+        if self.armed and jumped(mix, self.decided, held):
             if self.seen + 1 >= CONFIRM:
                 return replace(self, armed=False, seen=0), True
             return replace(self, seen=self.seen + 1), False
-        if not self.armed and d <= EXIT:
+        if not self.armed and distance(mix, self.decided) <= EXIT and larger(mix, self.decided, held) < NEW_SHARE:
             return replace(self, armed=True, seen=0), False
         return replace(self, seen=0), False
 
-    def stepped(self, mix: Mix | None) -> MixWatch:
+    def stepped(self, mix: Mix | None, judged: bool = True, brought: bool = False) -> MixWatch:
         """After a step on `mix`: it counts as a look, and becomes the new reference unless
         it is the first look at a jump not yet confirmed (the step was on a window that
-        the new phase has barely entered; its reference would hide the jump). A step on
-        no mix keeps the watch as it was."""
+        the new phase has barely entered; its reference would hide the jump), or the step
+        did not judge it (``judged`` False). A step that judged nothing (a guardrail held
+        before the twin ran: a rollout in flight, the cooldown) leaves the watch as it was,
+        so a jump during a rollout still fires once the rollout is over. A step a jump
+        brought forward (``brought``) that did not settle it (it held) while the jump still
+        shows keeps the old reference, and the next look that sees the jump fires again,
+        ``RETRIES`` times at most. A step on no mix keeps the watch as it was."""
         if mix is None:
             return self
+        if not judged:
+            if not brought:
+                return self
+            if self.decided is not None and jumped(mix, self.decided, max(self.tops, default=-1)) \
+                    and self.retries < RETRIES:
+                return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1)
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
         if watch.seen > 0:
             return watch
-        return MixWatch(mix, watch.armed)
+        return MixWatch(mix, watch.armed, tops=(*self.tops, top(mix))[-TOP_MEMORY:])
 
 
 def describe(mix: Mix) -> str:

@@ -6,16 +6,21 @@ histograms binned into SGLang 0.5.18's own bucket bounds (``api.buckets``), and 
 cache-hit ratio (cached over prompt tokens), and output lengths in
 ``sglang:generation_tokens_histogram``'s bounds (SGLang counts a request there when it
 finishes; here at its first token: the hook sees first tokens only). Only requests whose
-first token came inside the window are counted; the engine's internal queue is not read.
+first token came inside the window are counted. ``with_queue_mix`` adds what the patched
+engines' queue-mix series show (arrivals, and the requests with no first token yet, by
+size class), for a caller that knows them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from slipstream.api import buckets
 from slipstream.api.snapshot import (
     NO_TRAFFIC,
+    SizeClassWindow,
+    TenantMix,
     TenantWindow,
     WorkloadSnapshot,
     histogram_of,
@@ -54,3 +59,39 @@ def snapshot_of(deployment: str, first_tokens: Iterable[FirstToken], now_s: floa
         histogram_of([float(ft.uncached_tokens) for ft in seen], buckets.PROMPT_TOKENS),
         detail=f"{len(seen)} first tokens in the last {window_s:.0f} s",
     )
+
+
+def with_queue_mix(snapshot: WorkloadSnapshot, first_tokens: Iterable[FirstToken],
+                   arrivals: Iterable[tuple[str, float]], waiting: Iterable[tuple[str, int]]) -> WorkloadSnapshot:
+    """``snapshot`` with the queue mix the engines' series would give for its window:
+    ``arrivals`` (tenant, arrival time: those inside the window count), ``waiting`` (tenant,
+    uncached tokens of each request with no first token at the window's end), and the
+    window's ``first_tokens`` by size class (``sglang:request_arrivals_total`` and the
+    size-class series of ``engine.metrics``). An invalid snapshot is returned as it is."""
+    if not snapshot.valid:
+        return snapshot
+    end, start = snapshot.taken_at, snapshot.taken_at - snapshot.window_s
+    rows: dict[str, dict[str, list[float]]] = {}
+    came: dict[str, int] = {}
+
+    def cls(tenant: str, tokens: float) -> list[float]:
+        return rows.setdefault(tenant, {}).setdefault(buckets.size_class(tokens), [0.0] * 5)
+
+    for ft in first_tokens:
+        if start < ft.first_token_s <= end:
+            row = cls(ft.tenant, ft.uncached_tokens)
+            row[0] += 1
+            row[1] += ft.uncached_tokens
+            row[2] += ft.prompt_tokens - ft.uncached_tokens
+    for tenant, tokens in waiting:
+        row = cls(tenant, tokens)
+        row[3] += 1
+        row[4] += tokens
+    for tenant, at in arrivals:
+        if start < at <= end:
+            came[tenant] = came.get(tenant, 0) + 1
+    mixes = tuple(
+        TenantMix(t, came.get(t, 0) / snapshot.window_s,
+                  tuple(SizeClassWindow(name, *rows.get(t, {}).get(name, [0.0] * 5)) for name in buckets.SIZE_CLASS_NAMES))
+        for t in sorted(set(rows) | set(came)))  # fmt: skip
+    return replace(snapshot, queue_mix=mixes, mix_fallback=None)

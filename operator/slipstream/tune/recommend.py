@@ -279,6 +279,13 @@ class Ranking:
         return replace(self, predictions=tuple(p for p in self.predictions if p.setting in two), confirmed=())
 
     @property
+    def sure_gain(self) -> float:
+        """The lesser of ``gain`` and ``resample_gain`` (where measured): the gain the
+        canary's risk rule reads (``rollout.machine.skip_canary``), so a skip needs both
+        independent samples to predict it."""
+        return min(self.gain, self.resample_gain) if math.isfinite(self.resample_gain) else self.gain
+
+    @property
     def gain_abs(self) -> float:
         """Absolute predicted improvement (objective units)."""
         diff = self.current.objective(self.objective) - self.best.objective(self.objective)
@@ -360,8 +367,7 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     point, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
     cur = next(p for p in confirmed if p.setting == current)
     best, again, scored = robust_choice(snapshot, confirmed, cur, point, burst, model, spec, profile, base, settings)
-    mix = heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile,
-                        spec.chunked_prefill_size)
+    mix = window_heterogeneity(snapshot, profile, spec.chunked_prefill_size)
     bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
     return Ranking(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
@@ -514,6 +520,12 @@ def fit_error(run: Prediction, observed: dict[str, float]) -> float:
     """Mean |log(predicted / observed)| p99 TTFT over the tenants observed; NaN if none."""
     errs = [abs(math.log(max(t.ttft_p99_s, 1e-3) / observed[t.name])) for t in run.tenants if t.name in observed]
     return sum(errs) / len(errs) if errs else math.nan
+
+
+def window_heterogeneity(snapshot: WorkloadSnapshot, profile: Profile | None, chunked_prefill_size: int) -> float:
+    """The heterogeneity of the window's uncached prompt lengths (``tune.heterogeneity``;
+    NaN with no traffic): cheap, no twin run, so every step can note it (``TunerState.saw``)."""
+    return heterogeneity(snapshot.uncached_tokens or merged_uncached(snapshot), profile, chunked_prefill_size)
 
 
 def merged_uncached(snapshot: WorkloadSnapshot) -> Histogram | None:

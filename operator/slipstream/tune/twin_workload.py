@@ -2,15 +2,18 @@
 
 Per tenant: Poisson arrivals at the tenant's observed rate, uncached prompt lengths drawn
 from its ``sglang:uncached_prompt_tokens_histogram`` (stratified over the buckets, so a
-1% tail of long prompts is 1% of the sample and not left to luck; uniform inside a
+1% tail of long prompts is 1% of the sample and not left to luck, and a tail thinner than
+one request of the sample is in it once, ``with_tail``; uniform inside a
 bucket, the +Inf bucket around the mean its share of ``_sum`` implies), and a cached
 prefix per request placed in the prefix cache when the request arrives
 (``Request.warm_blocks``).
 
 When the snapshot has the engines' queue mix (``WorkloadSnapshot.queue_mix``, no
 ``mix_fallback``), it is the source: the rate is the tenant's arrival rate (requests
-starving in the queue count, as they load the engine), a tenant with requests waiting but
-none through yet draws its lengths from the queue's composition, and each request's cached
+starving in the queue count, as they load the engine), the requests waiting now join the
+lengths drawn (``with_queued``: a giant still prefilling is part of the window's traffic
+before its first token), a tenant with requests waiting but none through yet draws its
+lengths from the queue's composition, and each request's cached
 prefix follows the cached-per-uncached ratio of its own size class, so a long cold prompt
 stays cold while short chat turns keep their hits (a class with no first token in the
 window is cold). Without the mix (an older engine) the rate is the first-token rate and one
@@ -101,7 +104,7 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
         tenant_rate = src.rate / engines
         n = max(1, round(tenant_rate * span))
         draw = inverse_cdf(src.lengths)
-        lengths = [max(1, round(draw((i + rng.random()) / n))) for i in range(n)]
+        lengths = with_tail([max(1, round(draw((i + rng.random()) / n))) for i in range(n)], src.lengths, draw, rng)
         rng.shuffle(lengths)
         outputs = [1] * n
         if src.outputs is not None and src.outputs.total > 0 and src.outputs.finite:
@@ -123,6 +126,21 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
             reqs.append(Request(f"{src.name}-{i}", src.name, at, cached + uncached, outputs[i],
                                 blocks, sizes, warm))
     return build(f"{snapshot.deployment}@twin", reqs)
+
+
+def with_tail(lengths: list[int], hist: Histogram, draw: Callable[[float], float], rng: random.Random) -> list[int]:
+    """``lengths`` (stratified draws, ascending by stratum) with the window's longest
+    prompts in them: when the top non-empty bucket holds less than one request's share of
+    the ``n`` drawn, whether a stratum lands in it is luck (one giant among a minute of two
+    engines' chat turns is half a giant per engine), and those are the prompts a threshold
+    is for. The last (largest) stratum is then drawn from inside that bucket: a tail the
+    window saw is in the replay, rounded up, the side on which a twin's error costs least."""
+    filled = [(lo, count) for lo, _, count in hist.buckets() if count > 0]
+    if len(filled) < 2 or not lengths or hist.total <= 0 or max(lengths) > filled[-1][0]:
+        return lengths
+    share = filled[-1][1] / hist.total
+    lengths[-1] = max(1, round(draw(1.0 - share * rng.random())))
+    return lengths
 
 
 MAX_CACHED_PER_UNCACHED = MAX_HIT_RATIO / (1.0 - MAX_HIT_RATIO)
@@ -159,7 +177,7 @@ def _sources(snapshot: WorkloadSnapshot) -> list[_Source]:
         out.append(_Source(
             t.name,
             mix.arrivals_per_s if mix is not None and mix.arrivals_per_s > 0 else t.requests_per_s,
-            t.uncached_tokens,
+            with_queued(t.uncached_tokens, mix) if mix is not None else t.uncached_tokens,
             t.output_tokens,
             _class_ratios(mix) if mix is not None else None,
             _tenant_ratio(t),
@@ -179,6 +197,23 @@ def _tenant_ratio(t: TenantWindow) -> float:
 def _class_ratios(mix: TenantMix) -> dict[str, float]:
     return {c.name: min(MAX_CACHED_PER_UNCACHED, max(0.0, ratio)) for c in mix.classes
             if (ratio := c.cached_per_uncached) is not None}
+
+
+def with_queued(hist: Histogram, mix: TenantMix) -> Histogram:
+    """``hist`` (the uncached lengths of the window's first tokens) with the requests that
+    wait now added, each class's at its mean: a giant still prefilling, and the requests
+    starving behind it, are the window's traffic too, before any of them has a first token."""
+    counts, total, tokens = list(hist.counts), hist.total, hist.sum
+    for c in mix.classes:
+        if not c.queued > 0:
+            continue
+        mean = c.queued_tokens / c.queued
+        for i, bound in enumerate(hist.bounds):
+            if mean <= bound:
+                counts[i] += c.queued
+        total += c.queued
+        tokens += c.queued_tokens
+    return Histogram(hist.bounds, tuple(counts), total, tokens)
 
 
 def queued_lengths(mix: TenantMix) -> Histogram | None:

@@ -5,8 +5,10 @@ network call in a step has a timeout: one deployment's slow Prometheus or dead e
 never delay another's loop, and there is no lock shared between loops. A step:
 
 1. observe: a `WorkloadSnapshot` of the last interval (Auto and Recommend only);
-2. tune: the recommendation, when the snapshot is valid (fail-static otherwise);
-3. read: what every ready engine pod runs (`/get_server_info`, all pods at once);
+2. tune: the recommendation, when the snapshot is valid (fail-static otherwise), with the
+   engines' KV pool as the last step read it (`Memory.pools`);
+3. read: what every ready engine pod runs and its KV pool (`/get_server_info`, all pods
+   at once);
 4. analyse: the canary figures, when an analysis window has ended;
 5. decide: `rollout.machine.decide` (pure);
 6. act: the ConfigMap first (a pod starting now gets the new value), then each pod's
@@ -128,6 +130,9 @@ class Memory:
     """The queue mix the last step decided on, and whether a jump from it may fire."""
     jumped: str = ""
     """Why the next step comes before its timer (the mix jump), for its Event; "" if not."""
+    pools: tuple[snapshot_.PodPool, ...] = ()
+    """Each engine pod's KV pool as the last step read it (`tuning.kv_pools`): the tuner runs
+    on the pods' pool of the step before, since a step reads the pods after it observes."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,11 @@ def allowed(url: str, networks: str) -> bool:
     return any(ip in ipaddress.ip_network(n.strip(), strict=False) for n in networks.split(",") if n.strip())
 
 
-async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float
+async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float,
+                  pools: tuple[snapshot_.PodPool, ...] = ()
                   ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+    """The window's snapshot and, when it is valid, the tuner's recommendation on it, with
+    the pods' KV pools (`Memory.pools`) added to the snapshot for the twin."""
     if not tuning.observes(sd):
         return None, None
     window = tuning.interval(sd, deps.config)
@@ -184,6 +192,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
+    snap = dataclasses.replace(snap, kv_pools=pools)
     # Reuse (or a guardrail's hold) is decided here on the event loop: it costs a dict
     # look-up and the guardrails, and must not queue behind other deployments' twin runs.
     if (quick := deps.recommender.without_twin(sd, snap, fleet, now)) is not None:
@@ -286,7 +295,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     config, now = deps.config, deps.clock()
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
-    snap, recommendation = await observe(deps, sd, fleet, now)
+    snap, recommendation = await observe(deps, sd, fleet, now, memory.pools)
     memory.mix = memory.mix.stepped(mixjump.mix_of(snap))
     if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
@@ -358,6 +367,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     if status.runs_nothing(conds, bool(items)):
         patch.update(status.no_setting())  # refused, no engines: nothing is applied
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
+    memory.pools = tuning.kv_pools(memory.pools, views)
     delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
     return StepOutcome(patch, events, delay, decision)
 

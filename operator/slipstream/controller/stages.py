@@ -5,8 +5,9 @@
   of deployments; reads on worker threads, one lock per key: a deployment on another
   Prometheus is never held up).
 - `TwinRecommender`: `tune.tuner` (gate, twin-backed recommendation or a reused one,
-  guardrails) with the deployment's spec, its engine's C and page size
-  (`tune.deployment.engine_config`), its tuner state from status, and the time scale.
+  guardrails) with the deployment's spec, its engine's C, page size and KV pool (the
+  smallest the pods report: `tune.deployment.engine_config`), its tuner state from status,
+  and the time scale.
 - `ObserveLatency`: the canary analysis' per-tenant p99 TTFT of some pods over a window
   ending at any time, with observe's query and assembly.
 """
@@ -178,14 +179,14 @@ class TwinRecommender:
         guardrail holds, or the memo's run for this workload is reused); None: call
         `recommend`. The profile is loaded by the first twin run, never here (file I/O):
         until then, and without a memo, only the guardrails' gate is checked."""
-        state, settings, config = self._inputs(sd, fleet)
+        state, settings, config = self._inputs(sd, fleet, snap.kv_pools)
         decision = tuner_.without_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
                                        self.profile, config, now, self.memo)
         if decision is None:
             return None
         if decision.recommendation is not None:  # a reused run (a gate's Hold carries none)
             TUNER_REUSES.inc()
-        return self._summary(decision, fleet, sd)
+        return self._summary(decision, fleet, sd, snap)
 
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float
@@ -196,17 +197,18 @@ class TwinRecommender:
         with TUNER_SECONDS.time():
             try:
                 profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
-                state, settings, config = self._inputs(sd, fleet)
+                state, settings, config = self._inputs(sd, fleet, snap.kv_pools)
                 decision = tuner_.with_twin(in_engine_time(snap, self.config.engine_time_scale), state, settings,
                                             profile, config, now, self.memo)
-                return self._summary(decision, fleet, sd)
+                return self._summary(decision, fleet, sd, snap)
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
 
     def _inputs(
-        self, sd: models.ServingDeployment, fleet: models.EngineSetting
+        self, sd: models.ServingDeployment, fleet: models.EngineSetting, pools: Sequence[snapshot.PodPool] = ()
     ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
-        """The tuner's state (from status), settings (from the spec) and engine config."""
+        """The tuner's state (from status), settings (from the spec) and engine config (the
+        spec's, with the pods' KV pools the loop put in the snapshot)."""
         rollout = sd.status.rollout
         state = guardrails.TunerState(
             current=twin_setting(fleet),
@@ -223,12 +225,16 @@ class TwinRecommender:
                 dwell_cooldowns=self.config.tuner_dwell_cooldowns,
             ),
         )
-        return state, settings, tune_deployment.engine_config(sd.spec)
+        return state, settings, tune_deployment.engine_config(sd.spec, pools)
 
     @staticmethod
     def _summary(decision: guardrails.Decision, fleet: models.EngineSetting,
-                 sd: models.ServingDeployment | None = None) -> tuning.Recommendation:  # fmt: skip
+                 sd: models.ServingDeployment | None = None,
+                 snap: snapshot.WorkloadSnapshot | None = None) -> tuning.Recommendation:  # fmt: skip
         rec = decision.recommendation
+        # Said with every twin-backed reason: the pool its candidates ran with was not the
+        # engines' own (a pod reported none usable), so a reader knows what it rests on.
+        pool = tune_deployment.twin_pool(snap.kv_pools).note if snap is not None and rec is not None else ""
         mix = rec.heterogeneity if rec is not None else None
         model = rec.model if rec is not None else None
         prediction = tuple((t.name, t.predicted_s, t.observed_s) for t in model.tenants) if model is not None else ()
@@ -243,10 +249,16 @@ class TwinRecommender:
         mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
             gains = [g for g in (rec.gain, rec.resample_gain) if math.isfinite(g)] if rec is not None else []
-            return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction,
-                                         gain=min(gains, default=0.0))  # fmt: skip
+            return tuning.Recommendation(engine_setting(decision.to), True, with_note(decision.reason, pool), mix,
+                                         prediction, gain=min(gains, default=0.0))  # fmt: skip
         best = engine_setting(rec.best.setting) if rec is not None else fleet
-        return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix, prediction, mismatch)
+        return tuning.Recommendation(best, False, with_note(f"{decision.reason}: {decision.message}", pool), mix,
+                                     prediction, mismatch)  # fmt: skip
+
+
+def with_note(reason: str, note: str) -> str:
+    """A reason with a note after it ("; note"), or as it is without one."""
+    return f"{reason}; {note}" if note else reason
 
 
 @dataclass

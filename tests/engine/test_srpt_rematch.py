@@ -12,10 +12,9 @@ list (last round's order, new requests behind), keep every other request's last 
 prefix cached since then does not move it) and key a request never matched by its whole
 prompt.
 
-Token ids: a token id appears in only one prefix context (shared prefixes reuse the same
-ids, fresh tokens are unique), so one twin block per token (size 1, block id = token id)
-is the same prefix chain as SGLang's radix key. srpt's tie-break is the request id: the
-rids are the twin's sequence numbers, zero-padded, so both sides break ties alike.
+Both caches are fed the same prefixes (``twin_caches.Caches``). srpt's tie-break is the
+request id: the rids are the twin's sequence numbers, zero-padded, so both sides break
+ties alike.
 """
 
 from __future__ import annotations
@@ -24,17 +23,14 @@ import random
 from array import array
 
 import pytest
-import torch
 from sglang.srt.managers import long_prefill as lp
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from twin_caches import Caches
 
 from slipstream.sim import engine, queue
-from slipstream.sim.cache import PrefixCache
 from slipstream.sim.engine import Job
 from slipstream.sim.queue import WaitQueue
 from slipstream.sim.workload import Request
@@ -44,7 +40,7 @@ K = lp.SRPT_REMATCH_MAX
 assert K == queue.SRPT_REMATCH_MAX == 128
 
 
-class Pair:
+class Pair(Caches):
     """The patched scheduler's srpt over SGLang's waiting list and radix cache, beside the
     twin's WaitQueue and PrefixCache."""
 
@@ -58,23 +54,16 @@ class Pair:
                 disable_overlap_schedule=True,
             )
         )
-        self.tree = RadixCache.create_simulated()
+        super().__init__()
         self.policy = SchedulePolicy("srpt", self.tree, False, False, False)
         self.policy.srpt_aging_tokens_per_s = AGING
         self.waiting: list[Req] = []
-        self.cache = PrefixCache(10**9)
         self.queue: WaitQueue[Job] = WaitQueue("srpt", AGING)
         self.queue.rematch_max = rematch_max
         cache = self.cache
         self.queue.rematch = lambda job: engine._rematch(job, cache)
         self.queue.unmatched = engine._unmatched
         self.seq = 0
-        self.next_token = 10**9
-
-    def fresh(self, n: int) -> list[int]:
-        start = self.next_token
-        self.next_token += n
-        return list(range(start, start + n))
 
     def arrive(self, tokens: list[int], at_s: float) -> None:
         seq = self.seq
@@ -88,16 +77,6 @@ class Pair:
         req = Req(f"{seq:06d}", "", array("q", tokens), params, vocab_size=1 << 40)
         req.time_stats.wait_queue_entry_time = at_s
         self.waiting.append(req)
-
-    def cache_prefix(self, tokens: list[int]) -> None:
-        """A computed prefix enters both caches."""
-        self.tree.insert(
-            InsertParams(
-                key=RadixKey(token_ids=array("q", tokens), extra_key=None),
-                value=torch.empty(len(tokens), dtype=torch.bool),
-            )
-        )
-        self.cache.insert(tokens, (1,) * len(tokens))
 
     def round(self) -> tuple[list[str], list[str]]:
         """Both sides order their queue; returns (the engine's rids, the twin's)."""

@@ -20,20 +20,17 @@ ties alike.
 from __future__ import annotations
 
 import random
-from array import array
 
 import pytest
 from sglang.srt.managers import long_prefill as lp
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from twin_caches import Caches
+from twin_caches import Caches, sglang_req
 
 from slipstream.sim import engine, queue
 from slipstream.sim.engine import Job
 from slipstream.sim.queue import WaitQueue
-from slipstream.sim.workload import Request
 
 AGING = 1024.0
 K = lp.SRPT_REMATCH_MAX
@@ -68,15 +65,8 @@ class Pair(Caches):
     def arrive(self, tokens: list[int], at_s: float) -> None:
         seq = self.seq
         self.seq += 1
-        request = Request(f"{seq:06d}", "t", at_s, len(tokens), 4, tuple(tokens), (1,) * len(tokens))
-        job = Job(request, seq)
-        engine._arrive(job, self.cache)
-        self.queue.push(job)
-        params = SamplingParams(max_new_tokens=4, temperature=0.0)
-        params.normalize(None)
-        req = Req(f"{seq:06d}", "", array("q", tokens), params, vocab_size=1 << 40)
-        req.time_stats.wait_queue_entry_time = at_s
-        self.waiting.append(req)
+        self.queue.push(self.arrived_job(seq, f"{seq:06d}", tokens, at_s))
+        self.waiting.append(sglang_req(f"{seq:06d}", tokens, at_s))
 
     def round(self) -> tuple[list[str], list[str]]:
         """Both sides order their queue; returns (the engine's rids, the twin's)."""

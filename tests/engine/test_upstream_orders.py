@@ -26,9 +26,8 @@ import pytest
 import sglang
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import WAITING_QUEUE_PREFIX_MATCH_MAX, SchedulePolicy
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from twin_caches import Caches
+from twin_caches import Caches, sglang_req
 
 from slipstream.sim import engine, upstream_orders
 from slipstream.sim.engine import Job
@@ -78,9 +77,7 @@ class Pair(Caches):
         """A new request of ``tokens`` (its prefix shared by reusing another's ids)."""
         seq = self.seq
         self.seq += 1
-        request = Request(f"q{seq}", "t", at_s, len(tokens), 4, tuple(tokens), (1,) * len(tokens))
-        job = Job(request, seq)
-        engine._arrive(job, self.cache)
+        job = self.arrived_job(seq, f"q{seq}", tokens, at_s)
         self.queue.push(job)
         req = self._req(self.queue.tie[seq], tokens, at_s)
         both = Both(job, req)
@@ -107,10 +104,7 @@ class Pair(Caches):
         return both
 
     def _req(self, rid: str, tokens: list[int], entry_s: float) -> Req:
-        params = SamplingParams(max_new_tokens=4, temperature=0.0)
-        params.normalize(None)
-        req = Req(rid, "", array("q", tokens), params, vocab_size=1 << 40)
-        req.time_stats.wait_queue_entry_time = entry_s
+        req = sglang_req(rid, tokens, entry_s)
         req.arrival_processed_tokens = self.processed
         self.waiting.append(req)
         return req

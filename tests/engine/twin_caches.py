@@ -11,10 +11,15 @@ from __future__ import annotations
 from array import array
 
 import torch
+from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.base_prefix_cache import InsertParams
 from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
+from sglang.srt.sampling.sampling_params import SamplingParams
 
+from slipstream.sim import engine
 from slipstream.sim.cache import PrefixCache
+from slipstream.sim.engine import Job
+from slipstream.sim.workload import Request
 
 
 class Caches:
@@ -38,3 +43,19 @@ class Caches:
             )
         )
         self.cache.insert(tokens, (1,) * len(tokens))
+
+    def arrived_job(self, seq: int, rid: str, tokens: list[int], at_s: float) -> Job:
+        """The twin's request of ``tokens`` arriving at ``at_s`` (its prefix looked up)."""
+        request = Request(rid, "t", at_s, len(tokens), 4, tuple(tokens), (1,) * len(tokens))
+        job = Job(request, seq)
+        engine._arrive(job, self.cache)
+        return job
+
+
+def sglang_req(rid: str, tokens: list[int], entry_s: float) -> Req:
+    """SGLang's request of ``tokens``, entered into the waiting queue at ``entry_s``."""
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    params.normalize(None)
+    req = Req(rid, "", array("q", tokens), params, vocab_size=1 << 40)
+    req.time_stats.wait_queue_entry_time = entry_s
+    return req

@@ -39,6 +39,7 @@ from slipstream.sim import (
 )
 from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
 from slipstream.tune import auto, codec, observed, recommend
+from slipstream.tune import deployment as tune_deployment
 from slipstream.tune.candidates import TuningSpec
 from slipstream.tune.guardrails import GuardrailSettings
 from slipstream.tune.tuner import TunerSettings
@@ -533,9 +534,18 @@ def cmd_recommend(args: argparse.Namespace) -> int:
             snap = codec.from_dict(json.loads(Path(args.snapshot).read_text()))
         except json.JSONDecodeError as exc:
             raise CliError(f"{args.snapshot}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        config = policies.EngineConfig()
+        # The engines' pool as the operator takes it (the smallest the snapshot's pods
+        # report, else the profile's), unless --kv-pool-tokens says otherwise.
+        pool = tune_deployment.twin_pool(snap.kv_pools)
+        if snap.kv_pools and pool.note:
+            print(pool.note, file=sys.stderr)
+        config = policies.EngineConfig(kv_pool_tokens=pool.tokens)
         if args.chunked_prefill_size is not None:
             config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
+        if args.kv_pool_tokens is not None:
+            if args.kv_pool_tokens < 0:
+                raise CliError("--kv-pool-tokens must be >= 0 (0 = no memory limit)")
+            config = replace(config, kv_pool_tokens=args.kv_pool_tokens)
         profile = profiles.load(args.profile or DEFAULT_PROFILE)
         current = policies.parse(args.current or "stock", config)
     else:

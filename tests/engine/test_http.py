@@ -100,6 +100,40 @@ def test_the_operator_admin_client_round_trip(client):
     )
 
 
+def test_server_info_reports_the_kv_pool_the_operator_tunes_with():
+    """`max_total_num_tokens` reaches /get_server_info from the scheduler's own init info
+    (`Scheduler.get_init_info`, the handshake the real server keeps as its scheduler info),
+    and the operator reads it as the pool its twin runs with (docs/operator.md)."""
+    from slipstream.api import models
+    from slipstream.controller import tuning
+    from slipstream.engine import admin
+    from slipstream.rollout import machine
+    from slipstream.tune import deployment
+
+    eng = h.make_engine(chunked_prefill_size=8192, page_size=16, kv_tokens=40_000)
+    s = eng.s
+    # What Scheduler.__init__ takes from its model runner (the harness builds no runner).
+    s.max_total_num_tokens = s.token_to_kv_pool_allocator.size
+    s.max_req_input_len = s.max_total_num_tokens - 1
+    s.startup_time = time.time()
+    http_server.set_global_state(
+        http_server._GlobalState(
+            tokenizer_manager=_StandInTokenizerManager(eng),
+            template_manager=None,
+            scheduler_info=s.get_init_info(),
+        )
+    )
+    info = TestClient(http_server.app).get("/get_server_info").json()
+    assert admin.kv_pool_of(info) == (40_000, "")
+    pool, _ = admin.kv_pool_of(info)
+    pods = tuning.kv_pools((), [machine.Pod("p", admin.setting_of(info), kv_pool_tokens=pool)])
+    spec = models.ServingDeploymentSpec.model_validate(
+        {"engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192, "pageSize": 16},
+         "tuning": {"mode": "Fixed", "threshold": 0}}
+    )
+    assert deployment.engine_config(spec, pods).kv_pool_tokens == 40_000
+
+
 ADMIN_KEY = "s3cret-admin-key-0123456789"
 
 

@@ -24,16 +24,12 @@ from dataclasses import dataclass
 
 import pytest
 import sglang
-import torch
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import WAITING_QUEUE_PREFIX_MATCH_MAX, SchedulePolicy
-from sglang.srt.mem_cache.base_prefix_cache import InsertParams
-from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from twin_caches import Caches, sglang_req
 
 from slipstream.sim import engine, upstream_orders
-from slipstream.sim.cache import PrefixCache
 from slipstream.sim.engine import Job
 from slipstream.sim.queue import WaitQueue
 from slipstream.sim.workload import Request
@@ -52,7 +48,7 @@ class Both:
     req: Req
 
 
-class Pair:
+class Pair(Caches):
     """SGLang's waiting list and tree cache beside the twin's WaitQueue and PrefixCache."""
 
     def __init__(self, order: str, seed: int) -> None:
@@ -66,10 +62,9 @@ class Pair:
             )
         )
         self.order = order
-        self.tree = RadixCache.create_simulated()
+        super().__init__()
         self.policy = SchedulePolicy(SGLANG_NAME[order], self.tree, False, False, False)
         self.waiting: list[Req] = []
-        self.cache = PrefixCache(10**9)
         self.queue: WaitQueue[Job] = WaitQueue(order, 1024.0, seed=seed)
         cache = self.cache
         self.queue.rematch = lambda job: engine._rematch(job, cache)
@@ -77,20 +72,12 @@ class Pair:
         self.processed = 0
         self.seq = 0
         self.by_seq: dict[int, Both] = {}
-        self.next_token = 10**9
-
-    def fresh(self, n: int) -> list[int]:
-        start = self.next_token
-        self.next_token += n
-        return list(range(start, start + n))
 
     def arrive(self, tokens: list[int], at_s: float) -> Both:
         """A new request of ``tokens`` (its prefix shared by reusing another's ids)."""
         seq = self.seq
         self.seq += 1
-        request = Request(f"q{seq}", "t", at_s, len(tokens), 4, tuple(tokens), (1,) * len(tokens))
-        job = Job(request, seq)
-        engine._arrive(job, self.cache)
+        job = self.arrived_job(seq, f"q{seq}", tokens, at_s)
         self.queue.push(job)
         req = self._req(self.queue.tie[seq], tokens, at_s)
         both = Both(job, req)
@@ -117,23 +104,10 @@ class Pair:
         return both
 
     def _req(self, rid: str, tokens: list[int], entry_s: float) -> Req:
-        params = SamplingParams(max_new_tokens=4, temperature=0.0)
-        params.normalize(None)
-        req = Req(rid, "", array("q", tokens), params, vocab_size=1 << 40)
-        req.time_stats.wait_queue_entry_time = entry_s
+        req = sglang_req(rid, tokens, entry_s)
         req.arrival_processed_tokens = self.processed
         self.waiting.append(req)
         return req
-
-    def cache_prefix(self, tokens: list[int]) -> None:
-        """A computed prefix enters both caches."""
-        self.tree.insert(
-            InsertParams(
-                key=RadixKey(token_ids=array("q", tokens), extra_key=None),
-                value=torch.empty(len(tokens), dtype=torch.bool),
-            )
-        )
-        self.cache.insert(tokens, (1,) * len(tokens))
 
     def round(self) -> tuple[list[str], list[str]]:
         """Both sides order their queue; returns (SGLang's rids, the twin's)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slipstream.sim.queue import LPM_FCFS_FALLBACK, WaitQueue
+from slipstream.sim.queue import LPM_FCFS_FALLBACK, SRPT_REMATCH_MAX, WaitQueue
 
 
 @dataclass
@@ -13,6 +13,8 @@ class J:
     arrival_s: float
     need: int
     cached_est: int
+    redo: int = 0
+    srpt_key: tuple[float, float, int] | None = None
 
 
 def ids(q: WaitQueue) -> list[int]:
@@ -31,6 +33,8 @@ def test_srpt_puts_short_work_first_within_the_aging_bound():
     q.push(J(0, 0.0, 50_000, 0))  # key 50
     q.push(J(1, 1.0, 100, 0))     # key 1.1
     q.push(J(2, 60.0, 10, 0))     # key 60.01: arrived after the long one's bound
+    assert ids(q) == [0, 1, 2]  # as the engine's list: sorted at the start of a round
+    q.start_round(0)
     assert ids(q) == [1, 0, 2]
 
 
@@ -51,4 +55,46 @@ def test_changing_the_order_resorts_the_queue():
     q.push(J(0, 0.0, 90_000, 0))
     q.push(J(1, 0.5, 100, 0))
     q.set_order("srpt")
+    q.start_round(0)
     assert ids(q) == [1, 0]
+
+
+def test_srpt_rematches_the_first_128_of_the_list_and_keeps_the_others_keys():
+    """As the engine patch's ``srpt_order`` (the twin against the real scheduler:
+    tests/engine/test_srpt_rematch.py): a round re-matches the first ``SRPT_REMATCH_MAX``
+    of the list; a request never matched is keyed by its whole prompt; a kept key does
+    not move when the cache changes until its request is among the first 128 again."""
+    whole = 10_000
+    q: WaitQueue[J] = WaitQueue("srpt", 1000)
+    hits: dict[int, int] = {}
+    matched: list[int] = []
+
+    def rematch(job: J) -> None:
+        matched.append(job.seq)
+        job.need = whole - hits.get(job.seq, 0)
+
+    q.rematch, q.unmatched = rematch, lambda job: whole
+    for k in range(SRPT_REMATCH_MAX + 72):
+        q.push(J(k, 0.0, whole, 0))
+    late = J(999, 0.0, 10, 0)  # its prompt is nearly all cached: need 10 when matched
+    hits[999] = whole - 10
+    q.push(late)
+    q.start_round(0)
+    assert matched == list(range(SRPT_REMATCH_MAX)), "the first 128 of the list only"
+    assert ids(q)[-1] == 999, "never matched: keyed by its whole prompt, behind the ties"
+    q.pop_front(150)  # the front admitted: it is among the first 128 now
+    matched.clear()
+    q.start_round(0)
+    assert 999 in matched and ids(q)[0] == 999
+    # A cache change reaches a kept key only once its request is re-matched.
+    q2: WaitQueue[J] = WaitQueue("srpt", 1000)
+    q2.rematch, q2.unmatched = rematch, lambda job: whole
+    for k in range(SRPT_REMATCH_MAX + 1):
+        q2.push(J(2000 + k, float(k) * 1e-3, whole, 0))
+    q2.start_round(0)
+    hits[2000 + SRPT_REMATCH_MAX] = whole - 10  # the last one's prefix is cached now
+    q2.start_round(0)
+    assert ids(q2)[-1] == 2000 + SRPT_REMATCH_MAX, "beyond 128: its last key, not the cache's"
+    q2.rematch_max = SRPT_REMATCH_MAX + 1
+    q2.start_round(0)
+    assert ids(q2)[0] == 2000 + SRPT_REMATCH_MAX

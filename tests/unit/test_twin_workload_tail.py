@@ -4,7 +4,14 @@ requests still waiting (a giant prefilling has no first token yet)."""
 from __future__ import annotations
 
 from slipstream.api import buckets
-from slipstream.api.snapshot import PodSetting, SizeClassWindow, TenantMix, TenantWindow, WorkloadSnapshot, histogram_of
+from slipstream.api.snapshot import (
+    PodSetting,
+    SizeClassWindow,
+    TenantMix,
+    TenantWindow,
+    WorkloadSnapshot,
+    histogram_of,
+)
 from slipstream.sim.policies import FirstToken
 from slipstream.tune import observed, twin_workload
 

@@ -9,6 +9,9 @@ Plain, frozen data with no I/O, shared by three producers and one consumer:
   bucket bounds, so the tuner in the twin sees exactly what Prometheus would have shown;
 - tests build it directly (the VPA's recommender tests feed histograms straight in).
 
+The controller's loop adds one thing Prometheus does not carry: each pod's KV pool, from
+its last read of the pods' ``/get_server_info`` (``kv_pools``).
+
 ``slipstream.tune`` consumes it. A snapshot is either valid or carries the reason it is
 not (``invalid``); nothing downstream acts on an invalid one, and a failed read is never
 turned into "zero traffic" (Dynamo #14765): ``UNREACHABLE`` and ``NO_TRAFFIC`` are
@@ -207,6 +210,19 @@ class PodSetting:
 
 
 @dataclass(frozen=True, slots=True)
+class PodPool:
+    """One engine pod's KV pool as its admin API reports it (``max_total_num_tokens`` in
+    ``/get_server_info``, read by the controller's loop, not by observe)."""
+
+    pod: str
+    tokens: int | None
+    """Tokens its KV pool holds; None when it never reported a usable value."""
+    problem: str = ""
+    """Why its last answer gave no usable value ("" when it gave one); ``tokens`` is then
+    the value of an earlier answer, if any."""
+
+
+@dataclass(frozen=True, slots=True)
 class WorkloadSnapshot:
     """Everything the tuner may know about one ServingDeployment's last window."""
 
@@ -234,6 +250,10 @@ class WorkloadSnapshot:
     size-class composition (empty when ``mix_fallback`` says why)."""
     mix_fallback: str | None = None
     """None when ``queue_mix`` was read from the engines; else one of ``MIX_FALLBACKS``."""
+    kv_pools: tuple[PodPool, ...] = ()
+    """The engine pods' KV pools, from the controller's last read of the pods (observe
+    leaves it empty): the tuner runs its candidates with the smallest, and with none the
+    profile's (``tune.deployment.twin_pool``)."""
 
     @property
     def valid(self) -> bool:

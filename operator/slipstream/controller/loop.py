@@ -5,8 +5,10 @@ network call in a step has a timeout: one deployment's slow Prometheus or dead e
 never delay another's loop, and there is no lock shared between loops. A step:
 
 1. observe: a `WorkloadSnapshot` of the last interval (Auto and Recommend only);
-2. tune: the recommendation, when the snapshot is valid (fail-static otherwise);
-3. read: what every ready engine pod runs (`/get_server_info`, all pods at once);
+2. tune: the recommendation, when the snapshot is valid (fail-static otherwise), with the
+   engines' KV pool as the last step read it (`Memory.pools`);
+3. read: what every ready engine pod runs and its KV pool (`/get_server_info`, all pods
+   at once);
 4. analyse: the canary figures, when an analysis window has ended;
 5. decide: `rollout.machine.decide` (pure);
 6. act: the ConfigMap first (a pod starting now gets the new value), then each pod's
@@ -138,6 +140,9 @@ class Memory:
     """The queue mix the last step decided on, and whether a jump from it may fire."""
     jumped: str = ""
     """Why the next step comes before its timer (the mix jump), for its Event; "" if not."""
+    pools: tuple[snapshot_.PodPool, ...] = ()
+    """Each engine pod's KV pool as the last step read it (`tuning.kv_pools`): the tuner runs
+    on the pods' pool of the step before, since a step reads the pods after it observes."""
 
 
 @dataclass(frozen=True)
@@ -179,9 +184,12 @@ def allowed(url: str, networks: str) -> bool:
 
 
 async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float,
-                  jumped: bool = False) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
-    """The step's snapshot and the tuner's recommendation on it (``jumped``: the queue mix
-    brought this step forward, which lets a harder cap skip the cooldown: tune.guardrails)."""
+                  pools: tuple[snapshot_.PodPool, ...] = (), jumped: bool = False,
+                  ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
+    """The window's snapshot and, when it is valid, the tuner's recommendation on it, with
+    the pods' KV pools (`Memory.pools`) added to the snapshot for the twin (``jumped``: the
+    queue mix brought this step forward: a shorter window, and a harder cap may skip the
+    cooldown, tune.guardrails)."""
     if not tuning.observes(sd):
         return None, None
     window, need = tuning.interval(sd, deps.config), None
@@ -199,6 +207,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
         snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
     if not snap.valid:
         return snap, None
+    snap = dataclasses.replace(snap, kv_pools=pools)
     # Reuse (or a guardrail's hold) is decided here on the event loop: it costs a dict
     # look-up and the guardrails, and must not queue behind other deployments' twin runs.
     if (quick := deps.recommender.without_twin(sd, snap, fleet, now, jumped)) is not None:
@@ -301,7 +310,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     config, now = deps.config, deps.clock()
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
-    snap, recommendation = await observe(deps, sd, fleet, now, bool(memory.jumped))
+    snap, recommendation = await observe(deps, sd, fleet, now, memory.pools, bool(memory.jumped))
     # A step that judged nothing leaves the mix watch alone; one the mix jump brought forward
     # that held is retried at the next poll (tune.mixjump).
     judged = recommendation is not None and recommendation.judged and (not memory.jumped or recommendation.move)
@@ -376,6 +385,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     if status.runs_nothing(conds, bool(items)):
         patch.update(status.no_setting())  # refused, no engines: nothing is applied
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
+    memory.pools = tuning.kv_pools(memory.pools, views)
     delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
     return StepOutcome(patch, events, delay, decision)
 

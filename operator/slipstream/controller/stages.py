@@ -5,8 +5,9 @@
   of deployments; reads on worker threads, one lock per key: a deployment on another
   Prometheus is never held up).
 - `TwinRecommender`: `tune.tuner` (gate, twin-backed recommendation or a reused one,
-  guardrails) with the deployment's spec, its engine's C and page size
-  (`tune.deployment.engine_config`), its tuner state from status, and the time scale.
+  guardrails) with the deployment's spec, its engine's C, page size and KV pool (the
+  smallest the pods report: `tune.deployment.engine_config`), its tuner state from status,
+  and the time scale.
 - `ObserveLatency`: the canary analysis' per-tenant p99 TTFT of some pods over a window
   ending at any time, with observe's query and assembly.
 """
@@ -180,14 +181,14 @@ class TwinRecommender:
         guardrail holds, or the memo's run for this workload is reused); None: call
         `recommend`. The profile is loaded by the first twin run, never here (file I/O):
         until then, and without a memo, only the guardrails' gate is checked."""
-        state, settings, config = self._inputs(sd, fleet, jumped)
+        state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped)
         engine_snap = in_engine_time(snap, self.config.engine_time_scale)
         decision = tuner_.without_twin(engine_snap, state, settings, self.profile, config, now, self.memo)
         if decision is None:
             return None
         if decision.recommendation is not None:  # a reused run (a gate's Hold carries none)
             TUNER_REUSES.inc()
-        return self._summary(decision, fleet, sd, self._mix(engine_snap, settings))
+        return self._summary(decision, fleet, sd, snap, self._mix(engine_snap, settings))
 
     def recommend(
         self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, fleet: models.EngineSetting, now: float,
@@ -199,10 +200,10 @@ class TwinRecommender:
         with TUNER_SECONDS.time():
             try:
                 profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
-                state, settings, config = self._inputs(sd, fleet, jumped)
+                state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped)
                 engine_snap = in_engine_time(snap, self.config.engine_time_scale)
                 decision = tuner_.with_twin(engine_snap, state, settings, profile, config, now, self.memo)
-                return self._summary(decision, fleet, sd, self._mix(engine_snap, settings))
+                return self._summary(decision, fleet, sd, snap, self._mix(engine_snap, settings))
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
 
@@ -211,10 +212,12 @@ class TwinRecommender:
         return recommend_.window_heterogeneity(snap, self.profile, settings.spec.chunked_prefill_size)
 
     def _inputs(
-        self, sd: models.ServingDeployment, fleet: models.EngineSetting, jumped: bool = False
+        self, sd: models.ServingDeployment, fleet: models.EngineSetting, pools: Sequence[snapshot.PodPool] = (),
+        jumped: bool = False,
     ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
         """The tuner's state (from status; ``jumped``: the queue mix brought this step
-        forward), settings (from the spec) and engine config."""
+        forward), settings (from the spec) and engine config (the spec's, with the pods' KV
+        pools the loop put in the snapshot)."""
         rollout = sd.status.rollout
         state = guardrails.TunerState(
             current=twin_setting(fleet),
@@ -233,13 +236,18 @@ class TwinRecommender:
                 dwell_cooldowns=self.config.tuner_dwell_cooldowns,
             ),
         )
-        return state, settings, tune_deployment.engine_config(sd.spec)
+        return state, settings, tune_deployment.engine_config(sd.spec, pools)
 
     @staticmethod
     def _summary(decision: guardrails.Decision, fleet: models.EngineSetting,
-                 sd: models.ServingDeployment | None = None, window_mix: float | None = None) -> tuning.Recommendation:  # fmt: skip
+                 sd: models.ServingDeployment | None = None, snap: snapshot.WorkloadSnapshot | None = None,
+                 window_mix: float | None = None) -> tuning.Recommendation:  # fmt: skip
         rec = decision.recommendation
+        # Said with every twin-backed reason: the pool its candidates ran with was not the
+        # engines' own (a pod reported none usable), so a reader knows what it rests on.
+        pool = tune_deployment.twin_pool(snap.kv_pools).note if snap is not None and rec is not None else ""
         mix = rec.heterogeneity if rec is not None else window_mix
+        mix = mix if mix is not None and math.isfinite(mix) else None
         model = rec.model if rec is not None else None
         prediction = tuple((t.name, t.predicted_s, t.observed_s) for t in model.tenants) if model is not None else ()
         if sd is not None:
@@ -252,11 +260,16 @@ class TwinRecommender:
         DECISIONS.labels(outcome, outcome if isinstance(decision, guardrails.Move) else decision.reason).inc()
         mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
-            return tuning.Recommendation(engine_setting(decision.to), True, decision.reason, mix, prediction,
-                                         gain=rec.sure_gain if rec is not None else 0.0)  # fmt: skip
+            return tuning.Recommendation(engine_setting(decision.to), True, with_note(decision.reason, pool), mix,
+                                         prediction, gain=rec.sure_gain if rec is not None else 0.0)  # fmt: skip
         best = engine_setting(rec.best.setting) if rec is not None else fleet
-        return tuning.Recommendation(best, False, f"{decision.reason}: {decision.message}", mix, prediction, mismatch,
-                                     judged=rec is not None)  # fmt: skip
+        return tuning.Recommendation(best, False, with_note(f"{decision.reason}: {decision.message}", pool), mix,
+                                     prediction, mismatch, judged=rec is not None)  # fmt: skip
+
+
+def with_note(reason: str, note: str) -> str:
+    """A reason with a note after it ("; note"), or as it is without one."""
+    return f"{reason}; {note}" if note else reason
 
 
 @dataclass

@@ -145,6 +145,24 @@ def observes(sd: models.ServingDeployment) -> bool:
     return sd.spec.tuning.mode in ("Auto", "Recommend") and sd.spec.prometheus.url is not None
 
 
+def kv_pools(before: Sequence[snapshot.PodPool], pods: Sequence[machine.Pod]) -> tuple[snapshot.PodPool, ...]:
+    """Each pod's KV pool after this step's read (``snapshot.WorkloadSnapshot.kv_pools``, for
+    the next step's tuner): the value a pod reported; a pod whose answer held none keeps its
+    earlier value, with the problem; a pod whose read failed keeps its earlier entry; a pod
+    no longer among ``pods`` is dropped. A missing or garbled answer never moves the pool."""
+    old = {p.pod: p for p in before}
+    out = []
+    for pod in pods:
+        if pod.kv_pool_tokens is not None:
+            out.append(snapshot.PodPool(pod.name, pod.kv_pool_tokens))
+        elif pod.kv_pool_problem:
+            known = old.get(pod.name)
+            out.append(snapshot.PodPool(pod.name, known.tokens if known is not None else None, pod.kv_pool_problem))
+        elif pod.name in old:
+            out.append(old[pod.name])
+    return tuple(out)
+
+
 # -- conditions and warnings -------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ non-JSON or unusable answer raises `BadAnswer` (a ValueError naming the URL), an
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,28 @@ def setting_of(server_info: dict[str, Any]) -> models.EngineSetting:
         )
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadAnswer(f"server info holds no usable setting: {str(exc)[:300]}") from None
+
+
+KV_POOL_KEY = "max_total_num_tokens"
+"""The engine's KV pool in tokens, in /get_server_info: SGLang puts its scheduler's init
+info there (``Scheduler.get_init_info``, DP rank 0), the pool after weights and
+activations, whatever ``--max-total-tokens`` or ``--mem-fraction-static`` asked for."""
+MAX_KV_POOL_TOKENS = 10_000_000_000
+"""Largest pool read as one (the twin's bound on ``kv_pool_tokens``, ``sim.bounds``)."""
+
+
+def kv_pool_of(server_info: dict[str, Any]) -> tuple[int | None, str]:
+    """(the KV pool in tokens, "") as an engine reports it, or (None, why) when its answer
+    holds no usable one: missing, null, not a whole number (a string, a bool, 40000.5), or
+    outside 1..``MAX_KV_POOL_TOKENS``. Never raises: a garbled pool is never read as a size
+    (0 would mean "no memory limit" to the twin)."""
+    value = server_info.get(KV_POOL_KEY)
+    if value is None:
+        return None, f"no {KV_POOL_KEY} in its server info"
+    whole = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+    if isinstance(value, bool) or not whole or not 1 <= value <= MAX_KV_POOL_TOKENS:
+        return None, f"{KV_POOL_KEY} is {str(value)[:40]!r}, not a token count"
+    return int(value), ""
 
 
 def version_of(server_info: dict[str, Any]) -> str:

@@ -118,9 +118,12 @@ def faults_of(body: dict[str, Any], current: Faults) -> Faults:
     return out
 
 
-def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str, Any]) -> dict[str, Any]:
+def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str, Any],
+                kv_pool_tokens: int | None = None) -> dict[str, Any]:
     """/get_server_info and /server_info: the server args with the live settings over the
-    start-up ones, secrets shown as null."""
+    start-up ones, secrets shown as null, and, as SGLang's scheduler info, the KV pool in
+    tokens (``max_total_num_tokens``: ``--max-total-tokens``, else what the profile's HBM
+    holds; null when the twin models no memory), which the operator's tuner runs with."""
     state = {
         "long_prefill_token_threshold": live.threshold,
         "long_prefill_mode": live.mode,
@@ -137,12 +140,14 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         "chunked_prefill_size": cfg.chunked_prefill_size,
         "page_size": cfg.page_size,
         "context_length": cfg.context_length,
+        "max_total_tokens": cfg.max_total_tokens,
         "tokenizer_metrics_custom_labels_header": cfg.labels_header,
         "tokenizer_metrics_allowed_custom_labels": list(cfg.allowed_labels) or None,
         "enable_metrics": cfg.enable_metrics,
         "admin_api_key_file": cfg.admin_api_key_file,
         **redacted_secrets(cfg),
         **state,
+        "max_total_num_tokens": kv_pool_tokens,
         "internal_states": [{**state, **redacted_secrets(cfg)}],
         "version": f"{cfg.sglang_version}+slipstream-engine-sim",
         "engine_sim": extra,

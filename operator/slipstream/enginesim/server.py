@@ -130,9 +130,8 @@ async def server_info(request: web.Request) -> web.StreamResponse:
     extra = {"profile": pod.profile.name, "time_scale": pod.clock.time_scale,
              "pod_name": pod.cfg.pod_name, "twin_now_s": pod.clock.now(),
              "requests_served": pod.served, "requests_in_flight": pod.in_flight}
-    info = admin.server_info(pod.cfg, pod.live, pod.driver.partials, extra)
-    info["max_total_num_tokens"] = pod.driver.kv_pool_tokens
-    return web.json_response(info)
+    return web.json_response(admin.server_info(pod.cfg, pod.live, pod.driver.partials, extra,
+                                               pod.driver.kv_pool_tokens))
 
 
 async def set_internal_state(request: web.Request) -> web.StreamResponse:

@@ -68,6 +68,11 @@ class Pod:
     """Why the read failed, or why the last change of this pod failed (for messages)."""
     version: str = ""
     """The SGLang version it reports (``version`` in /get_server_info); "" if none."""
+    kv_pool_tokens: int | None = None
+    """Its KV pool in tokens (``max_total_num_tokens`` in /get_server_info); None when the
+    read failed or the answer held no usable value (``kv_pool_problem`` says which)."""
+    kv_pool_problem: str = ""
+    """Why an answered read gave no pool ("" when it gave one, or the read failed)."""
 
 
 @dataclass(frozen=True)

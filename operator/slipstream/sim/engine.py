@@ -45,7 +45,7 @@ class Job:
         "req", "rid", "seq", "arrival_s", "need", "cached_est", "offset", "cached",
         "host_tokens", "uncached", "first_token_s", "solo_s", "entry_step",
         "max_itl_s", "finished_s", "_times", "out_reserve", "redo", "epoch", "seg_start_s",
-        "out_base", "_segs", "retractions", "rejected",
+        "out_base", "_segs", "retractions", "rejected", "srpt_key",
     )
 
     def __init__(self, req: Request, seq: int) -> None:
@@ -84,6 +84,8 @@ class Job:
         self.retractions = 0
         self.rejected = False
         """Refused: its prompt cannot fit the KV pool even on an idle engine."""
+        self.srpt_key: tuple[float, float, int] | None = None
+        """Its srpt key as of its last re-match (``queue.WaitQueue``); None before one."""
 
     def tokens_out(self, at_s: float) -> int:
         """Output tokens produced by twin time ``at_s`` (what a stream has sent so far)."""
@@ -162,6 +164,12 @@ def _rematch(job: Job, cache: PrefixCache) -> None:
     req = job.req
     job.cached_est = cache.peek(req.blocks, req.block_sizes)
     job.need = req.prompt_tokens - usable_hit(req.prompt_tokens, job.cached_est)
+
+
+def _unmatched(job: Job) -> int:
+    """A request's need with no prefix matched: its whole prompt, plus the output a
+    retracted request recomputes (the engine's ``req_remaining_need`` before a match)."""
+    return job.req.prompt_tokens + job.redo
 
 
 def _prefix(job: Job) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -256,6 +264,7 @@ class Engine:
         cache = self.cache
         self.queue.rematch = lambda job: _rematch(job, cache)
         self.queue.prefix = _prefix
+        self.queue.unmatched = _unmatched
         self.record_rounds = record_rounds
         self.progress = progress
         """Called with the number of requests arrived so far, every 1024."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from slipstream.api.snapshot import Histogram, PodSetting, TenantWindow, WorkloadSnapshot
+from slipstream.api.snapshot import Histogram, PodPool, PodSetting, TenantWindow, WorkloadSnapshot
 
 
 def to_dict(snapshot: WorkloadSnapshot) -> dict[str, Any]:
@@ -56,4 +56,14 @@ def from_dict(data: Any) -> WorkloadSnapshot:
         None if data.get("queue_depth") is None else float(data["queue_depth"]),
         pods, data.get("invalid"), str(data.get("detail", "")),
         {str(k): float(v) for k, v in (data.get("extra") or {}).items()},
+        kv_pools=tuple(_pool(p, f"kv_pools[{k}]") for k, p in enumerate(data.get("kv_pools") or ())),
     )
+
+
+def _pool(data: Any, where: str) -> PodPool:
+    if not isinstance(data, dict) or "pod" not in data:
+        raise ValueError(f"{where} must be an object with pod, tokens and problem")
+    tokens = data.get("tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ValueError(f"{where}.tokens must be a whole number >= 1 or null, got {tokens!r}")
+    return PodPool(str(data["pod"]), tokens, str(data.get("problem") or ""))

@@ -20,10 +20,12 @@ one before it would have; the dwell's memory (``TunerState.left``) is
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from slipstream.api import models
-from slipstream.api.snapshot import WorkloadSnapshot
+from slipstream.api.snapshot import PodPool, WorkloadSnapshot
 from slipstream.sim.policies import EngineConfig, Setting, engine_order
 from slipstream.sim.profiles import Profile
 from slipstream.tune.candidates import from_spec
@@ -55,11 +57,43 @@ def tuner_settings(spec: models.ServingDeploymentSpec, time_scale: float = 1.0) 
     return TunerSettings(spec=from_spec(spec), guardrails=guard)
 
 
-def engine_config(spec: models.ServingDeploymentSpec) -> EngineConfig:
-    """The twin's engine: the deployment's own C and page size (``spec.engine``), the twin's
-    defaults for what the spec does not set."""
+@dataclass(frozen=True, slots=True)
+class TwinPool:
+    """The KV pool the twin runs the candidates with, and what to say about it."""
+
+    tokens: int | None
+    """The smallest pool the engine pods report (tokens); None: the profile's."""
+    note: str = ""
+    """"" when every pod reported a usable pool; else which did not, and, with no usable
+    pool at all, that the profile's is used (for the recommendation's reason)."""
+
+
+MAX_NAMED = 3
+"""Pods whose problem the note names (the rest are counted): a reason stays a line."""
+
+
+def twin_pool(pools: Sequence[PodPool]) -> TwinPool:
+    """The pool for the twin's candidates: the smallest any pod reports (a tight pool makes
+    ceiling mode's admission serial, which a big profile pool hides: docs/engine.md, "A
+    tight KV pool"). A pod that reported no usable value keeps its last usable one and is
+    named; with no usable value at all the profile's pool is used, and the note says so. A
+    missing or garbled answer never becomes a size."""
+    sizes = [p.tokens for p in pools if p.tokens is not None]
+    bad = [f"{p.pod}: {p.problem}" for p in pools if p.problem]
+    named = "; ".join(bad[:MAX_NAMED]) + (f" and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else "")
+    if sizes:
+        note = f"twin KV pool {min(sizes):,} tokens, the smallest reported ({named})" if bad else ""
+        return TwinPool(min(sizes), note)
+    why = named or "no engine pod has reported its max_total_num_tokens yet"
+    return TwinPool(None, f"twin KV pool: the profile's ({why})")
+
+
+def engine_config(spec: models.ServingDeploymentSpec, pools: Sequence[PodPool] = ()) -> EngineConfig:
+    """The twin's engine: the deployment's own C and page size (``spec.engine``) and the
+    engines' KV pool (``twin_pool``), the twin's defaults for what neither sets."""
     engine = spec.engine
-    return EngineConfig(chunked_prefill_size=engine.chunked_prefill_size, page_size=engine.page_size)
+    return EngineConfig(chunked_prefill_size=engine.chunked_prefill_size, page_size=engine.page_size,
+                        kv_pool_tokens=twin_pool(pools).tokens)
 
 
 def unix_seconds(stamp: str | float | int | None) -> float | None:
@@ -125,7 +159,7 @@ def decide_for(sd: models.ServingDeployment, snap: WorkloadSnapshot, fleet: mode
                profile: Profile, time_scale: float = 1.0) -> Decision:
     """This interval's decision for ``sd`` (see ``tuner.tune_once``)."""
     settings = tuner_settings(sd.spec, time_scale)
-    return tune_once(snap, tuner_state(sd, fleet), settings, profile, engine_config(sd.spec), now)
+    return tune_once(snap, tuner_state(sd, fleet), settings, profile, engine_config(sd.spec, snap.kv_pools), now)
 
 
 def summary(decision: Decision, fleet: models.EngineSetting

@@ -311,10 +311,10 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
     snap, recommendation = await observe(deps, sd, fleet, now, memory.pools, bool(memory.jumped))
-    # A step that judged nothing leaves the mix watch alone; one the mix jump brought forward
-    # that held is retried at the next poll (tune.mixjump).
-    judged = recommendation is not None and recommendation.judged and (not memory.jumped or recommendation.move)
-    memory.mix = memory.mix.stepped(mixjump.mix_of(snap), judged, brought=bool(memory.jumped))
+    # A step that judged nothing leaves the mix watch alone; one on a jump that held is
+    # retried at the next poll (tune.mixjump).
+    memory.mix = memory.mix.stepped(mixjump.mix_of(snap), recommendation is not None and recommendation.judged,
+                                    recommendation is not None and recommendation.move, bool(memory.jumped))
     if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
                  "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),

@@ -215,8 +215,8 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             jobs = run_engines(per_engine, schedules, profile, cfg)
         elif log:
             log(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
-        judged = decision.recommendation is not None and (not jumped or isinstance(decision, guardrails.Move))
-        watch = watch.stepped(mix_at(jobs, now, lset.interval_s), judged, brought=jumped)
+        watch = watch.stepped(mix_at(jobs, now, lset.interval_s), decision.recommendation is not None,
+                              isinstance(decision, guardrails.Move), jumped)
         now, watch, jumped = next_step(jobs, now, rollout_until, watch, lset, log)
     return Run(results_of(jobs, workload), moves, schedules)
 

@@ -100,8 +100,8 @@ class TwinAuto:
                                     now, self.settings.guardrails)
         self.decisions.append((now, decision))
         if self.mix_poll_s > 0:
-            judged = decision.recommendation is not None and (not jumped or isinstance(decision, Move))
-            self._watch = self._watch.stepped(self._mix(view), judged, brought=jumped)
+            self._watch = self._watch.stepped(self._mix(view), decision.recommendation is not None,
+                                              isinstance(decision, Move), jumped)
         if isinstance(decision, Move):
             if self.analysis_s > 0:
                 self._rollout = (now + self.analysis_s, decision.to)

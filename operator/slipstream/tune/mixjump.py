@@ -35,9 +35,10 @@ the distance (or the timer) sees that.
 The rule, with hysteresis so that it cannot flap:
 
 - it fires when ``CONFIRM`` (2) looks in a row (polls, or the timer's step and a poll)
-  find the distance to the decided mix at least ``ENTER`` (0.12), or larger prompts than
-  it held (above), at most once: after firing it is disarmed; a step that sees the jump
-  first keeps the old reference;
+  find the distance to the decided mix at least ``ENTER`` (0.12), or at the first look
+  that finds larger prompts than it held (above: a giant waiting is a fact, not a noisy
+  share, and every second it waits uncapped costs the requests behind it), at most once:
+  after firing it is disarmed; a step that sees the jump first keeps the old reference;
 - it re-arms only when a poll finds the mix within ``EXIT`` (0.05) of the mix last
   decided on, with no larger prompts than it held, (the regular steps keep updating that reference), so a transition that keeps
   moving for a whole window (the window filling with the new phase) fires once, and noise
@@ -45,12 +46,11 @@ The rule, with hysteresis so that it cannot flap:
 - a window with fewer than ``MIN_REQUESTS`` requests in it (finished or waiting), an
   invalid snapshot or one without the queue-mix series never fires and changes nothing:
   missing metrics never move anything, not even the clock;
-- a step the jump brought forward that did not move (its window barely holds the new
-  traffic: a giant still prefilling has no first token for the twin to see, or a window
-  that straddles the change, half old traffic and half new, that the twin cannot explain,
-  ``ModelMismatch``) does not take the jump's mix as its reference: the watch fires again
-  at the next look that still sees the jump, up to ``RETRIES`` times a jump, instead of
-  leaving the new phase to the timer a whole interval later.
+- a step on a window that shows a jump and did not move (its window barely holds the new
+  traffic, or straddles the change, half old traffic and half new, so the twin cannot
+  explain it: ``ModelMismatch``) does not take the jump's mix as its reference: the
+  watch fires again at the next look that still sees the jump, up to ``RETRIES`` times a
+  jump, instead of leaving the new phase to the timer a whole interval later.
 
 ``ENTER`` and ``CONFIRM`` are in-sample: chosen on the demo's phases
 (``scripts/closed-loop-offline.py --mix-poll 10``, and ``slipstream loopbench``'s live
@@ -184,31 +184,32 @@ class MixWatch:
             return self, False
         held = max(self.tops, default=-1)
         if self.armed and jumped(mix, self.decided, held):
-            if self.seen + 1 >= CONFIRM:
+            if self.seen + 1 >= CONFIRM or larger(mix, self.decided, held) >= NEW_SHARE:
                 return replace(self, armed=False, seen=0), True
             return replace(self, seen=self.seen + 1), False
         if not self.armed and distance(mix, self.decided) <= EXIT and larger(mix, self.decided, held) < NEW_SHARE:
             return replace(self, armed=True, seen=0), False
         return replace(self, seen=0), False
 
-    def stepped(self, mix: Mix | None, judged: bool = True, brought: bool = False) -> MixWatch:
+    def stepped(self, mix: Mix | None, judged: bool = True, moved: bool = True, brought: bool = False) -> MixWatch:
         """After a step on `mix`: it counts as a look, and becomes the new reference unless
         it is the first look at a jump not yet confirmed (the step was on a window that
         the new phase has barely entered; its reference would hide the jump), or the step
-        did not judge it (``judged`` False). A step that judged nothing (a guardrail held
-        before the twin ran: a rollout in flight, the cooldown) leaves the watch as it was,
-        so a jump during a rollout still fires once the rollout is over. A step a jump
-        brought forward (``brought``) that did not settle it (it held) while the jump still
-        shows keeps the old reference, and the next look that sees the jump fires again,
-        ``RETRIES`` times at most. A step on no mix keeps the watch as it was."""
+        did not settle a jump its window shows (it did not move, ``moved`` False): then the
+        old reference stays and the next look that sees the jump fires, ``RETRIES`` times at
+        most (a window a poll later holds more of the new traffic). A step that judged
+        nothing (``judged`` False: a guardrail held before the twin ran, a rollout in
+        flight) leaves the watch as it was unless a jump brought it (``brought``), so a jump
+        during a rollout fires once the rollout is over. A step on no mix keeps the watch
+        as it was."""
         if mix is None:
             return self
-        if not judged:
-            if not brought:
-                return self
-            if self.decided is not None and jumped(mix, self.decided, max(self.tops, default=-1)) \
-                    and self.retries < RETRIES:
-                return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1)
+        if not judged and not brought:
+            return self
+        held = max(self.tops, default=-1)
+        jump = self.decided is not None and jumped(mix, self.decided, held)
+        if jump and not moved and (brought or self.armed) and self.retries < RETRIES:
+            return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1)
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
         if watch.seen > 0:
             return watch

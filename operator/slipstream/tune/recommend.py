@@ -11,7 +11,11 @@ Steps (each a function below, plain data between them):
    ``check`` the fitted replay against the observation (``tune.modelcheck``): every
    tenant's predicted p99 within ``model_band`` of its observed one, else the offered load
    is refitted (a few more runs of the current setting) and checked again; a twin that
-   still disagrees is reported in ``Ranking.model`` and the guardrails hold;
+   still disagrees is reported in ``Ranking.model`` and the guardrails hold. Fit and check
+   replay the requests the window saw through (the observed TTFT counts first tokens
+   only); when the engines' queue mix shows requests waiting now, the what-if below
+   replays them too, at the fitted burst and rate (a giant still prefilling is the window's
+   traffic before its first token, and the one request the threshold is for);
 2. ``predict`` each candidate (the screen): one deterministic twin run per candidate,
    on the same workload;
 3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
@@ -351,6 +355,11 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     burst, workload, current_run, fit = calibrate(snapshot, current, spec, profile, base, settings)
     cfg = twin_config(base, spec, workload)
     workload, current_run, model = checked(snapshot, workload, current_run, current, spec, profile, cfg, settings)
+    if waits(snapshot):  # the what-if counts the requests waiting now; the check could not
+        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst)
+        workload = workload.scaled(model.rate_factor) if model.rate_factor != 1.0 else workload
+        cfg = twin_config(base, spec, workload)
+        current_run = predict(workload, current, profile, cfg, spec)
     runs = {current: current_run}
     runs.update({s: predict(workload, s, profile, cfg, spec)
                  for s in (BASELINE, *enumerate_candidates(stepped(spec, current, settings), settings.orders,
@@ -372,6 +381,11 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     return Ranking(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
                           reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model, scored)
+
+
+def waits(snapshot: WorkloadSnapshot) -> bool:
+    """Whether the engines' queue mix shows requests waiting now (``twin_workload.with_queued``)."""
+    return snapshot.mix_fallback is None and any(m.queued > 0 for m in snapshot.queue_mix)
 
 
 def eligible(predictions: Sequence[Prediction]) -> list[Prediction]:
@@ -502,7 +516,7 @@ def calibrate(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     observed = observed_p99(snapshot, settings)
     best: tuple[int, Workload, Prediction, float] | None = None
     for burst in settings.bursts or (1,):
-        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst)
+        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst, waiting=False)
         if not workload.requests:
             raise ValueError(f"snapshot of {snapshot.deployment} has no tenant traffic to replay")
         run = predict(workload, current, profile, twin_config(config, spec, workload), spec)

@@ -80,7 +80,7 @@ def _lowers(hist: Histogram) -> list[float]:
 
 
 def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 0,
-               burst: int = 1, max_span_s: float | None = None) -> Workload:
+               burst: int = 1, max_span_s: float | None = None, waiting: bool = True) -> Workload:
     """The twin workload of one valid snapshot (see the module doc). Empty when no traffic.
 
     ``burst`` > 1 makes arrivals come in groups of that many at once (a compound Poisson
@@ -88,10 +88,12 @@ def synthesize(snapshot: WorkloadSnapshot, max_requests: int = 300, seed: int = 
     trace's requests come in clumps), and the recommender fits this to what the current
     setting's TTFT histogram shows. ``max_span_s`` caps the span (default: the window);
     ``math.inf`` replays the window's mix for as long as ``max_requests`` takes.
+    ``waiting`` False leaves the requests waiting now out of the lengths (``with_queued``):
+    the replay the model check sets beside the observed TTFT, which counts first tokens only.
     """
     if burst < 1:
         raise ValueError(f"burst must be >= 1, got {burst}")
-    sources = _sources(snapshot)
+    sources = _sources(snapshot, waiting)
     # The twin is one engine: a deployment's traffic is spread over its pods.
     engines = max(1, len(snapshot.pods))
     rate = sum(src.rate for src in sources) / engines
@@ -164,7 +166,7 @@ class _Source:
         return self.ratio_by_class.get(buckets.size_class(uncached), 0.0)
 
 
-def _sources(snapshot: WorkloadSnapshot) -> list[_Source]:
+def _sources(snapshot: WorkloadSnapshot, waiting: bool = True) -> list[_Source]:
     """The tenants the twin replays (see the module doc for which figures each uses)."""
     observed = snapshot.mix_fallback is None and bool(snapshot.queue_mix)
     out: list[_Source] = []
@@ -177,15 +179,15 @@ def _sources(snapshot: WorkloadSnapshot) -> list[_Source]:
         out.append(_Source(
             t.name,
             mix.arrivals_per_s if mix is not None and mix.arrivals_per_s > 0 else t.requests_per_s,
-            with_queued(t.uncached_tokens, mix) if mix is not None else t.uncached_tokens,
+            with_queued(t.uncached_tokens, mix) if mix is not None and waiting else t.uncached_tokens,
             t.output_tokens,
             _class_ratios(mix) if mix is not None else None,
             _tenant_ratio(t),
         ))
-    for mix in snapshot.queue_mix if observed else ():
-        waiting = queued_lengths(mix)
-        if mix.name not in named and mix.arrivals_per_s > 0 and waiting is not None:
-            out.append(_Source(mix.name, mix.arrivals_per_s, waiting, None, _class_ratios(mix), 0.0))
+    for mix in snapshot.queue_mix if observed and waiting else ():
+        queued = queued_lengths(mix)
+        if mix.name not in named and mix.arrivals_per_s > 0 and queued is not None:
+            out.append(_Source(mix.name, mix.arrivals_per_s, queued, None, _class_ratios(mix), 0.0))
     return out
 
 

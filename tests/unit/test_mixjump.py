@@ -221,3 +221,22 @@ def test_a_timer_step_that_holds_on_a_jump_leaves_it_to_the_next_look() -> None:
     # The same step had it moved: its window is the reference, nothing left to fire.
     moved = mixjump.MixWatch().stepped(before).stepped(after)
     assert moved.decided == after and not moved.see(after)[1]
+
+
+def test_a_step_that_moved_on_a_jump_does_not_fire_again_while_the_window_fills() -> None:
+    rng = random.Random(12)
+    docs = mixjump.mix_of(snap_of(documents(rng, 96)))
+    first = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))  # the first giant
+    filled = mixjump.mix_of(snap_of(giants(rng, 200)))  # a minute later: short turns and giants
+    assert docs is not None and first is not None and filled is not None
+    watch = mixjump.MixWatch().stepped(docs)
+    watch, fired = watch.see(first)
+    assert fired
+    watch = watch.stepped(first, moved=True, brought=True)
+    assert watch.decided == first and not watch.armed
+    assert mixjump.distance(filled, first) >= mixjump.ENTER
+    assert not watch.see(filled)[1] and not watch.see(filled)[0].see(filled)[1]
+    # A timer step on the filled window is the new reference; the watch re-arms near it.
+    watch = watch.stepped(filled)
+    watch, fired = watch.see(filled)
+    assert not fired and watch.armed

@@ -197,7 +197,8 @@ class MixWatch:
         the new phase has barely entered; its reference would hide the jump), or the step
         did not settle a jump its window shows (it did not move, ``moved`` False): then the
         old reference stays and the next look that sees the jump fires, ``RETRIES`` times at
-        most (a window a poll later holds more of the new traffic). A step that judged
+        most (a window a poll later holds more of the new traffic); one that moved on a jump
+        leaves the watch disarmed until the mix settles near its window. A step that judged
         nothing (``judged`` False: a guardrail held before the twin ran, a rollout in
         flight) leaves the watch as it was unless a jump brought it (``brought``), so a jump
         during a rollout fires once the rollout is over. A step on no mix keeps the watch
@@ -213,7 +214,9 @@ class MixWatch:
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
         if watch.seen > 0:
             return watch
-        return MixWatch(mix, watch.armed, tops=(*self.tops, top(mix))[-TOP_MEMORY:])
+        # A step that moved answered the change it saw; a window still filling with the new
+        # traffic would read as a jump from it until it settles (EXIT re-arms it).
+        return MixWatch(mix, watch.armed and not (moved and jump), tops=(*self.tops, top(mix))[-TOP_MEMORY:])
 
 
 def describe(mix: Mix) -> str:

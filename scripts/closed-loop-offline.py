@@ -20,6 +20,8 @@ does (default: its ``mix_poll_seconds``), and steps at once on a jump; 0: the ti
     .venv/bin/python scripts/closed-loop-offline.py                 # sweep, assert, exit 1 on a miss
     .venv/bin/python scripts/closed-loop-offline.py --offsets 0,17 --verbose
     .venv/bin/python scripts/closed-loop-offline.py --rate-factor 8  # wall-clock rates (the old overload)
+    .venv/bin/python scripts/closed-loop-offline.py --workload examples/workloads/loopbench-rag.yaml \
+        --capped-phases giants --offsets 0,30    # a phased workload file (slipstream loopbench's format)
 
 Prints each offset's moves and each phase's worst-tenant p99 TTFT beside Off's.
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import argparse
 
-from slipstream.demo import offline, phases
+from slipstream.demo import loopbench, offline, phases
 
 
 def capped(name: str) -> bool:
@@ -55,9 +57,18 @@ def main() -> int:
     ap.add_argument("--off", action="store_true", help="never move (tuning Off): the decisions are still printed")
     ap.add_argument("--canary", type=int, default=0, help="the canary engine's index in the round robin (0 or 1)")
     ap.add_argument("--verbose", action="store_true", help="print every interval's decision")
+    ap.add_argument("--workload", default=None, help="a phased workload file (slipstream loopbench --workload's "
+                    "format) instead of the demo's phases; --phase-s is then ignored")
+    ap.add_argument("--capped-phases", default=phases.HETEROGENEOUS,
+                    help="comma-separated phase kinds (a file's phase names) that should end capped "
+                    "(default %(default)s)")
     args = ap.parse_args()
 
-    workload, spans = phases.plan(args.phase_s, replicas=offline.REPLICAS)
+    if args.workload:
+        workload, spans = loopbench.load_phases(args.workload)
+    else:
+        workload, spans = phases.plan(args.phase_s, replicas=offline.REPLICAS)
+    heavy = set(args.capped_phases.split(","))
     offsets = ([float(o) for o in args.offsets.split(",")] if args.offsets
                else [float(o) for o in range(0, int(args.interval), 10)])  # fmt: skip
     lset = offline.LoopSettings(args.interval, args.cooldown, args.analysis, args.max_concurrency, args.rate_factor,
@@ -80,7 +91,7 @@ def main() -> int:
         for p in spans:
             final = next((to for at, _, to, _ in reversed(run.moves) if at < p.end_s), "stock")
             first_cap = next((at for at, _, to, _ in run.moves if p.holds(at) and capped(to)), None)
-            if p.kind == phases.HETEROGENEOUS:
+            if p.kind in heavy:
                 if not capped(final):
                     misses.append(f"offset {offset:g}: {p.name} ends on {final}, not capped")
                 if first_cap is None or first_cap - p.start_s > 2 * args.interval:

@@ -31,7 +31,8 @@ def busy(now: float) -> snapshot.WorkloadSnapshot:
 
 
 class Observer:
-    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float) -> snapshot.WorkloadSnapshot:
+    async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
+                       min_samples: int | None = None) -> snapshot.WorkloadSnapshot:
         return busy(now)
 
 
@@ -46,8 +47,8 @@ class Recorder:
         self.notes: list[str] = []
 
     def without_twin(self, sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot,
-                     fleet: models.EngineSetting, now: float) -> tuning.Recommendation:  # fmt: skip
-        self.configs.append(self.stage._inputs(sd, fleet, snap.kv_pools)[2])
+                     fleet: models.EngineSetting, now: float, jumped: bool = False) -> tuning.Recommendation:  # fmt: skip
+        self.configs.append(self.stage._inputs(sd, fleet, snap.kv_pools, jumped)[2])
         note = stages.tune_deployment.twin_pool(snap.kv_pools).note
         self.notes.append(note)
         return tuning.Recommendation(fleet, False, stages.with_note("AtBest: held", note))

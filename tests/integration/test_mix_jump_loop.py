@@ -4,8 +4,8 @@
 API in memory: `loop_helpers`), then `loop.until_mix_jump`, the loop's wait between steps,
 on an injected clock and sleep: an observer whose engines start showing giant prompts part
 way through the interval ends the wait at the first poll after the jump; a steady mix
-waits out the whole interval. The early step is an ordinary step: in the cooldown the
-tuner's own gate still holds it. And the handler's `pause` ends when the watch fires."""
+waits out the whole interval. In the cooldown the early step may only cap harder, with a
+large predicted gain (tune.guardrails). And the handler's `pause` ends when the watch fires."""
 
 from __future__ import annotations
 
@@ -121,13 +121,14 @@ def test_a_mix_jump_makes_the_step_happen_before_the_timer() -> None:
     holds = Holds()
     fired, ended, clock, first, second = run(JUMP_AT, holds)
     assert first.delay_s == 60.0
-    # Polls every 10 s: the second poll after the jump (+30 s, +40 s) confirms it and ends
-    # the wait, 20 s early.
-    assert fired and ended == T0 + 40.0, clock.slept
-    assert holds.asked == [T0, T0 + 40.0]
+    # Polls every 10 s: the first poll after the jump (+30 s) sees prompts larger than any
+    # the reference held, which fires at once (tune.mixjump.NEW_SHARE) and ends the wait,
+    # 30 s early.
+    assert fired and ended == T0 + 30.0, clock.slept
+    assert holds.asked == [T0, T0 + 30.0]
     assert "QueueMixChanged" in reasons(second) and "QueueMixChanged" not in reasons(first)
     event = next(e for e in second.events if e.reason == "QueueMixChanged")
-    assert "gt300k" in event.message and "20 s before the timer" in event.message
+    assert "gt300k" in event.message and "30 s before the timer" in event.message
 
 
 def test_a_steady_mix_waits_for_the_timer() -> None:
@@ -138,7 +139,10 @@ def test_a_steady_mix_waits_for_the_timer() -> None:
 
 
 def test_an_early_step_still_obeys_the_cooldown() -> None:
-    # Promoted 100 s before T0: the cooldown (600 s) holds the early step as it would the timer's.
+    # Promoted 100 s before T0, and the first step is the loop's first (an operator restarted
+    # in the cooldown): the held step still gives the watch its reference, the jump fires, and
+    # the cooldown (600 s) holds the early step unless it brings a harder cap with a large
+    # predicted gain (tune.guardrails); this one's best candidate is an order at T 0.
     promoted = {"lastDecision": {"time": "1970-01-02T03:45:00Z", "to": {"threshold": 2048}, "reason": "r"},
                 "rollout": {"phase": "Idle", "result": "Promoted", "finishedAt": "1970-01-02T03:45:00Z",
                             "candidate": {"threshold": 2048}}}  # fmt: skip
@@ -146,6 +150,7 @@ def test_an_early_step_still_obeys_the_cooldown() -> None:
     fired, _, _, _, second = run(JUMP_AT, twin, promoted)
     assert fired
     assert len(twin.said) == 2 and twin.said[-1].reason.startswith("Cooldown"), twin.said
+    assert "only a harder cap" in twin.said[-1].reason and twin.said[-1].judged, twin.said[-1]
     assert not twin.said[-1].move and not second.decision.in_flight and second.decision.action == "Hold"
 
 

@@ -103,7 +103,7 @@ class Clock:
 
 class Observer:
     async def snapshot(
-        self, sd: models.ServingDeployment, window_s: float, now: float
+        self, sd: models.ServingDeployment, window_s: float, now: float, min_samples: int | None = None
     ) -> snapshot.WorkloadSnapshot:
         return busy(now)
 
@@ -118,7 +118,7 @@ class SlowTwin:
         return None
 
     def recommend(
-        self, sd: models.ServingDeployment, snap: Any, fleet: Any, now: float
+        self, sd: models.ServingDeployment, snap: Any, fleet: Any, now: float, jumped: bool = False
     ) -> tuning.Recommendation:
         self.clock.t += self.seconds
         return tuning.Recommendation(

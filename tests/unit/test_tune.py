@@ -383,6 +383,20 @@ def test_a_jump_of_the_queue_mix_may_cap_harder_during_the_cooldown():
     assert isinstance(d, Hold) and d.reason == guardrails.COOLDOWN
 
 
+def test_a_jump_step_moves_only_to_a_harder_cap():
+    # Out of the cooldown, the timer's step would move by gain; the same ranking on a step a
+    # jump brought forward moves only when the best caps harder than the fleet.
+    best = HET_REC.best.setting
+    assert best.threshold > 0
+    assert isinstance(decide(heterogeneous(), HET_REC, TunerState(OFF, mix_jumped=True)), Move)
+    # The fleet already runs the best's cap with another order: an order alone waits for the
+    # timer (whose step has rules of its own for it, WorseP99TTFT among them).
+    other = Setting(best.threshold, best.mode, "fcfs" if best.order != "fcfs" else "lpm")
+    assert decide(heterogeneous(), HET_REC, TunerState(other)).reason != guardrails.JUMP_NOT_HARDER
+    d = decide(heterogeneous(), HET_REC, TunerState(other, mix_jumped=True))
+    assert isinstance(d, Hold) and d.reason == guardrails.JUMP_NOT_HARDER and "timer" in d.message, d
+
+
 def test_bounds_hold_when_the_spec_narrowed_after_the_recommendation():
     narrow = TuningSpec(min_concurrency=1, max_concurrency=1)
     d = decide(heterogeneous(), HET_REC, TunerState(OFF), spec=narrow)

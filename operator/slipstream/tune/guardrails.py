@@ -47,6 +47,12 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 10. otherwise the gain is below the margin: Hold ``BelowMargin`` (hysteresis: noisy
     windows do not flap).
 
+A step the queue mix brought forward moves only to a setting that caps harder: anything
+else (another order or mode alone, less concurrency) is held ``JumpNotHarder`` until the
+timer's step. Its window is the short one since the jump, and a change of order on it
+would start a canary that keeps the fleet uncapped for an analysis window while the
+giants that brought the step queue behind each other.
+
 A move by gain that keeps the concurrency (another order or mode alone) is held
 ``WorseP99TTFT`` when it predicts a worse worst-tenant p99 TTFT (beyond
 ``step_back_tolerance``): the objective is slowdown, fair to short and long prompts, and
@@ -58,7 +64,7 @@ answers a change of mix, not a noisy ranking. Every move to less concurrency (by
 the step back) is held ``Calm`` until the traffic has been near-uniform for
 ``calm_cooldowns`` cooldowns (``TunerState.mixed_at``, the last window that was not, this
 one included): one quiet window among random giant prompts (a Poisson stream of one a
-minute leaves a quarter of the minutes without one) is not the end of them, and lifting a
+minute leaves over a third of the minutes without one) is not the end of them, and lifting a
 cap too early costs the next giant's whole queue, while keeping it a little long costs
 uniform traffic a fraction of its TTFT.
 
@@ -87,6 +93,7 @@ DWELL = "Dwell"
 NOT_ON_RESAMPLE = "NotOnResample"
 CALM = "Calm"
 WORSE_TTFT = "WorseP99TTFT"
+JUMP_NOT_HARDER = "JumpNotHarder"
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +300,10 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
         return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s: the queue "
                     f"mix jumped, but only a harder cap with a predicted gain of at least "
                     f"{settings.jump_gain:.0%} skips it ({rec.reason})", rec)  # fmt: skip
+    if state.mix_jumped and best != state.current and concurrency(best, c) <= concurrency(state.current, c):
+        return Hold(JUMP_NOT_HARDER, f"{describe(best, c)} does not cap harder than {describe(state.current, c)}: "
+                    "a step the queue mix brought forward moves only to a harder cap, and anything else waits "
+                    f"for the timer's step: {rec.reason}", rec)  # fmt: skip
     if fewer and (by_gain or step_back):
         mixed = now if rec.heterogeneity > settings.step_back_max_heterogeneity else state.mixed_at
         calm_s = settings.calm_cooldowns * settings.cooldown_s

@@ -201,12 +201,14 @@ class MixWatch:
         leaves the watch disarmed until the mix settles near its window. A step that judged
         nothing (``judged`` False: a guardrail held before the twin ran, a rollout in
         flight) leaves the watch as it was unless a jump brought it (``brought``), so a jump
-        during a rollout fires once the rollout is over. A step on no mix keeps the watch
-        as it was."""
+        during a rollout fires once the rollout is over; with no reference yet, its mix
+        becomes the reference. A step on no mix keeps the watch as it was."""
         if mix is None:
             return self
         if not judged and not brought:
-            return self
+            # The first look still gives the watch its reference: a deployment that starts
+            # in a cooldown (after an operator restart, say) would otherwise never see a jump.
+            return self if self.decided is not None else MixWatch(mix, tops=(top(mix),))
         held = max(self.tops, default=-1)
         jump = self.decided is not None and jumped(mix, self.decided, held)
         if jump and not moved and (brought or self.armed) and self.retries < RETRIES:

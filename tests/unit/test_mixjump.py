@@ -240,3 +240,23 @@ def test_a_step_that_moved_on_a_jump_does_not_fire_again_while_the_window_fills(
     watch = watch.stepped(filled)
     watch, fired = watch.see(filled)
     assert not fired and watch.armed
+
+
+def test_a_step_a_jump_brought_that_moved_disarms_though_its_own_window_lacks_the_giant() -> None:
+    # The poll saw the first giant waiting; the step it brought read a window that did not
+    # (the step's own read came a moment later, its window narrower). It moved all the same:
+    # the move answered the poll's jump, so the next poll that sees the giant does not fire.
+    rng = random.Random(13)
+    docs = mixjump.mix_of(snap_of(documents(rng, 96)))
+    first = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))
+    step = mixjump.mix_of(snap_of(documents(rng, 96)))
+    assert docs is not None and first is not None and step is not None
+    watch = mixjump.MixWatch().stepped(docs)
+    watch, fired = watch.see(first)
+    assert fired
+    watch = watch.stepped(step, moved=True, brought=True)
+    assert watch.decided == step and not watch.armed
+    assert not watch.see(first)[1]
+    # Held instead of moved, the same step leaves the jump to fire at the next look.
+    held = mixjump.MixWatch().stepped(docs).see(first)[0].stepped(step, moved=False, brought=True)
+    assert held.see(first)[1]

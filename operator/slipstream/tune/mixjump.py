@@ -216,9 +216,11 @@ class MixWatch:
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
         if watch.seen > 0:
             return watch
-        # A step that moved answered the change it saw; a window still filling with the new
-        # traffic would read as a jump from it until it settles (EXIT re-arms it).
-        return MixWatch(mix, watch.armed and not (moved and jump), tops=(*self.tops, top(mix))[-TOP_MEMORY:])
+        # A step that moved answered the change it saw (in its own window, or in the poll's
+        # that brought it: the step's window may not show the giant the poll saw waiting); a
+        # window still filling with the new traffic would read as a jump from it until it
+        # settles (EXIT re-arms it).
+        return MixWatch(mix, watch.armed and not (moved and (jump or brought)), tops=(*self.tops, top(mix))[-TOP_MEMORY:])
 
 
 def describe(mix: Mix) -> str:

@@ -131,6 +131,33 @@ def test_a_mix_jump_makes_the_step_happen_before_the_timer() -> None:
     assert "gt300k" in event.message and "30 s before the timer" in event.message
 
 
+def test_a_retried_jump_steps_again_without_another_event() -> None:
+    # The step the jump brought held (its window could not settle the jump), so the next
+    # poll that still sees the jump brings another step (tune.mixjump.RETRIES); the jump
+    # was announced once, and the retry is logged, not posted again.
+    async def go() -> tuple[list[float], list[loop.StepOutcome]]:
+        engine = Engine()
+        port = int((await engine.start()).rsplit(":", 1)[1])
+        try:
+            clock, holds = Clock(), Holds()
+            deps = loop.Deps(kube=PodsAndConfigMaps(port),  # type: ignore[arg-type]
+                             config=settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0),
+                             keys=Key(), observer=Phases(JUMP_AT), recommender=holds, clock=clock,  # type: ignore[arg-type]
+                             sleep=clock.sleep)  # fmt: skip
+            dep, memory = sd(port), loop.Memory()
+            outcomes = [await loop.step(deps, dep, memory)]
+            for _ in range(2):
+                assert await loop.until_mix_jump(deps, lambda: dep, memory, outcomes[-1].delay_s)
+                outcomes.append(await loop.step(deps, dep, memory))
+            return holds.asked, outcomes
+        finally:
+            await engine.runner.cleanup()
+
+    asked, outcomes = asyncio.run(go())
+    assert asked == [T0, T0 + 30.0, T0 + 40.0]
+    assert [reasons(o).count("QueueMixChanged") for o in outcomes] == [0, 1, 0]
+
+
 def test_a_steady_mix_waits_for_the_timer() -> None:
     fired, ended, clock, _, second = run(None, Holds())
     assert not fired and ended == T0 + 60.0

@@ -140,6 +140,9 @@ class Memory:
     """The queue mix the last step decided on, and whether a jump from it may fire."""
     jumped: str = ""
     """Why the next step comes before its timer (the mix jump), for its Event; "" if not."""
+    jump_retry: bool = False
+    """The jump that brought the next step was already announced: a retry of a step on it
+    that held (``tune.mixjump.RETRIES``) is logged, not posted as another Event."""
     pools: tuple[snapshot_.PodPool, ...] = ()
     """Each engine pod's KV pool as the last step read it (`tuning.kv_pools`): the tuner runs
     on the pods' pool of the step before, since a step reads the pods after it observes."""
@@ -353,9 +356,9 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     decision = machine.decide(state, fleet, target, views, pol, now, verdict)
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
-    if memory.jumped:
+    if memory.jumped and not memory.jump_retry:
         events.append(machine.Event("Normal", "QueueMixChanged", memory.jumped))
-        memory.jumped = ""
+    memory.jumped, memory.jump_retry = "", False
     if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
         events.append(event)
     if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
@@ -422,6 +425,7 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
                   mixjump.describe(mix) if mix else "none",
                   f"{mixjump.distance(mix, before.decided):.2f}" if mix and before.decided else "-")  # fmt: skip
         if fired and mix is not None and before.decided is not None:
+            memory.jump_retry = before.retries > 0
             memory.jumped = (f"the queue mix moved {mixjump.distance(mix, before.decided):.2f} from the one the last "
                              f"step decided on (at least {mixjump.ENTER:g}): "
                              f"{mixjump.describe(before.decided)} -> {mixjump.describe(mix)}; stepping now, "

@@ -80,6 +80,19 @@ def test_truncation_promotes_weak_evidence_and_rolls_back_strong():
     assert sq.decide(leaning, RULE, final=True).outcome == "Rollback"
 
 
+def test_truncation_weighs_few_observations_by_what_they_could_reach():
+    # A canary so slow that only two sub-windows had enough first tokens on both sides, both
+    # fully slower: +1.4, under half the rollback bound (1.49), yet all the evidence there is.
+    starved = [window(0, cells(15.0), cells(1.0)), window(1, cells(15.0), cells(1.0))]
+    starved += [window(k, cells(15.0, n=RULE.min_samples - 1), cells(1.0)) for k in range(2, 12)]
+    result = sq.decide(starved, RULE, final=True)
+    assert result.observations == 2 and result.llr < RULE.truncation_share * RULE.upper
+    assert result.outcome == "Rollback", result.summary
+    # One slower sub-window and one no slower is no evidence either way: Promote.
+    split = [window(0, cells(15.0), cells(1.0)), window(1, cells(1.0), cells(1.0))]
+    assert sq.decide(split, RULE, final=True).outcome == "Promote"
+
+
 def small_spec(tmp_path) -> str:
     doc = {
         "name": "small", "profile": "kimi-k3-8xh200", "seed": 3, "duration_s": 200,

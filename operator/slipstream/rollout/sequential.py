@@ -30,8 +30,12 @@ This rule compares like with like and lets evidence accumulate:
    samples are Continue, never Rollback. Only at the analysis limit (``final``) does the
    rule decide on what it has: no observation at all rolls back (nothing to judge by: keep
    the setting that was running); otherwise Rollback when the statistic has come
-   ``truncation_share`` of the way to the rollback bound, else Promote (a truncated SPRT
-   that leans to the setting under test: it has not been shown worse).
+   ``truncation_share`` of the way to the rollback bound, or to as far as its observations
+   could take it when fewer than the bound needs (``observations * step``), else Promote
+   (a truncated SPRT that leans to the setting under test: it has not been shown worse).
+   The second clause is for a canary so slow that few of its cells reach ``min_samples``:
+   two sub-windows both fully slower (a canary 15x slower, its other cells starved) reach
+   1.4, under half the bound, and were promoted before it.
 
 At the defaults one sub-window adds at most 0.7 against a rollback bound of 2.98, so no
 burst shorter than five sub-windows (one giant prompt blocking the canary for a while) can
@@ -96,9 +100,9 @@ class SequentialRule:
     """Missed-regression level the test is built for."""
     truncation_share: float = 0.5
     """At the limit, roll back only when the statistic has come this share of the way to
-    the rollback bound: an undecided test has no strong evidence either way, and on an
-    undecided analysis the candidate has not been shown worse (``canary-check`` measures
-    the rates this gives)."""
+    the rollback bound (or to ``observations * step``, when that is nearer): an undecided
+    test has no strong evidence either way, and on an undecided analysis the candidate has
+    not been shown worse (``canary-check`` measures the rates this gives)."""
 
     @property
     def upper(self) -> float:
@@ -181,7 +185,7 @@ def decide(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = Fal
     if final:
         if observations == 0:
             return _result("Rollback", rule, llr, 0, 0, None, steps, "nothing to judge by")
-        outcome = "Rollback" if llr >= rule.truncation_share * up else "Promote"
+        outcome = "Rollback" if llr >= rule.truncation_share * min(up, observations * rule.step) else "Promote"
         return _result(outcome, rule, llr, observations, slower, None, steps, "truncated")
     return _result("Continue", rule, llr, observations, slower, None, steps, "undecided")
 

@@ -223,15 +223,22 @@ def test_a_timer_step_that_holds_on_a_jump_leaves_it_to_the_next_look() -> None:
     assert moved.decided == after and not moved.see(after)[1]
 
 
+def fired_on_the_first_giant(rng: random.Random) -> tuple[mixjump.MixWatch, mixjump.Mix]:
+    """A watch whose reference is documents and whose poll just fired on the first giant
+    waiting among them: (the watch after the poll, the poll's mix)."""
+    docs = mixjump.mix_of(snap_of(documents(rng, 96)))
+    first = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))
+    assert docs is not None and first is not None
+    watch, fired = mixjump.MixWatch().stepped(docs).see(first)
+    assert fired
+    return watch, first
+
+
 def test_a_step_that_moved_on_a_jump_does_not_fire_again_while_the_window_fills() -> None:
     rng = random.Random(12)
-    docs = mixjump.mix_of(snap_of(documents(rng, 96)))
-    first = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))  # the first giant
+    watch, first = fired_on_the_first_giant(rng)
     filled = mixjump.mix_of(snap_of(giants(rng, 200)))  # a minute later: short turns and giants
-    assert docs is not None and first is not None and filled is not None
-    watch = mixjump.MixWatch().stepped(docs)
-    watch, fired = watch.see(first)
-    assert fired
+    assert filled is not None
     watch = watch.stepped(first, moved=True, brought=True)
     assert watch.decided == first and not watch.armed
     assert mixjump.distance(filled, first) >= mixjump.ENTER
@@ -247,16 +254,11 @@ def test_a_step_a_jump_brought_that_moved_disarms_though_its_own_window_lacks_th
     # (the step's own read came a moment later, its window narrower). It moved all the same:
     # the move answered the poll's jump, so the next poll that sees the giant does not fire.
     rng = random.Random(13)
-    docs = mixjump.mix_of(snap_of(documents(rng, 96)))
-    first = mixjump.mix_of(snap_of(documents(rng, 96), waiting=[175_000.0]))
+    fired, first = fired_on_the_first_giant(rng)
     step = mixjump.mix_of(snap_of(documents(rng, 96)))
-    assert docs is not None and first is not None and step is not None
-    watch = mixjump.MixWatch().stepped(docs)
-    watch, fired = watch.see(first)
-    assert fired
-    watch = watch.stepped(step, moved=True, brought=True)
+    assert step is not None
+    watch = fired.stepped(step, moved=True, brought=True)
     assert watch.decided == step and not watch.armed
     assert not watch.see(first)[1]
     # Held instead of moved, the same step leaves the jump to fire at the next look.
-    held = mixjump.MixWatch().stepped(docs).see(first)[0].stepped(step, moved=False, brought=True)
-    assert held.see(first)[1]
+    assert fired.stepped(step, moved=False, brought=True).see(first)[1]

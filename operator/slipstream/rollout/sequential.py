@@ -90,10 +90,10 @@ class SequentialRule:
     heavy-tailed TTFTs is one request's luck."""
     step: float = 0.7
     """Most one sub-window moves the statistic, either way. Below 2.98 / 5 so that four
-    sub-windows fully slower (a giant blocking the canary for 40 s) cannot roll back;
-    `slipstream canary-check` gives false rollbacks 0 and detection 1.0 at 0.7 and 0.8 on
-    the demo's phases, and 0.7 promoted every better candidate there (0.8: 97.5%), so 0.7
-    (chosen on those phases: in-sample; docs/operator.md has the other workloads)."""
+    sub-windows fully slower (a giant blocking the canary for 40 s) cannot roll back before
+    the limit. Chosen with `slipstream canary-check` on the demo's heterogeneous phase of
+    2026-12-03 (in-sample); docs/operator.md has today's rates on the demo's phases and
+    another workload."""
     alpha: float = 0.05
     """False-rollback level the test is built for (independent sub-windows)."""
     beta: float = 0.02

@@ -35,7 +35,7 @@ This rule compares like with like and lets evidence accumulate:
    (a truncated SPRT that leans to the setting under test: it has not been shown worse).
    The second clause is for a canary so slow that few of its cells reach ``min_samples``:
    two sub-windows both fully slower (a canary 15x slower, its other cells starved) reach
-   1.4, under half the bound, and were promoted before it.
+   1.4, under half the bound, yet are all the evidence such a canary gives.
 
 At the defaults one sub-window adds at most 0.7 against a rollback bound of 2.98, so no
 burst shorter than five sub-windows (one giant prompt blocking the canary for a while) can
@@ -92,8 +92,8 @@ class SequentialRule:
     """Most one sub-window moves the statistic, either way. Below 2.98 / 5 so that four
     sub-windows fully slower (a giant blocking the canary for 40 s) cannot roll back before
     the limit. Chosen with `slipstream canary-check` on the demo's heterogeneous phase of
-    2026-12-03 (in-sample); docs/operator.md has today's rates on the demo's phases and
-    another workload."""
+    2026-12-03 (in-sample); docs/operator.md has the current rule's rates on the demo's
+    phases and another workload."""
     alpha: float = 0.05
     """False-rollback level the test is built for (independent sub-windows)."""
     beta: float = 0.02

@@ -289,10 +289,10 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
                     f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
                     f"{rec.reason}", rec)
     fewer = concurrency(best, c) < concurrency(state.current, c)
+    harder = concurrency(best, c) > concurrency(state.current, c)
     step_back = (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
                  and rec.heterogeneity <= settings.step_back_max_heterogeneity and fewer)
     if cooling(state, settings, now):  # only a step the mix brought forward gets here
-        harder = concurrency(best, c) > concurrency(state.current, c)
         if by_gain and left_at is None and harder and rec.sure_gain >= settings.jump_gain:
             return Move(state.current, best, f"{rec.reason}; the queue mix jumped, so it does not wait out "
                         "the cooldown", rec)  # fmt: skip
@@ -300,7 +300,7 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
         return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s: the queue "
                     f"mix jumped, but only a harder cap with a predicted gain of at least "
                     f"{settings.jump_gain:.0%} skips it ({rec.reason})", rec)  # fmt: skip
-    if state.mix_jumped and best != state.current and concurrency(best, c) <= concurrency(state.current, c):
+    if state.mix_jumped and best != state.current and not harder:
         return Hold(JUMP_NOT_HARDER, f"{describe(best, c)} does not cap harder than {describe(state.current, c)}: "
                     "a step the queue mix brought forward moves only to a harder cap, and anything else waits "
                     f"for the timer's step: {rec.reason}", rec)  # fmt: skip

@@ -90,7 +90,8 @@ class Figures:
     """From `kubectl create` to all reconciled (observedGeneration == generation)."""
     first_step_s: float | None
     """From `kubectl create` to every deployment's MetricsAvailable=True (every tuning loop
-    has stepped once on valid metrics, its tuner run included); None: not within the deadline."""
+    has stepped once on valid metrics; its twin run may still be queued, `TwinQueued`);
+    None: not within the deadline."""
     interval_s: float
     intervals: int
     measured_s: float
@@ -106,10 +107,18 @@ class Figures:
     operator_peak_rss_mib: float
     """The same in MiB (2^20 bytes), as /proc reports it (VmHWM is in KiB)."""
     tuning_steps_per_interval: float
+    longest_without_step_s: float
+    """The longest any loop went without finishing a step over the measured intervals
+    (`slipstream_tuning_last_step_timestamp_seconds`, read every `scrape_s`; a loop with
+    no step yet counts from the measurement's start): at most two intervals means every
+    loop kept stepping."""
     tuner_runs_per_interval: float
     """Twin runs (`slipstream_tuner_seconds`: reuses and holds are not counted)."""
     tuner_wall_s_per_interval: float
     tuner_cpu_s_per_interval: float
+    tuner_cpu_s_per_run: float
+    """CPU seconds of one twin run (a decision the memo could not answer): the tuner's CPU
+    over its runs in the measured intervals; 0 when none ran."""
     metrics_available: int
     """Deployments whose MetricsAvailable condition is True at the end."""
     recommended: int
@@ -280,6 +289,18 @@ def operator_metrics(url: str) -> dict[str, float]:
             if s.name in out:
                 out[s.name] += s.value
     return out
+
+
+def longest_without_step(url: str, deployments: int) -> float:
+    """The most seconds since any loop last finished a step, now (the operator's
+    `slipstream_tuning_last_step_timestamp_seconds`); inf while fewer than ``deployments``
+    loops have stepped at all."""
+    now = time.time()
+    stamps = [s.value for family in text_string_to_metric_families(http_text(url)) for s in family.samples
+              if s.name == "slipstream_tuning_last_step_timestamp_seconds"]  # fmt: skip
+    if len(stamps) < deployments:
+        return math.inf
+    return max((now - t for t in stamps), default=0.0)
 
 
 def drift_events(before: dict[str, float], after: dict[str, float], per: float) -> dict[str, float]:
@@ -457,8 +478,12 @@ def run(workdir: Path, options: Options) -> Figures:
         say(f"[scale N={n}] measuring {options.intervals} intervals of {options.interval_s} s")
         a0, q0, c0, m0, w0 = (apiserver_requests(cluster), prometheus_queries(prom.url), cpu_seconds(pid),
                               operator_metrics(op_url), time.monotonic())  # fmt: skip
+        longest = 0.0
         for k in range(options.intervals):
-            time.sleep(options.interval_s)
+            end = time.monotonic() + options.interval_s
+            while (left := end - time.monotonic()) > 0:
+                time.sleep(min(options.scrape_s, left))
+                longest = max(longest, longest_without_step(op_url, n))
             say(f"  interval {k + 1}/{options.intervals}: operator CPU {cpu_seconds(pid) - c0:.1f} s so far, "
                 f"RSS peak {peak_rss(pid)}")  # fmt: skip
         a1, q1, c1, m1, w1 = (apiserver_requests(cluster), prometheus_queries(prom.url), cpu_seconds(pid),
@@ -485,9 +510,12 @@ def run(workdir: Path, options: Options) -> Figures:
             operator_peak_rss_mb=round(peak_kib * 1024 / 1e6, 1),
             operator_peak_rss_mib=round(peak_kib / 1024, 1),
             tuning_steps_per_interval=round(d("slipstream_tuning_step_seconds_count"), 1),
+            longest_without_step_s=round(longest, 1),
             tuner_runs_per_interval=round(d("slipstream_tuner_seconds_count"), 1),
             tuner_wall_s_per_interval=round(d("slipstream_tuner_seconds_sum"), 2),
             tuner_cpu_s_per_interval=round(d("slipstream_tuner_cpu_seconds_total"), 2),
+            tuner_cpu_s_per_run=round(d("slipstream_tuner_cpu_seconds_total") / d("slipstream_tuner_seconds_count"), 3)
+            if d("slipstream_tuner_seconds_count") > 0 else 0.0,
             metrics_available=avail,
             recommended=rec,
             tuner_threads=int(env["SLIPSTREAM_TUNER_THREADS"]),
@@ -516,10 +544,12 @@ def table(results: list[Figures]) -> str:
         ("operator peak RSS (MB)", lambda f: f.operator_peak_rss_mb),
         ("operator peak RSS (MiB)", lambda f: f.operator_peak_rss_mib),
         ("tuning steps / interval", lambda f: f.tuning_steps_per_interval),
+        ("longest any loop went without a step (s)", lambda f: f.longest_without_step_s),
         ("tuner runs (twin) / interval", lambda f: f.tuner_runs_per_interval),
         ("tuner reuses (no twin run) / interval", lambda f: f.tuner_reuses_per_interval),
         ("tuner wall s / interval (sum)", lambda f: f.tuner_wall_s_per_interval),
         ("tuner CPU s / interval", lambda f: f.tuner_cpu_s_per_interval),
+        ("tuner CPU s / twin run (one decision)", lambda f: f.tuner_cpu_s_per_run),
         ("MetricsAvailable / recommended at the end", lambda f: f"{f.metrics_available} / {f.recommended}"),
         ("drift watch events judged / skipped per interval",
          lambda f: f"{f.drift_events_per_interval.get('judged')} / {f.drift_events_per_interval.get('skipped')}"),

@@ -8,8 +8,9 @@
   a window of W seconds holds at most ``W // reuse_s + 1`` of them, wherever the loops'
   phases fall), not one per deployment: at 20 deployments a per-deployment query would
   be at least 20 per read;
-- the tuner answers (a twin run or a reuse) at most once per deployment per interval, and
-  every process the harness started is gone afterwards.
+- the tuner answers (a twin run or a reuse) at most once per deployment per interval;
+- no loop goes two intervals without a step while the fleet's first twin runs queue;
+- every process the harness started is gone afterwards.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def test_scale_harness_at_20_deployments(tmp_path: Path) -> None:
     most = N * (math.floor(figures.measured_s / figures.interval_s) + 1) * figures.interval_s / figures.measured_s
     assert figures.tuning_steps_per_interval <= most + 0.1, figures
     assert figures.apiserver_requests_per_interval.get("PATCH", 0) > 0, figures  # the loops write status
+    # Every loop kept stepping while the first round of twin runs queued on the pool: a step
+    # that finds every tuner thread busy holds (TwinQueued) instead of waiting its turn.
+    assert figures.longest_without_step_s <= 2 * figures.interval_s, figures
     assert figures.operator_peak_rss_mb > 0
     # The engine Deployments' status events (their pods becoming Ready) cost no reads: the
     # drift watch judges an object's first event and its owned parts' changes only.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import datetime
 import functools
 import logging
@@ -75,6 +76,11 @@ ROLLOUT_ENDS = {"ThresholdChanged": "Promoted", "RolledBack": "RolledBack"}
 MIX_JUMPS = prometheus_client.Counter(
     "slipstream_mix_jump_steps", "Tuning steps taken before their timer because the queue mix jumped from the one "
     "the last step decided on (tune/mixjump.py).",
+)
+LAST_STEP = prometheus_client.Gauge(
+    "slipstream_tuning_last_step_timestamp_seconds", "When the deployment's tuning loop last finished a step "
+    "(failed steps included), Unix time: time() minus it past two intervals is a loop that has stalled.",
+    ["namespace", "servingdeployment"],
 )
 TUNING_STEP_SECONDS = prometheus_client.Histogram(
     "slipstream_tuning_step_seconds", "Wall time of one tuning step (observe, tune, rollout).",
@@ -339,9 +345,10 @@ class Context:
         fleet = stages.fleet_observer(config, tokens)
         keys = adminkeys.AdminKeys(kube, config)
         tuner = concurrent.futures.ThreadPoolExecutor(config.tuner_concurrency(), thread_name_prefix="slipstream-tuner")
+        recommender = stages.TwinRecommender(config)
         deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
-                         recommender=stages.TwinRecommender(config), latency=stages.latency_for(fleet, config, tokens),
-                         tuner=tuner)  # fmt: skip
+                         recommender=recommender, latency=stages.latency_for(fleet, config, tokens), tuner=tuner,
+                         twin_runs=loop.TwinRuns(config.tuner_concurrency(), recommender.memo is not None))  # fmt: skip
         return cls(config, kube, keys, deps, tuner, deployments.Views(config.status_watch_seconds))
 
 
@@ -500,6 +507,9 @@ async def tuning_loop(ctx: Context, body: kopf.Body, uid: str, stopped: kopf.Dae
                 logger.info("stepping early: %s", memory.jumped)
     finally:
         ctx.wakes.pop(uid, None)
+        meta = body.get("metadata", {})
+        with contextlib.suppress(KeyError):  # never stepped
+            LAST_STEP.remove(meta.get("namespace"), meta.get("name"))
 
 
 async def step_once(
@@ -518,6 +528,7 @@ async def step_once(
             outcome = await loop.step(ctx.deps, sd, memory)
             await asyncio.to_thread(write_status, ctx.kube, read, outcome.patch)
         except Exception as error:  # fail static: nothing moves, say so once
+            LAST_STEP.labels(sd.metadata.namespace, sd.metadata.name).set_to_current_time()
             TUNING_STEPS.labels("error").inc()
             problem = f"{type(error).__name__}: {str(error)[:300]}"
             logger.warning("tuning step failed: %s", problem)
@@ -526,6 +537,7 @@ async def step_once(
                            message=f"the tuning step failed; nothing was changed: {problem}")  # fmt: skip
             return delay, loop.Memory(), problem  # re-read the persisted state next time
     TUNING_STEPS.labels("ok").inc()
+    LAST_STEP.labels(sd.metadata.namespace, sd.metadata.name).set_to_current_time()
     for event in outcome.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1024])
         if (result := ROLLOUT_ENDS.get(event.reason)) is not None:

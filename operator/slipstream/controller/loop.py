@@ -37,6 +37,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import prometheus_client
+
 from slipstream.api import models
 from slipstream.api import snapshot as snapshot_
 from slipstream.controller import adminkeys, drift, objects, status, tuning
@@ -125,6 +127,61 @@ class Deps:
     apart from the I/O threads (`settings.tuner_threads`); None: the default executor."""
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     """How `until_mix_jump` waits between polls (tests pair it with `clock`)."""
+    twin_runs: TwinRuns = field(default_factory=lambda: TwinRuns())
+    """Each deployment's twin run on the tuner pool (`TwinRuns`): the default waits for
+    every run, as a recommender without a memo must."""
+
+
+TWIN_QUEUED = "TwinQueued"
+"""The hold of a step whose twin run waits on a full tuner pool (`TwinRuns`)."""
+TUNER_QUEUED = prometheus_client.Counter(
+    "slipstream_tuner_queued_steps", "Steps that held TwinQueued: every tuner thread was busy, so the step "
+    "submitted its twin run (or found it still queued) and did not wait behind the queue.",
+)
+
+
+@dataclass
+class TwinRuns:
+    """The twin runs submitted to the tuner pool, one per deployment at most.
+
+    A step whose run would start at once waits for it, as a step always did. A step that
+    finds every pool thread busy submits its run and holds (`TWIN_QUEUED`) instead of
+    waiting behind the queue: the loop keeps stepping every interval (engines read,
+    rollouts analysed, status written) while hundreds of deployments wait their turn on a
+    fleet's first round, and a step whose run is still queued holds again without queuing
+    a second. The run stores its result in the tuner memo when it ends, and a later step
+    finds it there (`Recommender.without_twin`) if the workload has not moved since. So
+    without a memo (`tuner_reuse_seconds` 0) every step waits for its run, however long."""
+
+    capacity: int = 1
+    """Runs that can execute at once (the tuner pool's threads)."""
+    memo: bool = False
+    """Whether a finished run's result reaches a later step (the recommender has a memo);
+    False: every step waits for its own run."""
+    pending: dict[str, asyncio.Future[Any]] = field(default_factory=dict)
+
+    def busy(self) -> int:
+        """Runs submitted and not finished (running or queued)."""
+        return len(self.pending)
+
+    def queued(self, name: str) -> bool:
+        """Whether `name`'s last run is still waiting or running."""
+        return name in self.pending
+
+    def submit(self, name: str, run: asyncio.Future[Any], waited: bool) -> asyncio.Future[Any]:
+        """Track ``run`` until it ends (then it is dropped: its result is in the memo, or
+        went to the step that waited for it). A queued run that fails is logged here, as no
+        step waits for it."""
+
+        def done(future: asyncio.Future[Any]) -> None:
+            if self.pending.get(name) is future:
+                del self.pending[name]
+            if not waited and not future.cancelled() and future.exception() is not None:
+                log.warning("%s: a queued twin run failed: %r", name, future.exception())
+
+        self.pending[name] = run
+        run.add_done_callback(done)
+        return run
 
 
 @dataclass
@@ -222,7 +279,24 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
     # this task's context, as `asyncio.to_thread` does (kopf's context vars, e.g.
     # the Event queue `kopf.event` posts to, stay visible there).
     call = functools.partial(contextvars.copy_context().run, deps.recommender.recommend, sd, snap, fleet, now, jumped)
-    return snap, await asyncio.get_running_loop().run_in_executor(deps.tuner, call)
+    runs = deps.twin_runs
+    if runs.queued(name):
+        return snap, queued_hold(fleet, f"this deployment's twin run is still queued or running ({runs.busy()} "
+                                 f"runs on a pool of {runs.capacity})")  # fmt: skip
+    full = runs.memo and runs.busy() >= runs.capacity
+    run = asyncio.get_running_loop().run_in_executor(deps.tuner, call)
+    if full:  # wait for it at a later step, through the memo, not here behind the queue
+        runs.submit(name, run, waited=False)
+        return snap, queued_hold(fleet, f"every tuner thread is busy ({runs.busy()} runs on a pool of "
+                                 f"{runs.capacity}): the twin runs this window when its turn comes, and a later "
+                                 "step decides on it while the traffic has not moved")  # fmt: skip
+    return snap, await runs.submit(name, run, waited=True)
+
+
+def queued_hold(fleet: models.EngineSetting, why: str) -> tuning.Recommendation:
+    """A step that judged nothing because its twin run waits on the tuner pool (`TwinRuns`)."""
+    TUNER_QUEUED.inc()
+    return tuning.Recommendation(fleet, False, f"{TWIN_QUEUED}: {why}", judged=False)
 
 
 async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.RolloutStatus,

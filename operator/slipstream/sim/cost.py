@@ -22,6 +22,7 @@ between 8 and 64 concurrent requests (the profiles' ``decode_source``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from slipstream.sim.profiles import Profile
@@ -43,9 +44,11 @@ def weight_read_bytes(profile: Profile, tokens: int) -> float:
     return dense + profile.routed_expert_bytes * expert_share(profile, max(tokens, 1))
 
 
+@functools.lru_cache(maxsize=16)
 def _weights_table(profile: Profile, bandwidth: float) -> tuple[float, ...]:
     """Weight-read seconds by pass size, up to the size where the experts are all but all
-    touched (share within 1e-6 of 1); empty for a dense model."""
+    touched (share within 1e-6 of 1); empty for a dense model. Cached: every engine run
+    builds a cost model, and a recommendation makes some sixty runs on one profile."""
     if not profile.routed_expert_bytes:
         return ()
     table = []

@@ -28,6 +28,9 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import accumulate, islice, repeat
+from operator import add, sub
 
 from slipstream.sim.admission import allocate, partials_first, srpt_key
 from slipstream.sim.cache import PrefixCache, usable_hit
@@ -216,6 +219,9 @@ RETRACT_DECODE_STEPS = 20
 """SGLang 0.5.18's defaults (environ.py): SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
 SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600,
 SGLANG_RETRACT_DECODE_STEPS 20."""
+BATCH_MIN_STEPS = 4
+"""Fewest decode steps ``Engine._decode_passes`` computes as one batch (fewer go one by
+one, where a batch's set-up costs more than it saves)."""
 
 
 class Engine:
@@ -554,6 +560,12 @@ class Engine:
         ratio = self.new_token_ratio
         last_t = dtimes[-1] if dtimes else None
         step = len(dtimes)
+        cost = self.cost
+        batch = not record and not has_partials
+        weights, weights_s = cost.weights_by_tokens, cost.weights_s
+        n_weights = len(weights)
+        linear_s, attn_s, kv_s = cost.linear_s, cost.attn_s, cost.kv_s
+        dec_ov = cost.overheads[DECODE]
         while True:
             if limited:
                 if held + ctx + n > pool:  # type: ignore[operator]
@@ -569,6 +581,75 @@ class Engine:
                         return
                 elif ratio > MIN_NEW_TOKEN_RATIO:
                     ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            if batch and not queue.items:
+                # Steps that provably change nothing but the clock and the context: up to
+                # the next stream's finish or unclip, the pool's limit and the next event.
+                # Each step's time and clock sum are the same floating-point operations as
+                # ``pass_time`` and ``t += dt`` below, so the results are the same to the bit.
+                k = heap[0][0] - step
+                if limited:
+                    if clip and clip[0][0] - step < k:
+                        k = clip[0][0] - step
+                    k_pool = (pool - held - ctx) // n  # type: ignore[operator]
+                    if k_pool < k:
+                        k = k_pool
+                if k >= BATCH_MIN_STEPS:
+                    w = weights[n] if n < n_weights else weights_s
+                    nl = n * linear_s
+                    first = nl + ctx * attn_s
+                    mem = w + ctx * kv_s
+                    dt0 = dec_ov + (first if first > mem else mem)
+                    bound = next_event if next_event < until_s else until_s
+                    if bound < math.inf:
+                        k_time = int((bound - t) / dt0) + 2
+                        if k_time < k:
+                            k = k_time
+                if k >= BATCH_MIN_STEPS:
+                    dts = [dec_ov + (c if (c := nl + x * attn_s) > (m := w + x * kv_s) else m)
+                           for x in range(ctx, ctx + k * n, n)]
+                    ts = list(accumulate(dts, initial=t))
+                    del ts[0]
+                    # the loop below stops after the first step at or past the next event
+                    k = min(k, bisect.bisect_left(ts, next_event, 0, k) + 1,
+                            bisect.bisect_right(ts, until_s, 0, k) + 1)
+                    if k < len(ts):
+                        del ts[k:], dts[k:]
+                    busy = reduce(add, dts, busy)
+                    passes += k
+                    dgaps.append(ts[0] - last_t if last_t is not None else 0.0)
+                    dgaps.extend(map(sub, islice(ts, 1, None), ts))
+                    dweights.append(n - entered)
+                    dweights.extend(repeat(n, k - 1))
+                    entered = 0
+                    dtimes.extend(ts)
+                    t = last_t = ts[-1]
+                    ctx += k * n
+                    step += k
+                    if limited:
+                        rem_sum -= k * (n - clipped)
+                        while clip and clip[0][0] <= step:
+                            _, _, epoch, job = heapq.heappop(clip)
+                            if epoch == job.epoch:
+                                clipped -= 1
+                        in_use = partial_kv + ctx
+                        if in_use > peak:
+                            peak = in_use
+                        for _ in range(k - 1):  # the later steps' checks decay the ratio
+                            if ratio <= MIN_NEW_TOKEN_RATIO:
+                                break
+                            ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+                    while heap and heap[0][0] <= step:
+                        last, _, epoch, job = heapq.heappop(heap)
+                        if epoch != job.epoch:
+                            continue
+                        self._close_segment(job, last)
+                        job.finished_s = dtimes[last - 1]
+                        n -= 1
+                        ctx -= job.req.prompt_tokens + job.req.output_tokens
+                        active.pop(job.seq, None)
+                    if queue.items or not n or t >= next_event or t > until_s:
+                        break
+                    continue
             dt = pass_time(n, ctx, ctx, 0, DECODE)
             if record:
                 self.rounds.append(RoundRecord(t, t + dt, (), n))

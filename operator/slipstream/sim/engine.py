@@ -33,7 +33,7 @@ from itertools import accumulate, islice, repeat
 from operator import add, sub
 
 from slipstream.sim.admission import allocate, partials_first, srpt_key
-from slipstream.sim.cache import PrefixCache, usable_hit
+from slipstream.sim.cache import PrefixCache
 from slipstream.sim.cost import DECODE, MIXED, PREFILL, CostModel, chunk_pairs
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
@@ -47,8 +47,8 @@ class Job:
     __slots__ = (
         "req", "rid", "seq", "arrival_s", "need", "cached_est", "offset", "cached",
         "host_tokens", "uncached", "first_token_s", "solo_s", "entry_step",
-        "max_itl_s", "finished_s", "_times", "out_reserve", "redo", "epoch", "seg_start_s",
-        "out_base", "_segs", "retractions", "rejected", "srpt_key",
+        "_itl", "_itl_ranges", "_gaps", "finished_s", "_times", "out_reserve", "redo", "epoch",
+        "seg_start_s", "out_base", "_segs", "retractions", "rejected", "srpt_key",
     )
 
     def __init__(self, req: Request, seq: int) -> None:
@@ -69,7 +69,12 @@ class Job:
         self.solo_s = 0.0
         self.entry_step = 0
         """Index of the decode step of its current decoding segment's first token."""
-        self.max_itl_s: float | None = None
+        self._itl: float | None = None
+        """Its longest inter-token gap known so far (``max_itl_s``)..."""
+        self._itl_ranges: list[tuple[int, int]] | None = None
+        """...and the decode-step gaps (``_gaps[lo:hi]``) still to take the maximum of: read
+        only if asked for (``max_itl_s``), which a recommendation's runs never do."""
+        self._gaps: list[float] | None = None
         self.finished_s = -1.0
         self._times: list[float] | None = None
         self.out_reserve = 0
@@ -89,6 +94,19 @@ class Job:
         """Refused: its prompt cannot fit the KV pool even on an idle engine."""
         self.srpt_key: tuple[float, float, int] | None = None
         """Its srpt key as of its last re-match (``queue.WaitQueue``); None before one."""
+
+    @property
+    def max_itl_s(self) -> float | None:
+        """Its longest inter-token gap (None: it never had a second token)."""
+        ranges = self._itl_ranges
+        if ranges is not None:
+            gaps = self._gaps
+            assert gaps is not None and self._itl is not None
+            gap = self._itl
+            for lo, hi in ranges:
+                gap = max(gap, max(gaps[lo:hi], default=0.0))
+            self._itl, self._itl_ranges = gap, None
+        return self._itl
 
     def tokens_out(self, at_s: float) -> int:
         """Output tokens produced by twin time ``at_s`` (what a stream has sent so far)."""
@@ -165,8 +183,9 @@ def _arrive(job: Job, cache: PrefixCache) -> None:
 def _rematch(job: Job, cache: PrefixCache) -> None:
     """Look a waiting request's prefix up in the cache again: its cached and uncached tokens."""
     req = job.req
-    job.cached_est = cache.peek(req.blocks, req.block_sizes)
-    job.need = req.prompt_tokens - usable_hit(req.prompt_tokens, job.cached_est)
+    job.cached_est = hit = cache.peek(req.blocks, req.block_sizes)
+    last = req.prompt_tokens - 1  # usable_hit, inlined: the last token is always computed
+    job.need = req.prompt_tokens - (hit if hit < last else last)
 
 
 def _unmatched(job: Job) -> int:
@@ -259,7 +278,7 @@ class Engine:
         self.policy = policy
         self.profile = profile
         self.config = cfg = config or EngineConfig()
-        self.cost = CostModel(profile)
+        self.cost = CostModel.of(profile)
         pool = profile.kv_pool_tokens if cfg.kv_pool_tokens is None else cfg.kv_pool_tokens
         self.kv_pool_tokens: int | None = pool or None
         """Tokens of KV the engine can hold; None = no memory limit."""
@@ -397,7 +416,7 @@ class Engine:
         while True:
             if pending and pending[0].arrival_s <= self.now_s:
                 self._arrivals()
-            if not self.busy:
+            if not (self.queue.items or self._partials or self.decoding):  # not self.busy
                 self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # SGLang resets it when idle
                 if pending and pending[0].arrival_s <= until_s:
                     self.now_s = pending[0].arrival_s
@@ -506,11 +525,12 @@ class Engine:
         """
         pool = self.kv_pool_tokens
         assert pool is not None
-        partial_rids = {j.rid for j in self._partials}
         new = [j for j in self.queue.items[: len(alloc)] if j.rid in alloc]
+        if not new:
+            return alloc
+        unbuilt = sum(j.need for j in self._partials) if self._partials else 0
         while True:
-            after = self._partial_kv + self._ctx_sum + reserve + sum(
-                j.need for j in self._partials)
+            after = self._partial_kv + self._ctx_sum + reserve + unbuilt
             for job in new:
                 after += job.req.prompt_tokens + job.redo - job.need  # prefix it locks
                 after += job.need  # built now or reserved as a partial's remainder
@@ -518,7 +538,7 @@ class Engine:
                 return alloc
             dropped = new.pop()
             del alloc[dropped.rid]
-            assert dropped.rid not in partial_rids
+            assert all(j.rid != dropped.rid for j in self._partials)
 
     def _reject_head(self) -> None:
         """The head request cannot fit the pool even on an idle engine: refuse it
@@ -547,7 +567,7 @@ class Engine:
         limited = pool is not None
         # what must stay free beside the streams: the partials' KV and unbuilt remainder
         partial_kv = self._partial_kv
-        held = partial_kv + sum(j.need for j in self._partials)
+        held = partial_kv + sum(j.need for j in self._partials) if self._partials else partial_kv
         has_partials = bool(self._partials)
         dtimes, dgaps, dweights = self._dtimes, self._dgaps, self._dweights
         heap, clip = self._dec_heap, self._clip_heap
@@ -696,7 +716,7 @@ class Engine:
         done: list[Job] = []
         still: list[Job] = []
         partials, queue, cache, cost = self._partials, self.queue, self.cache, self.cost
-        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc)
+        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc) if partials else len(alloc)
         admitted = queue.items[:n_new]
         queue.pop_front(n_new)
         budget_c = self.config.chunked_prefill_size
@@ -706,7 +726,7 @@ class Engine:
                 job.need = job.req.prompt_tokens + job.redo
             else:
                 host += _admit(job, cache, cost, budget_c)
-        for job in (*partials, *admitted):
+        for job in (*partials, *admitted) if partials else admitted:
             take = alloc.get(job.rid, 0)
             if take:
                 pairs += chunk_pairs(job.offset, take)
@@ -716,7 +736,7 @@ class Engine:
                 job.need -= take
             (done if job.need == 0 else still).append(job)
         self._partials = still
-        self._partial_kv = sum(j.offset for j in still)
+        self._partial_kv = sum(j.offset for j in still) if still else 0
         self.prefill_tokens += tokens
         # SGLang bumps processed_tokens_counter after each pass: later arrivals snapshot it
         self.queue.processed = self.prefill_tokens
@@ -809,14 +829,20 @@ class Engine:
 
     def _close_segment(self, job: Job, end: int) -> None:
         """Record a decoding segment's gaps (and keep it for ``tokens_out``)."""
-        dtimes, e = self._dtimes, job.entry_step
-        gap = job.max_itl_s or 0.0
+        e = job.entry_step
+        gap = job._itl or 0.0
         if end > e:
-            first_gap = dtimes[e] - job.seg_start_s
+            first_gap = self._dtimes[e] - job.seg_start_s
             self._entry_gaps.append(first_gap)
-            rest = max(self._dgaps[e + 1 : end], default=0.0)
-            gap = max(gap, first_gap, rest)
-        job.max_itl_s = gap
+            if first_gap > gap:
+                gap = first_gap
+            if end > e + 1:  # the maximum of the later gaps is taken when asked for
+                job._gaps = self._dgaps
+                if job._itl_ranges is None:
+                    job._itl_ranges = [(e + 1, end)]
+                else:
+                    job._itl_ranges.append((e + 1, end))
+        job._itl = gap
 
     # ---- decode bookkeeping ----------------------------------------------------------
 
@@ -830,7 +856,7 @@ class Engine:
             produced = job.redo + 1
             resume_gap = t - job.seg_start_s
             self._entry_gaps.append(resume_gap)
-            job.max_itl_s = max(job.max_itl_s or 0.0, resume_gap)
+            job._itl = max(job._itl or 0.0, resume_gap)
             job.redo = 0
         else:
             produced = 1
@@ -944,8 +970,9 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
             break
         req = job.req
         if not job.redo:
-            job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
-                                                      cache.peek(req.blocks, req.block_sizes))
+            hit = cache.peek(req.blocks, req.block_sizes)
+            last = req.prompt_tokens - 1  # usable_hit, inlined
+            job.need = req.prompt_tokens - (hit if hit < last else last)
         if limited:
             out = req.output_tokens - job.redo
             job.out_reserve = (out if out < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) + (

@@ -426,7 +426,8 @@ class Engine:
                 return
             if self.now_s > until_s:
                 return
-            self._control()
+            if self.policy.controller is not None:
+                self._control()
             if self.policy.mixed and self.decoding and self.kv_pool_tokens is not None:
                 self._make_room_for_decodes()
             alloc = self._allocation()
@@ -496,7 +497,7 @@ class Engine:
         # The reservation rule (admission.py): what the running decodes may still need
         # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
-        kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
+        kv_free = int(self.kv_pool_tokens - (self._partial_kv + self._ctx_sum) - reserve)
         first = partials_first(rule, policy.order)
         if (kv_free <= 1 + rule.page_size and policy.allocator is allocate
                 and (first or rule.page_size == 1)):

@@ -120,6 +120,11 @@ def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
         g.add_argument("--mix-poll", type=float, default=ControllerSettings().mix_poll_seconds, metavar="S",
                        help="auto: simulated seconds between queue-mix polls, a jump stepping before the "
                        "timer (default %(default)g, the operator's; 0: the timer only)")  # fmt: skip
+        g.add_argument("--reuse", type=float, default=0.0, metavar="S",
+                       help="auto: longest simulated seconds a twin run is reused while the workload "
+                       "has not moved (the tuner memo, as the operator's tuner_reuse_seconds, "
+                       f"{ControllerSettings().tuner_reuse_seconds:g} there; default %(default)g: the "
+                       "twin runs every step)")  # fmt: skip
     g.add_argument("--window", type=float, metavar="S",
                    help="metrics window the tuner sees, simulated seconds (default: the interval, "
                    "as the operator reads; recommend: 300)")
@@ -381,7 +386,8 @@ def make_policy(name: str, loaded: Loaded, args: argparse.Namespace
     try:
         tuner = auto.TwinAuto(settings, loaded.profile, loaded.config, policies.Setting(0, "ceiling", "fcfs"),
                               window, deployment=loaded.workload.name, interval_s=args.interval,
-                              analysis_s=args.analysis, mix_poll_s=args.mix_poll)  # fmt: skip
+                              analysis_s=args.analysis, mix_poll_s=args.mix_poll,
+                              reuse_s=args.reuse)  # fmt: skip
     except ValueError as exc:
         raise CliError(f"tuner settings: {exc}") from None
     # The tuner starts from the setting the name gives (auto:T/ORDER).
@@ -407,7 +413,10 @@ def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: boo
 
 def _tuner_json(tuner: auto.TwinAuto) -> dict[str, object]:
     """auto's changes for ``--json``: when, from, to and why (policy names)."""
+    memo = tuner.memo
     return {"decisions": len(tuner.decisions), "held": tuner.held(),
+            "twin_runs": memo.runs if memo is not None else None,
+            "twin_reused": memo.reused if memo is not None else None,
             "changes": [{"at_s": round(at, 3), "from": recommend.policy_name(m.from_),
                          "to": recommend.policy_name(m.to), "reason": m.reason}
                         for at, m in tuner.moves()]}

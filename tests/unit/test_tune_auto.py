@@ -172,3 +172,31 @@ def test_a_mix_jump_steps_before_the_timer():
     first_timer = next(at for at, _ in timer.moves())
     first_polled = next(at for at, _ in polled.moves())
     assert PHASE_S <= first_polled < first_timer, (first_polled, first_timer)
+
+
+def test_auto_reuses_the_twin_run_while_the_workload_has_not_moved_and_reruns_when_it_does():
+    """The operator's tuner memo in the twin's loop (``reuse_s``): a step on the same traffic
+    under the same setting reuses the last run's recommendation; the phase change runs the
+    twin again at once."""
+    policy = policies.parse("auto", CFG, controller=lambda view: None, interval_s=INTERVAL_S)
+    settings = TunerSettings(guardrails=GuardrailSettings(interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S))
+    tuner = auto.TwinAuto(settings, PROFILE, CFG, auto.start_setting(policy), 2 * INTERVAL_S, reuse_s=600.0)
+    policy.controller = tuner
+    engine.simulate(phased(), policy, PROFILE, CFG)
+    recs = [(at, d.recommendation) for at, d in tuner.decisions if d.recommendation is not None]
+    fresh = [at for k, (at, rec) in enumerate(recs) if k == 0 or rec is not recs[k - 1][1]]
+    assert tuner.memo is not None and tuner.memo.runs == len(fresh)
+    assert tuner.memo.runs + tuner.memo.reused == len(recs)
+    uniform = [at for at, _ in recs if 2 * INTERVAL_S <= at < PHASE_S]  # a full window of uniform chat
+    assert len([at for at in fresh if 2 * INTERVAL_S <= at < PHASE_S]) < len(uniform) - 2, (fresh, uniform)
+    # the first step whose window holds the new phase's traffic runs the twin again
+    first_new = min(at for at, _ in recs if at > PHASE_S)
+    assert first_new in fresh, (first_new, fresh)
+
+
+def test_auto_without_reuse_runs_the_twin_every_step():
+    tuner = auto.TwinAuto(TunerSettings(), PROFILE, CFG, policies.Setting(0, "ceiling", "fcfs"), INTERVAL_S)
+    assert tuner.memo is None
+    reusing = auto.TwinAuto(TunerSettings(), PROFILE, CFG, policies.Setting(0, "ceiling", "fcfs"), INTERVAL_S,
+                            reuse_s=600.0)
+    assert reusing.memo is not None and reusing.memo.max_age_s == 600.0

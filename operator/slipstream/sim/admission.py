@@ -183,8 +183,8 @@ def allocate(
     # R: unbuilt remainder of every partial (page-rounded), and how many are unfinished.
     reserve = 0
     unfinished = 0
-    for c in (*partials, *(c for c in waiting if c.rid in running)):
-        reserve += _ceil(c.need, page)
+    for c in (*partials, *(c for c in waiting if c.rid in running)) if running else partials:
+        reserve += -(-c.need // page) * page
         unfinished += 1
     new_open = True  # new admissions still allowed this round
     alloc: dict[str, int] = {}
@@ -192,11 +192,12 @@ def allocate(
     def charge(c: HasNeed, take: int, prior: int) -> None:
         nonlocal rem, rem_input, kv_left
         # SGLang charges whole pages (PrefillAdder._update_prefill_budget).
-        rem -= _ceil(take, page)
-        rem_input -= _ceil(take, page)
+        pages = -(-take // page) * page
+        rem -= pages
+        rem_input -= pages
         if limited:
             done = prior + take == c.need
-            kv_left -= _ceil(take, page) + page + (getattr(c, "out_reserve", 0) if done else 0)
+            kv_left -= pages + page + (getattr(c, "out_reserve", 0) if done else 0)
 
     def serve_partial(c: HasNeed) -> int:
         nonlocal reserve, unfinished

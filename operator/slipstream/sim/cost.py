@@ -22,9 +22,13 @@ between 8 and 64 concurrent requests (the profiles' ``decode_source``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from slipstream.sim.profiles import Profile
+
+SOLO_MEMO = 1 << 14
+"""Most ``CostModel.solo_prefill_s`` results a cost model keeps (then it starts afresh)."""
 
 PREFILL, DECODE, MIXED = 0, 1, 2
 """Kinds of pass, for their fixed overhead: prefill (extend) only, decode only, or both."""
@@ -43,9 +47,11 @@ def weight_read_bytes(profile: Profile, tokens: int) -> float:
     return dense + profile.routed_expert_bytes * expert_share(profile, max(tokens, 1))
 
 
+@functools.lru_cache(maxsize=16)
 def _weights_table(profile: Profile, bandwidth: float) -> tuple[float, ...]:
     """Weight-read seconds by pass size, up to the size where the experts are all but all
-    touched (share within 1e-6 of 1); empty for a dense model."""
+    touched (share within 1e-6 of 1); empty for a dense model. Cached: every engine run
+    builds a cost model, and a recommendation makes some sixty runs on one profile."""
     if not profile.routed_expert_bytes:
         return ()
     table = []
@@ -65,7 +71,14 @@ class CostModel:
     """Per-pass times from a profile, with the constants folded for the hot loop."""
 
     __slots__ = ("profile", "linear_s", "attn_s", "weights_s", "kv_s", "overhead_s", "host_s",
-                 "overheads", "weights_by_tokens")
+                 "overheads", "weights_by_tokens", "_solo")
+
+    @staticmethod
+    @functools.lru_cache(maxsize=16)
+    def of(profile: Profile) -> CostModel:
+        """The cost model of ``profile``, shared: its ``solo_prefill_s`` memo then serves
+        every engine run on the profile (a recommendation makes some sixty on one workload)."""
+        return CostModel(profile)
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile
@@ -88,6 +101,7 @@ class CostModel:
         self.host_s = (
             profile.kv_bytes_per_token / profile.host_bandwidth if profile.host_bandwidth else 0.0
         )
+        self._solo: dict[tuple[int, int, int, int], float] = {}
 
     def pass_time(
         self, tokens: int, pairs: int, kv_read: int, host_load_tokens: int = 0,
@@ -108,7 +122,19 @@ class CostModel:
     def solo_prefill_s(
         self, cached: int, need: int, budget: int, host_load_tokens: int = 0
     ) -> float:
-        """TTFT of a request alone on an idle engine: whole-budget chunks, no decodes."""
+        """TTFT of a request alone on an idle engine: whole-budget chunks, no decodes.
+        Memoised (a pure function of its arguments; at most ``SOLO_MEMO`` entries kept)."""
+        key = (cached, need, budget, host_load_tokens)
+        memo = self._solo
+        found = memo.get(key)
+        if found is not None:
+            return found
+        if len(memo) >= SOLO_MEMO:
+            memo.clear()
+        total = memo[key] = self._solo_prefill_s(cached, need, budget, host_load_tokens)
+        return total
+
+    def _solo_prefill_s(self, cached: int, need: int, budget: int, host_load_tokens: int) -> float:
         total = 0.0
         offset = cached
         left = need

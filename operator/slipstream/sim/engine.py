@@ -28,9 +28,12 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import reduce
+from itertools import accumulate, islice, repeat
+from operator import add, sub
 
 from slipstream.sim.admission import allocate, partials_first, srpt_key
-from slipstream.sim.cache import PrefixCache, usable_hit
+from slipstream.sim.cache import PrefixCache
 from slipstream.sim.cost import DECODE, MIXED, PREFILL, CostModel, chunk_pairs
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
@@ -44,8 +47,8 @@ class Job:
     __slots__ = (
         "req", "rid", "seq", "arrival_s", "need", "cached_est", "offset", "cached",
         "host_tokens", "uncached", "first_token_s", "solo_s", "entry_step",
-        "max_itl_s", "finished_s", "_times", "out_reserve", "redo", "epoch", "seg_start_s",
-        "out_base", "_segs", "retractions", "rejected", "srpt_key",
+        "_itl", "_itl_ranges", "_gaps", "finished_s", "_times", "out_reserve", "redo", "epoch",
+        "seg_start_s", "out_base", "_segs", "retractions", "rejected", "srpt_key",
     )
 
     def __init__(self, req: Request, seq: int) -> None:
@@ -66,7 +69,12 @@ class Job:
         self.solo_s = 0.0
         self.entry_step = 0
         """Index of the decode step of its current decoding segment's first token."""
-        self.max_itl_s: float | None = None
+        self._itl: float | None = None
+        """Its longest inter-token gap known so far (``max_itl_s``)..."""
+        self._itl_ranges: list[tuple[int, int]] | None = None
+        """...and the decode-step gaps (``_gaps[lo:hi]``) still to take the maximum of: read
+        only if asked for (``max_itl_s``), which a recommendation's runs never do."""
+        self._gaps: list[float] | None = None
         self.finished_s = -1.0
         self._times: list[float] | None = None
         self.out_reserve = 0
@@ -86,6 +94,19 @@ class Job:
         """Refused: its prompt cannot fit the KV pool even on an idle engine."""
         self.srpt_key: tuple[float, float, int] | None = None
         """Its srpt key as of its last re-match (``queue.WaitQueue``); None before one."""
+
+    @property
+    def max_itl_s(self) -> float | None:
+        """Its longest inter-token gap (None: it never had a second token)."""
+        ranges = self._itl_ranges
+        if ranges is not None:
+            gaps = self._gaps
+            assert gaps is not None and self._itl is not None
+            gap = self._itl
+            for lo, hi in ranges:
+                gap = max(gap, max(gaps[lo:hi], default=0.0))
+            self._itl, self._itl_ranges = gap, None
+        return self._itl
 
     def tokens_out(self, at_s: float) -> int:
         """Output tokens produced by twin time ``at_s`` (what a stream has sent so far)."""
@@ -162,8 +183,9 @@ def _arrive(job: Job, cache: PrefixCache) -> None:
 def _rematch(job: Job, cache: PrefixCache) -> None:
     """Look a waiting request's prefix up in the cache again: its cached and uncached tokens."""
     req = job.req
-    job.cached_est = cache.peek(req.blocks, req.block_sizes)
-    job.need = req.prompt_tokens - usable_hit(req.prompt_tokens, job.cached_est)
+    job.cached_est = hit = cache.peek(req.blocks, req.block_sizes)
+    last = req.prompt_tokens - 1  # usable_hit, inlined: the last token is always computed
+    job.need = req.prompt_tokens - (hit if hit < last else last)
 
 
 def _unmatched(job: Job) -> int:
@@ -216,6 +238,9 @@ RETRACT_DECODE_STEPS = 20
 """SGLang 0.5.18's defaults (environ.py): SGLANG_INIT_NEW_TOKEN_RATIO 0.7,
 SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR 0.14, SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS 600,
 SGLANG_RETRACT_DECODE_STEPS 20."""
+BATCH_MIN_STEPS = 4
+"""Fewest decode steps ``Engine._decode_passes`` computes as one batch (fewer go one by
+one, where a batch's set-up costs more than it saves)."""
 
 
 class Engine:
@@ -253,7 +278,7 @@ class Engine:
         self.policy = policy
         self.profile = profile
         self.config = cfg = config or EngineConfig()
-        self.cost = CostModel(profile)
+        self.cost = CostModel.of(profile)
         pool = profile.kv_pool_tokens if cfg.kv_pool_tokens is None else cfg.kv_pool_tokens
         self.kv_pool_tokens: int | None = pool or None
         """Tokens of KV the engine can hold; None = no memory limit."""
@@ -391,7 +416,7 @@ class Engine:
         while True:
             if pending and pending[0].arrival_s <= self.now_s:
                 self._arrivals()
-            if not self.busy:
+            if not (self.queue.items or self._partials or self.decoding):  # not self.busy
                 self.new_token_ratio = INIT_NEW_TOKEN_RATIO  # SGLang resets it when idle
                 if pending and pending[0].arrival_s <= until_s:
                     self.now_s = pending[0].arrival_s
@@ -401,7 +426,8 @@ class Engine:
                 return
             if self.now_s > until_s:
                 return
-            self._control()
+            if self.policy.controller is not None:
+                self._control()
             if self.policy.mixed and self.decoding and self.kv_pool_tokens is not None:
                 self._make_room_for_decodes()
             alloc = self._allocation()
@@ -471,7 +497,7 @@ class Engine:
         # The reservation rule (admission.py): what the running decodes may still need
         # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
-        kv_free = int(self.kv_pool_tokens - self.kv_in_use - reserve)
+        kv_free = int(self.kv_pool_tokens - (self._partial_kv + self._ctx_sum) - reserve)
         first = partials_first(rule, policy.order)
         if (kv_free <= 1 + rule.page_size and policy.allocator is allocate
                 and (first or rule.page_size == 1)):
@@ -500,11 +526,12 @@ class Engine:
         """
         pool = self.kv_pool_tokens
         assert pool is not None
-        partial_rids = {j.rid for j in self._partials}
         new = [j for j in self.queue.items[: len(alloc)] if j.rid in alloc]
+        if not new:
+            return alloc
+        unbuilt = sum(j.need for j in self._partials) if self._partials else 0
         while True:
-            after = self._partial_kv + self._ctx_sum + reserve + sum(
-                j.need for j in self._partials)
+            after = self._partial_kv + self._ctx_sum + reserve + unbuilt
             for job in new:
                 after += job.req.prompt_tokens + job.redo - job.need  # prefix it locks
                 after += job.need  # built now or reserved as a partial's remainder
@@ -512,7 +539,7 @@ class Engine:
                 return alloc
             dropped = new.pop()
             del alloc[dropped.rid]
-            assert dropped.rid not in partial_rids
+            assert all(j.rid != dropped.rid for j in self._partials)
 
     def _reject_head(self) -> None:
         """The head request cannot fit the pool even on an idle engine: refuse it
@@ -541,7 +568,7 @@ class Engine:
         limited = pool is not None
         # what must stay free beside the streams: the partials' KV and unbuilt remainder
         partial_kv = self._partial_kv
-        held = partial_kv + sum(j.need for j in self._partials)
+        held = partial_kv + sum(j.need for j in self._partials) if self._partials else partial_kv
         has_partials = bool(self._partials)
         dtimes, dgaps, dweights = self._dtimes, self._dgaps, self._dweights
         heap, clip = self._dec_heap, self._clip_heap
@@ -554,6 +581,12 @@ class Engine:
         ratio = self.new_token_ratio
         last_t = dtimes[-1] if dtimes else None
         step = len(dtimes)
+        cost = self.cost
+        batch = not record and not has_partials
+        weights, weights_s = cost.weights_by_tokens, cost.weights_s
+        n_weights = len(weights)
+        linear_s, attn_s, kv_s = cost.linear_s, cost.attn_s, cost.kv_s
+        dec_ov = cost.overheads[DECODE]
         while True:
             if limited:
                 if held + ctx + n > pool:  # type: ignore[operator]
@@ -569,6 +602,75 @@ class Engine:
                         return
                 elif ratio > MIN_NEW_TOKEN_RATIO:
                     ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            if batch and not queue.items:
+                # Steps that provably change nothing but the clock and the context: up to
+                # the next stream's finish or unclip, the pool's limit and the next event.
+                # Each step's time and clock sum are the same floating-point operations as
+                # ``pass_time`` and ``t += dt`` below, so the results are the same to the bit.
+                k = heap[0][0] - step
+                if limited:
+                    if clip and clip[0][0] - step < k:
+                        k = clip[0][0] - step
+                    k_pool = (pool - held - ctx) // n  # type: ignore[operator]
+                    if k_pool < k:
+                        k = k_pool
+                if k >= BATCH_MIN_STEPS:
+                    w = weights[n] if n < n_weights else weights_s
+                    nl = n * linear_s
+                    first = nl + ctx * attn_s
+                    mem = w + ctx * kv_s
+                    dt0 = dec_ov + (first if first > mem else mem)
+                    bound = next_event if next_event < until_s else until_s
+                    if bound < math.inf:
+                        k_time = int((bound - t) / dt0) + 2
+                        if k_time < k:
+                            k = k_time
+                if k >= BATCH_MIN_STEPS:
+                    dts = [dec_ov + (c if (c := nl + x * attn_s) > (m := w + x * kv_s) else m)
+                           for x in range(ctx, ctx + k * n, n)]
+                    ts = list(accumulate(dts, initial=t))
+                    del ts[0]
+                    # the loop below stops after the first step at or past the next event
+                    k = min(k, bisect.bisect_left(ts, next_event, 0, k) + 1,
+                            bisect.bisect_right(ts, until_s, 0, k) + 1)
+                    if k < len(ts):
+                        del ts[k:], dts[k:]
+                    busy = reduce(add, dts, busy)
+                    passes += k
+                    dgaps.append(ts[0] - last_t if last_t is not None else 0.0)
+                    dgaps.extend(map(sub, islice(ts, 1, None), ts))
+                    dweights.append(n - entered)
+                    dweights.extend(repeat(n, k - 1))
+                    entered = 0
+                    dtimes.extend(ts)
+                    t = last_t = ts[-1]
+                    ctx += k * n
+                    step += k
+                    if limited:
+                        rem_sum -= k * (n - clipped)
+                        while clip and clip[0][0] <= step:
+                            _, _, epoch, job = heapq.heappop(clip)
+                            if epoch == job.epoch:
+                                clipped -= 1
+                        in_use = partial_kv + ctx
+                        if in_use > peak:
+                            peak = in_use
+                        for _ in range(k - 1):  # the later steps' checks decay the ratio
+                            if ratio <= MIN_NEW_TOKEN_RATIO:
+                                break
+                            ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+                    while heap and heap[0][0] <= step:
+                        last, _, epoch, job = heapq.heappop(heap)
+                        if epoch != job.epoch:
+                            continue
+                        self._close_segment(job, last)
+                        job.finished_s = dtimes[last - 1]
+                        n -= 1
+                        ctx -= job.req.prompt_tokens + job.req.output_tokens
+                        active.pop(job.seq, None)
+                    if queue.items or not n or t >= next_event or t > until_s:
+                        break
+                    continue
             dt = pass_time(n, ctx, ctx, 0, DECODE)
             if record:
                 self.rounds.append(RoundRecord(t, t + dt, (), n))
@@ -615,7 +717,7 @@ class Engine:
         done: list[Job] = []
         still: list[Job] = []
         partials, queue, cache, cost = self._partials, self.queue, self.cache, self.cost
-        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc)
+        n_new = len(alloc) - sum(1 for job in partials if job.rid in alloc) if partials else len(alloc)
         admitted = queue.items[:n_new]
         queue.pop_front(n_new)
         budget_c = self.config.chunked_prefill_size
@@ -625,7 +727,7 @@ class Engine:
                 job.need = job.req.prompt_tokens + job.redo
             else:
                 host += _admit(job, cache, cost, budget_c)
-        for job in (*partials, *admitted):
+        for job in (*partials, *admitted) if partials else admitted:
             take = alloc.get(job.rid, 0)
             if take:
                 pairs += chunk_pairs(job.offset, take)
@@ -635,7 +737,7 @@ class Engine:
                 job.need -= take
             (done if job.need == 0 else still).append(job)
         self._partials = still
-        self._partial_kv = sum(j.offset for j in still)
+        self._partial_kv = sum(j.offset for j in still) if still else 0
         self.prefill_tokens += tokens
         # SGLang bumps processed_tokens_counter after each pass: later arrivals snapshot it
         self.queue.processed = self.prefill_tokens
@@ -728,14 +830,20 @@ class Engine:
 
     def _close_segment(self, job: Job, end: int) -> None:
         """Record a decoding segment's gaps (and keep it for ``tokens_out``)."""
-        dtimes, e = self._dtimes, job.entry_step
-        gap = job.max_itl_s or 0.0
+        e = job.entry_step
+        gap = job._itl or 0.0
         if end > e:
-            first_gap = dtimes[e] - job.seg_start_s
+            first_gap = self._dtimes[e] - job.seg_start_s
             self._entry_gaps.append(first_gap)
-            rest = max(self._dgaps[e + 1 : end], default=0.0)
-            gap = max(gap, first_gap, rest)
-        job.max_itl_s = gap
+            if first_gap > gap:
+                gap = first_gap
+            if end > e + 1:  # the maximum of the later gaps is taken when asked for
+                job._gaps = self._dgaps
+                if job._itl_ranges is None:
+                    job._itl_ranges = [(e + 1, end)]
+                else:
+                    job._itl_ranges.append((e + 1, end))
+        job._itl = gap
 
     # ---- decode bookkeeping ----------------------------------------------------------
 
@@ -749,7 +857,7 @@ class Engine:
             produced = job.redo + 1
             resume_gap = t - job.seg_start_s
             self._entry_gaps.append(resume_gap)
-            job.max_itl_s = max(job.max_itl_s or 0.0, resume_gap)
+            job._itl = max(job._itl or 0.0, resume_gap)
             job.redo = 0
         else:
             produced = 1
@@ -863,8 +971,9 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
             break
         req = job.req
         if not job.redo:
-            job.need = req.prompt_tokens - usable_hit(req.prompt_tokens,
-                                                      cache.peek(req.blocks, req.block_sizes))
+            hit = cache.peek(req.blocks, req.block_sizes)
+            last = req.prompt_tokens - 1  # usable_hit, inlined
+            job.need = req.prompt_tokens - (hit if hit < last else last)
         if limited:
             out = req.output_tokens - job.redo
             job.out_reserve = (out if out < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS) + (

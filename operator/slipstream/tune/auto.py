@@ -15,7 +15,12 @@ The timing is the operator's (``controller/loop.py``, ``rollout/machine.py``):
 - a Move goes to the engine at once (the twin's one engine is the canary) and the rollout
   stays in flight for ``analysis_s`` (the canary's analysis window; the analysis itself is
   taken to pass): the tuner holds meanwhile, and its cooldown runs from the promotion
-  (``tune.deployment.last_step_at``), not from the decision.
+  (``tune.deployment.last_step_at``), not from the decision;
+- the twin runs again only when it must (``reuse_s`` > 0: the tuner memo, ``tune.memo``,
+  as the operator's ``tuner_reuse_seconds``): a step whose workload has not moved beyond
+  sampling noise, under the same setting, within the last run's lifetime (``reuse_s``
+  less up to a third), reuses that run's recommendation, and the guardrails judge the
+  fresh snapshot with it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView,
 from slipstream.sim.profiles import Profile
 from slipstream.tune import mixjump, observed
 from slipstream.tune.guardrails import Decision, Hold, Move, TunerState
+from slipstream.tune.memo import Memo
 from slipstream.tune.recommend import window_heterogeneity
 from slipstream.tune.tuner import TunerSettings, tune_once
 
@@ -38,11 +44,13 @@ class TwinAuto:
 
     def __init__(self, settings: TunerSettings, profile: Profile, config: EngineConfig,
                  start: Setting, window_s: float, deployment: str = "twin", *,
-                 interval_s: float | None = None, analysis_s: float = 0.0, mix_poll_s: float = 0.0) -> None:
+                 interval_s: float | None = None, analysis_s: float = 0.0, mix_poll_s: float = 0.0,
+                 reuse_s: float = 0.0) -> None:
         if window_s <= 0:
             raise ValueError(f"window must be > 0 s, got {window_s}")
-        if analysis_s < 0 or mix_poll_s < 0:
-            raise ValueError(f"analysis and mix poll must be >= 0 s, got {analysis_s} and {mix_poll_s}")
+        if analysis_s < 0 or mix_poll_s < 0 or reuse_s < 0:
+            raise ValueError(f"analysis, mix poll and reuse must be >= 0 s, got {analysis_s}, "
+                             f"{mix_poll_s} and {reuse_s}")
         self.settings = settings
         self.profile = profile
         self.config = config
@@ -61,6 +69,8 @@ class TwinAuto:
         self._rollout: tuple[float, Setting] | None = None
         """(when it promotes, the setting) of the rollout in flight."""
         self._watch = mixjump.MixWatch()
+        self.memo = Memo(max_age_s=reuse_s) if reuse_s > 0 else None
+        """The last twin run and its fingerprint (``tune.memo``); None: a twin run every step."""
 
     @property
     def call_s(self) -> float:
@@ -95,7 +105,7 @@ class TwinAuto:
             return None
         snapshot = observed.snapshot_of(self.deployment, self._seen, now, window)
         decision = tune_once(snapshot, replace(self.state, mix_jumped=jumped), self.settings, self.profile,
-                             self.config, now)
+                             self.config, now, self.memo)
         self.state = self.state.saw(window_heterogeneity(snapshot, self.profile, self.settings.spec.chunked_prefill_size),
                                     now, self.settings.guardrails)
         self.decisions.append((now, decision))

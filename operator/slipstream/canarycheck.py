@@ -115,7 +115,7 @@ def analyse(canary: FirstTokens, baseline: FirstTokens, start_s: float, check: C
         windows.append(sequential.SubWindow(a, b, histograms(canary, a, b), histograms(baseline, a, b)))
     first = max(1, math.ceil(check.analysis_window_s / check.sub_window_s))
     for k in range(first, n + 1):
-        result = sequential.decide(windows[:k], rule, final=k == n)
+        result = sequential.decide(windows[:k], rule, final=k == n, pods=(1, check.pods - 1))
         if result.outcome != "Continue":
             return result, k * check.sub_window_s
     raise AssertionError("the final evaluation always decides")

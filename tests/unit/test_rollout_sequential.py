@@ -93,6 +93,27 @@ def test_truncation_weighs_few_observations_by_what_they_could_reach():
     assert sq.decide(split, RULE, final=True).outcome == "Promote"
 
 
+def test_a_starved_canary_rolls_back_at_the_limit():
+    # CI's closed-loop test: a 20x slower canary scored slower in 2 of 3 sub-windows and
+    # faster in one (its means are over the few requests it got through): +0.70, promoted.
+    # Its pod gave a fraction of the baseline pod's first tokens over the analysis.
+    starved = [window(0, cells(15.0, n=6), cells(1.0)), window(1, cells(15.0, n=6), cells(1.0)),
+               window(2, cells(0.5, n=6), cells(1.0))]  # fmt: skip
+    starved += [window(k, {}, cells(1.0)) for k in range(3, 6)]
+    assert sq.decide(starved, RULE, final=True).outcome == "Promote"  # without pod counts, as before
+    result = sq.decide(starved, RULE, final=True, pods=(1, 1))
+    assert result.outcome == "Rollback" and "starved" in result.summary, result.summary
+    assert sq.decide(starved, RULE, final=False, pods=(1, 1)).outcome == "Continue"  # only at the limit
+    # The same counts over six baseline pods: 36 first tokens against 40 per pod, not starved.
+    assert sq.decide(starved, RULE, final=True, pods=(1, 6)).outcome == "Promote"
+    # A canary that keeps up, however slow its means, gives as many first tokens: not starved.
+    keeping = [window(0, cells(15.0), cells(1.0)), window(1, cells(1.0), cells(1.0))]
+    assert sq.decide(keeping, RULE, final=True, pods=(1, 1)).outcome == "Promote"
+    # Too few baseline first tokens to tell: the clause says nothing.
+    few = [window(0, cells(15.0, n=1), cells(1.0, n=4)), window(1, {}, cells(1.0, n=4))]
+    assert sq.starved(few, (1, 1), RULE) is None
+
+
 def small_spec(tmp_path) -> str:
     doc = {
         "name": "small", "profile": "kimi-k3-8xh200", "seed": 3, "duration_s": 200,

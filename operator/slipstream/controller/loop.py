@@ -360,7 +360,8 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
     if windows and not any(w.canary or w.baseline for w in windows):
         return None
     rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
-    return analysis.from_sequential(sequential.decide(windows, rule, final=machine.analysis_final(state, pol, now)))
+    final = machine.analysis_final(state, pol, now)
+    return analysis.from_sequential(sequential.decide(windows, rule, final, pods=(len(canaries), len(others))))
 
 
 async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:

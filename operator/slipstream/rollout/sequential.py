@@ -36,6 +36,14 @@ This rule compares like with like and lets evidence accumulate:
    The second clause is for a canary so slow that few of its cells reach ``min_samples``:
    two sub-windows both fully slower (a canary 15x slower, its other cells starved) reach
    1.4, under half the bound, yet are all the evidence such a canary gives.
+6. Starved. Means are taken over the requests that got their first token, so a canary
+   too slow to keep up shows only its quick ones: a 20x slower canary scored faster in one
+   of three sub-windows and was promoted. The Service splits requests evenly over pods,
+   so at the limit (given the pod counts, ``pods``) a canary whose pods gave fewer than
+   ``starved_share`` of the baseline pods' first tokens per pod over the analysis, with
+   at least ``starved_min`` per baseline pod, rolls back: it is not keeping up with its
+   share of the traffic. A canary that keeps up (slower or not) gives as many as the
+   baseline, so this clause changes nothing for it.
 
 At the defaults one sub-window adds at most 0.7 against a rollback bound of 2.98, so no
 burst shorter than five sub-windows (one giant prompt blocking the canary for a while) can
@@ -98,6 +106,12 @@ class SequentialRule:
     """False-rollback level the test is built for (independent sub-windows)."""
     beta: float = 0.02
     """Missed-regression level the test is built for."""
+    starved_share: float = 0.5
+    """At the limit, a canary whose pods gave fewer than this share of the baseline pods'
+    first tokens per pod is starved (rule 6): even splits put it near 1 (a 60-request
+    share's Poisson noise is 13%), a canary that keeps up at any speed too."""
+    starved_min: float = 20.0
+    """First tokens per baseline pod over the analysis below which rule 6 says nothing."""
     truncation_share: float = 0.4
     """At the limit, roll back only when the statistic has come this share of the way to
     the rollback bound (or to ``observations * step``, when that is nearer): an undecided
@@ -165,8 +179,10 @@ def pooled_ratio(window: SubWindow, min_samples: int) -> tuple[float, int]:
     return (math.exp(num / den), cells) if den > 0 else (math.nan, 0)
 
 
-def decide(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = False) -> SequentialResult:
-    """Run the test over the sub-windows in order (see the module docstring)."""
+def decide(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = False,
+           pods: tuple[int, int] | None = None) -> SequentialResult:  # fmt: skip
+    """Run the test over the sub-windows in order (see the module docstring); ``pods``:
+    (canary pods, baseline pods), for the starved rule at the limit."""
     up, down = rule.upper, rule.lower
     scale = math.log(1 + max(rule.tolerance_percent, MIN_TOLERANCE_PERCENT) / 100)
     llr = 0.0
@@ -188,9 +204,26 @@ def decide(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = Fal
     if final:
         if observations == 0:
             return _result("Rollback", rule, llr, 0, 0, None, steps, "nothing to judge by")
+        if (share := starved(windows, pods, rule)) is not None:
+            return _result("Rollback", rule, llr, observations, slower, None, steps,
+                           f"starved: the canary gave {share:.0%} of the baseline's first tokens per pod")  # fmt: skip
         outcome = "Rollback" if llr >= rule.truncation_share * min(up, observations * rule.step) else "Promote"
         return _result(outcome, rule, llr, observations, slower, None, steps, "truncated")
     return _result("Continue", rule, llr, observations, slower, None, steps, "undecided")
+
+
+def starved(windows: Sequence[SubWindow], pods: tuple[int, int] | None, rule: SequentialRule) -> float | None:
+    """The canary's first tokens per pod over the baseline's, over every cell of every
+    sub-window, when below ``rule.starved_share`` with enough baseline first tokens to
+    tell (rule 6); None otherwise, or without the pod counts."""
+    if pods is None or pods[0] <= 0 or pods[1] <= 0:
+        return None
+    canary = sum(h.count for w in windows for h in w.canary.values()) / pods[0]
+    baseline = sum(h.count for w in windows for h in w.baseline.values()) / pods[1]
+    if baseline < rule.starved_min:
+        return None
+    share = canary / baseline
+    return share if share < rule.starved_share else None
 
 
 def _result(outcome: Call, rule: SequentialRule, llr: float, n: int, slower: int, at: float | None,

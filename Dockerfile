@@ -15,7 +15,7 @@ RUN set -eux; \
     cd /src; \
     python -m pip install --no-cache-dir --prefix=/install .; \
     rm -f /install/bin/slipstream; \
-    PYTHONPATH="$(echo /install/lib/python3.11/site-packages)" python -c "import slipstream.controller.main"
+    PYTHONPATH="$(echo /install/lib/python3.11/site-packages)" python -c "import slipstream.controller.runtime.main"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

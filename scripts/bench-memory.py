@@ -154,7 +154,7 @@ def run(args: argparse.Namespace, port: int, series: int, window_s: float, at: f
     from slipstream.controller import settings as settings_
 
     print(f"operator imported: {memory()}", flush=True)
-    from slipstream.controller import malloc
+    from slipstream.controller.runtime import malloc
 
     config = settings_.ControllerSettings(prometheus_timeout_seconds=120, tuner_threads=args.tuner_threads)
     malloc.configure(config.malloc_arenas, config.malloc_mmap_threshold_bytes)  # as the operator's main does

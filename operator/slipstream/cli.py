@@ -633,7 +633,7 @@ def _prediction_json(p: recommend.Prediction) -> dict[str, object]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Imported here: the twin's commands must not pay for (or need) kopf and kubernetes.
-    from slipstream.controller import main as controller
+    from slipstream.controller.runtime import main as controller
 
     controller.run(args.namespaces, args.peering, args.liveness)
     return 0

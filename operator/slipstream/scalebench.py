@@ -131,7 +131,7 @@ class Figures:
     """GETs during the apply phase by resource, every client together."""
     apply_drift_events: dict[str, float] = field(default_factory=dict)
     """Events of owned Deployments and Services during the apply phase the drift watch
-    judged (each up to two GETs) and skipped (none: `controller/judged.py`)."""
+    judged (each up to two GETs) and skipped (none: `controller/watch/judged.py`)."""
     drift_events_per_interval: dict[str, float] = field(default_factory=dict)
     """The same over the measured intervals."""
     tuner_threads: int = 0

@@ -38,7 +38,7 @@ from conftest import eventually
 from slipstream import localkube
 from slipstream.api import models
 from slipstream.controller import handlers, objects
-from slipstream.controller import kube as kube_
+from slipstream.controller.clients import kube as kube_
 
 DEADLINE_S = 45
 RIVAL = "rival-controller"

@@ -224,7 +224,7 @@ def test_hand_edits_of_the_engine_deployment_are_reverted_with_an_event(
     eventually(lambda: rolled_out(cluster, ns, "edited"), deadline_s=DEADLINE_S, what="edited rolled out")
 
     # A scale-up through the spec: the Deployment's spec event is judged, the status events
-    # of its new pod (readiness, counts) are skipped without a read (controller/judged.py).
+    # of its new pod (readiness, counts) are skipped without a read (controller/watch/judged.py).
     skipped = drift_skips(operator)
     cluster.kubectl("patch", "sd", "edited", f"--namespace={ns}", "--type=merge", "-p", '{"spec": {"replicas": 3}}')
 

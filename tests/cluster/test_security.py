@@ -82,7 +82,7 @@ def can_i(cluster: localkube.Cluster, token: Path, verb: str, resource: str, ns:
     return bool(json.loads(result.stdout)["status"].get("allowed"))
 
 
-# Every call the operator makes (controller/kube.py, handlers.py, loop.py) and kopf's own
+# Every call the operator makes (controller/clients/kube.py, handlers.py, loop.py) and kopf's own
 # (watching, peering, Events, CRD discovery): (verb, resource, namespace or None).
 NEEDED = [
     *[(v, "servingdeployments.serving.slipstream.dev", GRANTED_NS) for v in ("get", "list", "watch", "patch")],

@@ -42,8 +42,8 @@ from test_operator_reconcile import (
 from conftest import eventually
 from slipstream import localkube
 from slipstream.api import crdgen, models
-from slipstream.controller import kube as kube_
 from slipstream.controller import objects, status
+from slipstream.controller.clients import kube as kube_
 
 FUZZ = settings(
     derandomize=True, database=None, deadline=None, max_examples=60,

@@ -1,5 +1,5 @@
-"""kopf's connections to the kube-apiserver are bounded (controller.apisession), and the
-blocking client keeps as many connections as the threads that share it (controller.kube)."""
+"""kopf's connections to the kube-apiserver are bounded (controller.clients.apisession), and the
+blocking client keeps as many connections as the threads that share it (controller.clients.kube)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 import kopf
 from aiohttp import web
 
-from slipstream.controller import apisession
-from slipstream.controller import kube as kube_
+from slipstream.controller.clients import apisession
+from slipstream.controller.clients import kube as kube_
 
 
 def info(server: str) -> kopf.ConnectionInfo:

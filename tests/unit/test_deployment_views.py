@@ -1,4 +1,4 @@
-"""The status refresh reads the engine Deployments from the drift watch (controller.deployments):
+"""The status refresh reads the engine Deployments from the drift watch (controller.watch.deployments):
 a trimmed view gives the refresh exactly what the full Deployment gives, and a view never seen,
 deleted or older than its bound is read again (None: GET it)."""
 
@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from slipstream.api import models
-from slipstream.controller import deployments, objects, replicas, status
+from slipstream.controller import objects, status
+from slipstream.controller.watch import deployments, replicas
 
 SD = models.ServingDeployment.model_validate({
     "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 3},

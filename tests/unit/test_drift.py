@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 
 from slipstream.api import models
-from slipstream.controller import drift, objects
+from slipstream.controller import objects
+from slipstream.controller.watch import drift
 
 
 def sd() -> models.ServingDeployment:

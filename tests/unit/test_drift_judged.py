@@ -1,4 +1,4 @@
-"""The drift watch's memory of good judgements (`controller/judged.py`): an event that moved
+"""The drift watch's memory of good judgements (`controller/watch/judged.py`): an event that moved
 only an owned object's status is skipped; any change of what the operator owns on it (spec,
 labels, annotations, owner references), or of its ServingDeployment's spec or replicas
 contest, is judged; a failed judgement records nothing; DELETED forgets."""
@@ -9,7 +9,8 @@ import copy
 from typing import Any
 
 from slipstream.api import models
-from slipstream.controller import judged, objects, replicas
+from slipstream.controller import objects
+from slipstream.controller.watch import judged, replicas
 
 
 def sd_body(generation: int = 1, contested: bool = False) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The operator bounds glibc's malloc arenas before its threads start (controller.malloc):
+"""The operator bounds glibc's malloc arenas before its threads start (controller.runtime.malloc):
 threads allocating at once share the bounded arenas instead of growing one each."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import weakref
 
 import pytest
 
-from slipstream.controller import malloc
 from slipstream.controller import settings as settings_
+from slipstream.controller.runtime import malloc
 
 THREADS_ALLOCATING = """
 import ctypes, sys, threading
-from slipstream.controller import malloc
+from slipstream.controller.runtime import malloc
 applied = malloc.limit_arenas(int(sys.argv[1]))
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -59,7 +59,7 @@ def test_the_operator_bounds_them_to_two_by_default(monkeypatch: pytest.MonkeyPa
 
 MMAP_AFTER_A_LARGE_FREE = """
 import ctypes, sys
-from slipstream.controller import malloc
+from slipstream.controller.runtime import malloc
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
@@ -118,7 +118,7 @@ def test_cycles_are_collected_on_the_schedule_with_pythons_own_collector_off() -
 
 FREED_BETWEEN_LIVE = """
 import sys
-from slipstream.controller import malloc
+from slipstream.controller.runtime import malloc
 malloc.configure(2, 128 << 10)  # as the operator starts
 def rss_mb():
     with open("/proc/self/status") as f:

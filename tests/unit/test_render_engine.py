@@ -239,7 +239,7 @@ def test_the_operator_never_imports_torch_or_sglang() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, slipstream.controller.main, slipstream.engine.admin; "
+    code = ("import sys, slipstream.controller.runtime.main, slipstream.engine.admin; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang')))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,9 +1,9 @@
 """Another writer of the engine Deployment's replicas: who it is, and when reverting it
-becomes a fight (controller.replicas)."""
+becomes a fight (controller.watch.replicas)."""
 
 from __future__ import annotations
 
-from slipstream.controller import drift, replicas
+from slipstream.controller.watch import drift, replicas
 
 
 def entry(manager: str, fields: dict, subresource: str | None = None) -> dict:

@@ -21,7 +21,7 @@ PACKAGE = REPO / "operator" / "slipstream"
 TOOLING = ("localkube", "demo", "enginesim", "scalebench.py", "canarycheck.py", "cli.py", "sim/plots.py")
 """The tooling inside the package, as paths under operator/slipstream/."""
 TOOLING_DEPENDENCIES = ("matplotlib", "cryptography", "tqdm")
-ENTRY_POINTS = ("slipstream.controller.main", "slipstream.controller.handlers", "slipstream.controller.__main__")
+ENTRY_POINTS = ("slipstream.controller.runtime.main", "slipstream.controller.handlers", "slipstream.controller.__main__")
 
 BLOCKER = """
 import importlib.abc, sys
@@ -84,4 +84,4 @@ def test_the_operator_image_removes_the_tooling_and_installs_no_extra() -> None:
     assert set(removed.group(1).split()) == set(TOOLING)
     install = [line for line in text.splitlines() if "pip install" in line]
     assert install and all("[" not in line for line in install), install
-    assert "import slipstream.controller.main" in text, "the build checks the runtime imports"
+    assert "import slipstream.controller.runtime.main" in text, "the build checks the runtime imports"

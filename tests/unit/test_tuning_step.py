@@ -198,7 +198,7 @@ def test_conditions_rebased_on_a_fresh_read_keep_the_other_writers() -> None:
 
 
 def test_generated_admin_keys_are_derived_per_deployment() -> None:
-    from slipstream.controller import adminkeys
+    from slipstream.controller.clients import adminkeys
 
     a = adminkeys.derive("seed-1", "prod", "kimi")
     assert a == adminkeys.derive("seed-1", "prod", "kimi") and len(a) == 48

@@ -1,2 +1,4 @@
-"""Thin kopf glue: handlers (`handlers`), the owned objects (`objects`), status (`status`),
-the Kubernetes client (`kube`) and the entry point (`main.run`)."""
+"""Thin kopf glue, grouped by concern: the step (`loop`, `tuning`, `stages`, `objects`,
+`status`, `settings`), the kopf handlers (`handlers`), the clients (`clients`: Kubernetes,
+kopf's session, the engines' admin keys), the drift watch (`watch`) and the process
+(`runtime`: the entry point `main.run`, malloc)."""

@@ -1,3 +1,3 @@
-from slipstream.controller.main import main
+from slipstream.controller.runtime.main import main
 
 main()

@@ -26,21 +26,12 @@ import prometheus_client
 import pydantic
 
 from slipstream.api import models
-from slipstream.controller import (
-    adminkeys,
-    apisession,
-    deployments,
-    drift,
-    loop,
-    objects,
-    replicas,
-    stages,
-    status,
-    tuning,
-)
-from slipstream.controller import judged as judged_
-from slipstream.controller import kube as kube_
+from slipstream.controller import loop, objects, stages, status, tuning
 from slipstream.controller import settings as settings_
+from slipstream.controller.clients import adminkeys, apisession
+from slipstream.controller.clients import kube as kube_
+from slipstream.controller.watch import deployments, drift, replicas
+from slipstream.controller.watch import judged as judged_
 from slipstream.engine import support
 
 log = logging.getLogger(__name__)
@@ -54,7 +45,7 @@ OBJECT_CHANGES = prometheus_client.Counter(
 DRIFT_EVENTS_SKIPPED = prometheus_client.Counter(
     "slipstream_drift_events_skipped",
     "Events of owned Deployments and Services the drift watch skipped without a read: none of "
-    "the object's owned parts changed since its last good judgement (controller/judged.py).",
+    "the object's owned parts changed since its last good judgement (controller/watch/judged.py).",
     ["kind"],
 )
 DRIFT_EVENTS_JUDGED = prometheus_client.Counter(

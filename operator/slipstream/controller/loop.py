@@ -41,9 +41,11 @@ import prometheus_client
 
 from slipstream.api import models
 from slipstream.api import snapshot as snapshot_
-from slipstream.controller import adminkeys, drift, objects, status, tuning
-from slipstream.controller import kube as kube_
+from slipstream.controller import objects, status, tuning
 from slipstream.controller import settings as settings_
+from slipstream.controller.clients import adminkeys
+from slipstream.controller.clients import kube as kube_
+from slipstream.controller.watch import drift
 from slipstream.engine import admin, metrics
 from slipstream.rollout import analysis, engines, machine, sequential
 from slipstream.tune import guardrails, mixjump
@@ -278,11 +280,11 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
     # under the GIL, more at once would only hold more memory. The call runs in a copy of
     # this task's context, as `asyncio.to_thread` does (kopf's context vars, e.g.
     # the Event queue `kopf.event` posts to, stay visible there).
-    call = functools.partial(contextvars.copy_context().run, deps.recommender.recommend, sd, snap, fleet, now, jumped)
     runs = deps.twin_runs
     if runs.queued(name):
         return snap, queued_hold(fleet, f"this deployment's twin run is still queued or running ({runs.busy()} "
                                  f"runs on a pool of {runs.capacity})")  # fmt: skip
+    call = functools.partial(contextvars.copy_context().run, deps.recommender.recommend, sd, snap, fleet, now, jumped)
     full = runs.memo and runs.busy() >= runs.capacity
     run = asyncio.get_running_loop().run_in_executor(deps.tuner, call)
     if full:  # wait for it at a later step, through the memo, not here behind the queue
@@ -383,6 +385,49 @@ async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: mode
     return machine.Event("Normal", "Updated", f"Updated ConfigMap {name}: new pods start with {machine.show(setting)}")
 
 
+@dataclass(frozen=True)
+class PodsRead:
+    """Stage 3 of a step: the engine pods and what each runs, read all at once."""
+
+    items: list[dict[str, Any]]
+    """The pods of the deployment's selector, Ready or not (none: nothing to run on)."""
+    pods: dict[str, str]
+    """{pod: IP} of the Ready pods (`ready_pods`)."""
+    blocked: frozenset[str]
+    """Ready pods whose IP is outside ``SLIPSTREAM_ENGINE_NETWORKS``: never called."""
+    views: list[machine.Pod]
+    """What each Ready pod reports (or why it could not), by name."""
+    client: Callable[[str], admin.AdminClient]
+    """The admin client of a Ready pod, with the deployment's admin key."""
+
+
+async def read_fleet(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> PodsRead:
+    """Every Ready engine pod's setting and KV pool (`/get_server_info`, all at once); a pod
+    whose last change was refused shows that refusal until a change takes."""
+    config = deps.config
+    items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
+    pods = ready_pods(items)
+    try:
+        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
+    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
+        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
+        key = None
+    urls = {pod: address(sd, ip) for pod, ip in pods.items()}
+    blocked = frozenset(pod for pod, url in urls.items() if not allowed(url, config.engine_networks))
+
+    def client(pod: str) -> admin.AdminClient:
+        return admin.AdminClient(urls[pod], key, config.admin_timeout_seconds)
+
+    views = await engines.read(sorted(set(pods) - blocked), client)
+    views += [machine.Pod(p, None, f"pod IP {pods[p]} is outside SLIPSTREAM_ENGINE_NETWORKS") for p in sorted(blocked)]
+    views = sorted(
+        (dataclasses.replace(p, error=memory.refusals[p.name]) if p.setting is not None and p.name in memory.refusals
+         else p for p in views),
+        key=lambda p: p.name,
+    )  # fmt: skip
+    return PodsRead(items, pods, blocked, views, client)
+
+
 async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> StepOutcome:
     """One observe -> tune -> rollout step of one ServingDeployment."""
     config, now = deps.config, deps.clock()
@@ -398,27 +443,8 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
                  "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),
                  recommendation.reason[:300])  # fmt: skip
     pol = tuning.policy(sd, config)
-
-    items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
-    pods = ready_pods(items)
-    try:
-        key: str | None = await asyncio.to_thread(deps.keys.key, sd)
-    except adminkeys.KeyUnavailable as error:  # reads may still work; changes are refused (401)
-        log.warning("%s/%s: no admin key: %s", sd.metadata.namespace, sd.metadata.name, error)
-        key = None
-    urls = {pod: address(sd, ip) for pod, ip in pods.items()}
-    blocked = {pod for pod, url in urls.items() if not allowed(url, config.engine_networks)}
-
-    def client(pod: str) -> admin.AdminClient:
-        return admin.AdminClient(urls[pod], key, config.admin_timeout_seconds)
-
-    views = await engines.read(sorted(set(pods) - blocked), client)
-    views += [machine.Pod(p, None, f"pod IP {pods[p]} is outside SLIPSTREAM_ENGINE_NETWORKS") for p in sorted(blocked)]
-    views = sorted(
-        (dataclasses.replace(p, error=memory.refusals[p.name]) if p.setting is not None and p.name in memory.refusals
-         else p for p in views),
-        key=lambda p: p.name,
-    )  # fmt: skip
+    read = await read_fleet(deps, sd, memory)
+    views = read.views
     problem = tuning.engine_problem(sd, views)
     target = tuning.target(sd, recommendation, problem)
     # The machine's clock is read when the pods were read, not when the step began: the
@@ -427,7 +453,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     now = deps.clock()
     verdict = None
     if state is not None and machine.analysis_due(state, pol, now):
-        verdict = await analyse(deps, sd, state, pods, now)
+        verdict = await analyse(deps, sd, state, read.pods, now)
     decision = machine.decide(state, fleet, target, views, pol, now, verdict)
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
@@ -436,8 +462,8 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     memory.jumped, memory.jump_retry = "", False
     if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
         events.append(event)
-    if reachable := {p: s for p, s in decision.apply.items() if p not in blocked}:
-        results = await engines.apply(reachable, client)
+    if reachable := {p: s for p, s in decision.apply.items() if p not in read.blocked}:
+        results = await engines.apply(reachable, read.client)
         memory.refusals = {p.name: p.error for p in results.values() if p.error}
         views = [results.get(p.name, p) for p in views]
         # Acknowledge what took (canaries verified, promotion complete) in this same step;
@@ -451,6 +477,19 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
             events += again.events
             if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
                 events.append(event)
+    patch = record(sd, memory, decision, views, snap, recommendation, problem, started, bool(read.items), now, events)
+    delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
+    return StepOutcome(patch, events, delay, decision)
+
+
+def record(sd: models.ServingDeployment, memory: Memory, decision: machine.RolloutDecision, views: list[machine.Pod],
+           snap: snapshot_.WorkloadSnapshot | None, recommendation: tuning.Recommendation | None,
+           problem: tuple[str, str] | None, started: bool, has_pods: bool, now: float, events: list[machine.Event],
+           ) -> dict[str, Any]:  # fmt: skip
+    """Stage 7 of a step: the status patch (conditions merged with the ones this loop last
+    wrote, so a patch that has not landed yet is not lost), the Events of conditions that
+    turned bad and of a new recommendation (appended to ``events``), and the step's state
+    kept in ``memory`` for the next."""
     stamp = machine.stamp(now)
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)
     remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
@@ -460,12 +499,11 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     if (event := tuning.recommended_event(sd, decision.fleet, recommendation, problem)) is not None:
         events.append(event)
     patch = tuning.status_patch(sd, decision, conds, snap, recommendation, started, stamp)
-    if status.runs_nothing(conds, bool(items)):
+    if status.runs_nothing(conds, has_pods):
         patch.update(status.no_setting())  # refused, no engines: nothing is applied
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
     memory.pools = tuning.kv_pools(memory.pools, views)
-    delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
-    return StepOutcome(patch, events, delay, decision)
+    return patch
 
 
 async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeployment | None], memory: Memory,

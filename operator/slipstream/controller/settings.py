@@ -20,7 +20,7 @@ class ControllerSettings:
 
     status_watch_seconds: float = 300.0
     """Longest the status refresh uses the drift watch's last view of an engine Deployment
-    (`controller.deployments`) before it GETs the Deployment again: a GET per deployment
+    (`controller.watch.deployments`) before it GETs the Deployment again: a GET per deployment
     per refresh would be the operator's largest apiserver item in a large fleet. A changed
     Deployment sends an event at once; this bounds how long a missed event (a removed label)
     can leave readiness stale. 0: GET every refresh. Env: SLIPSTREAM_STATUS_WATCH_SECONDS."""
@@ -85,11 +85,11 @@ class ControllerSettings:
     every status patch and Event), and the connection pool of the blocking Kubernetes
     client (at least `worker_threads`, the threads that share it). kopf's own default is no
     limit, and a wave of status-refresh timers (hundreds at once in a large fleet) would
-    open a TLS connection each, each with a 256 KiB read buffer (`controller.apisession`).
+    open a TLS connection each, each with a 256 KiB read buffer (`controller.clients.apisession`).
     Requests beyond it wait for a free connection. Env: SLIPSTREAM_API_CONNECTIONS."""
 
     gc_interval_seconds: float = 30.0
-    """Seconds between full collections of Python's reference cycles (`controller.malloc`).
+    """Seconds between full collections of Python's reference cycles (`controller.runtime.malloc`).
     Closed TLS connections are cycles (transport and protocol point at each other) that
     Python's own schedule collects only after ~100,000 more objects outlive their first
     collections, long enough for hundreds of them to pile up in a large fleet. A full
@@ -100,14 +100,14 @@ class ControllerSettings:
     Env: SLIPSTREAM_GC_INTERVAL_SECONDS."""
 
     malloc_arenas: int = 2
-    """glibc malloc arenas shared by all the operator's threads (`controller.malloc`): by
+    """glibc malloc arenas shared by all the operator's threads (`controller.runtime.malloc`): by
     default each thread grows its own and keeps what it freed; at 100 deployments those
     arenas were 196 MB of a 453 MB RSS. 0: leave glibc's own setting (8 per core, or the
     MALLOC_ARENA_MAX environment variable). Env: SLIPSTREAM_MALLOC_ARENAS."""
 
     malloc_mmap_threshold_bytes: int = 131072
     """Blocks of at least this size get pages of their own from glibc, returned when freed
-    (`controller.malloc`). glibc's default starts there but raises the bar to the largest
+    (`controller.runtime.malloc`). glibc's default starts there but raises the bar to the largest
     block freed, up to 32 MB: after the first fleet read freed its 10 MB response body,
     the next bodies came from the heap and stayed in it. 0: leave glibc's own (dynamic)
     setting. Env: SLIPSTREAM_MALLOC_MMAP_THRESHOLD_BYTES."""

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 import prometheus_client
 
 from slipstream.api import buckets, models, snapshot
-from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
 from slipstream.controller import tuning
+from slipstream.controller.clients import kube as kube_
 from slipstream.engine import metrics
 from slipstream.observe import assemble, parse, queries
 from slipstream.observe import fleet as fleet_

@@ -9,7 +9,9 @@ from collections.abc import Sequence
 import kopf
 import prometheus_client
 
-from slipstream.controller import handlers, kube, malloc, settings
+from slipstream.controller import handlers, settings
+from slipstream.controller.clients import kube
+from slipstream.controller.runtime import malloc
 
 
 def run(namespaces: Sequence[str], peering: str | None, liveness: str | None) -> None:

@@ -20,8 +20,8 @@ import hmac
 from dataclasses import dataclass, field
 
 from slipstream.api import models
-from slipstream.controller import kube as kube_
 from slipstream.controller import settings as settings_
+from slipstream.controller.clients import kube as kube_
 
 SEED_KEY = "seed"
 

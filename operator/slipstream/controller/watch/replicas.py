@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.api import models
-from slipstream.controller import drift
+from slipstream.controller.watch import drift
 
 CONDITION = "ReplicasManagedElsewhere"
 CONTESTED_AFTER = 3

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slipstream.api import models
-from slipstream.controller import drift, replicas
+from slipstream.controller.watch import drift, replicas
 
 PARTS = (*drift.WATCHED, "metadata.annotations")
 """The parts of an owned object whose change is judged: those `drift.of_object` compares,

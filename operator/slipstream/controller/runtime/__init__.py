@@ -1,0 +1,1 @@
+"""The operator process: its entry point (`main`) and its memory settings (`malloc`)."""

@@ -37,8 +37,8 @@ This rule compares like with like and lets evidence accumulate:
    two sub-windows both fully slower (a canary 15x slower, its other cells starved) reach
    1.4, under half the bound, yet are all the evidence such a canary gives.
 6. Starved. Means are taken over the requests that got their first token, so a canary
-   too slow to keep up shows only its quick ones: a 20x slower canary scored faster in one
-   of three sub-windows and was promoted. The Service splits requests evenly over pods,
+   too slow to keep up shows only its quick ones, and can score faster in a sub-window
+   than a baseline that serves all of its share. The Service splits requests evenly over pods,
    so at the limit (given the pod counts, ``pods``) a canary whose pods gave fewer than
    ``starved_share`` of the baseline pods' first tokens per pod over the analysis, with
    at least ``starved_min`` per baseline pod, rolls back: it is not keeping up with its

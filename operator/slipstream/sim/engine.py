@@ -602,6 +602,7 @@ class Engine:
                         return
                 elif ratio > MIN_NEW_TOKEN_RATIO:
                     ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            batched = False
             if batch and not queue.items:
                 # Steps that provably change nothing but the clock and the context: up to
                 # the next stream's finish or unclip, the pool's limit and the next event.
@@ -646,47 +647,25 @@ class Engine:
                     t = last_t = ts[-1]
                     ctx += k * n
                     step += k
-                    if limited:
-                        rem_sum -= k * (n - clipped)
-                        while clip and clip[0][0] <= step:
-                            _, _, epoch, job = heapq.heappop(clip)
-                            if epoch == job.epoch:
-                                clipped -= 1
-                        in_use = partial_kv + ctx
-                        if in_use > peak:
-                            peak = in_use
-                        for _ in range(k - 1):  # the later steps' checks decay the ratio
-                            if ratio <= MIN_NEW_TOKEN_RATIO:
-                                break
-                            ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-                    while heap and heap[0][0] <= step:
-                        last, _, epoch, job = heapq.heappop(heap)
-                        if epoch != job.epoch:
-                            continue
-                        self._close_segment(job, last)
-                        job.finished_s = dtimes[last - 1]
-                        n -= 1
-                        ctx -= job.req.prompt_tokens + job.req.output_tokens
-                        active.pop(job.seq, None)
-                    if queue.items or not n or t >= next_event or t > until_s:
-                        break
-                    continue
-            dt = pass_time(n, ctx, ctx, 0, DECODE)
-            if record:
-                self.rounds.append(RoundRecord(t, t + dt, (), n))
-            t += dt
-            busy += dt
-            passes += 1
-            # _decode_step(t), inlined
-            dgaps.append(t - last_t if last_t is not None else 0.0)
-            dweights.append(n - entered)
-            entered = 0
-            dtimes.append(t)
-            last_t = t
-            ctx += n
-            step += 1
-            if limited:
-                rem_sum -= n - clipped
+                    batched = True
+            if not batched:
+                k = 1
+                dt = pass_time(n, ctx, ctx, 0, DECODE)
+                if record:
+                    self.rounds.append(RoundRecord(t, t + dt, (), n))
+                t += dt
+                busy += dt
+                passes += 1
+                # _decode_step(t), inlined
+                dgaps.append(t - last_t if last_t is not None else 0.0)
+                dweights.append(n - entered)
+                entered = 0
+                dtimes.append(t)
+                last_t = t
+                ctx += n
+                step += 1
+            if limited:  # the ``k`` steps just taken: outputs left, unclipped streams, peak
+                rem_sum -= k * (n - clipped)
                 while clip and clip[0][0] <= step:
                     _, _, epoch, job = heapq.heappop(clip)
                     if epoch == job.epoch:
@@ -694,6 +673,12 @@ class Engine:
                 in_use = partial_kv + ctx
                 if in_use > peak:
                     peak = in_use
+                if k > 1:  # the later steps' checks decay the ratio
+                    for _ in range(k - 1):
+                        if ratio <= MIN_NEW_TOKEN_RATIO:
+                            break
+                        ratio = max(ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+            # the streams that finished by this step (``has_partials`` is False when batched)
             while heap and heap[0][0] <= step:
                 last, _, epoch, job = heapq.heappop(heap)
                 if epoch != job.epoch:

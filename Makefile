@@ -40,9 +40,14 @@ kube-bins:
 prometheus:
 	bash scripts/install-prometheus.sh
 
-# Everything CI runs: set-up of every tier, then all tests.
+# Everything CI runs: set-up of every tier, then all tests. The unit and integration tiers
+# run on one pytest worker per core (pytest-xdist; WORKERS=0 runs them in pytest's own process); the
+# cluster tier runs alone after them, so nothing else loads the machine while its
+# simulators keep their time scale.
+WORKERS ?= auto
 test: venv kube-bins prometheus engine-test
-	$(PY) -m pytest tests --ignore=tests/engine
+	$(PY) -m pytest tests/unit tests/integration -n $(WORKERS)
+	$(PY) -m pytest tests/cluster
 
 # Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
 # the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine.
@@ -51,7 +56,7 @@ engine-test:
 	SGLANG_VERSION=0.5.23 bash tests/engine/run.sh
 
 test-unit: venv
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest tests/unit -n $(WORKERS)
 
 lint: venv
 	$(VENV)/bin/ruff check operator tests

@@ -49,7 +49,7 @@ from typing import Any
 import pytest
 
 from slipstream import localkube
-from slipstream.demo import loop, phases
+from slipstream.demo import loop, loopbench, phases
 from slipstream.localkube import podrunner
 from slipstream.localkube import stack as stack_mod
 
@@ -233,6 +233,13 @@ def run_phases(lp: Loop, name: str, kinds: tuple[str, ...],
         path.write_text(json.dumps([dataclasses.asdict(r) for r in results]))
     failed = [r for r in results if not r.ok]
     assert len(failed) <= 0.01 * len(results), f"{len(failed)} of {len(results)} requests failed"
+    # The figures mean something only if the machine kept the time scale: the simulators'
+    # release lag and the load's send lag (twin s, p99) under loopbench's bound.
+    sim_lag, load_lag = loopbench.sim_lag_p99(list(targets())), loopbench.p99([r.late_s for r in results])
+    print(f"time scale {TIME_SCALE:g} kept: p99 lag sim {sim_lag:.2f} s, load {load_lag:.2f} s (twin)")
+    assert all(lag <= loopbench.DEFAULT_MAX_LAG_S for lag in (sim_lag, load_lag)), (  # NaN: no proof, fails
+        f"the machine did not keep time scale {TIME_SCALE:g} (SLIPSTREAM_LOOP_TIME_SCALE): p99 lag sim "
+        f"{sim_lag:.2f} s, load {load_lag:.2f} s > {loopbench.DEFAULT_MAX_LAG_S:g} twin s; the figures are void")
     return watcher, results, spans
 
 
@@ -367,6 +374,7 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
     finally:
         for pod_name in canaries:
             post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": 1.0})
+        load.stop()  # the rollback is what this part waits for; the rest of the load adds nothing
         load.join(timeout_s=documents.span_s / TIME_SCALE + 180)
         watcher.stop()
 

@@ -211,6 +211,7 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
         ended = eventually(finished, deadline_s=RESTART_S, what="the rollout ended, every pod on one setting")
         print(f"after the restart the rollout ended {ended['result']}: {ended.get('message') or ''}")
         assert pod_identities(sv, NS, name) == identities, "no engine pod replaced"
+        load.stop()  # the rollout has ended: the rest of the traffic adds nothing
         load.join(timeout_s=CANARY_LOAD_S / TIME_SCALE + 120)
         load = None
 
@@ -232,6 +233,7 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
             assert any(line.split()[:1] == ["running"] and f" {component} " in line for line in lines), status.stdout
     finally:
         if load is not None:
+            load.stop()
             load.join(timeout_s=CANARY_LOAD_S / TIME_SCALE + 120)
         state = json.loads((workdir / "state.json").read_text()) if (workdir / "state.json").exists() else {}
         down = slipstream("cluster", "down", f"--workdir={workdir}")

@@ -192,6 +192,15 @@ def test_load_api_with_a_callable_target_list_and_a_duration(sim: Sim, tmp_path:
                            stop=stopped.is_set)
     assert time.monotonic() - start < 10 and 1 <= len(outcomes) < 50, "stop ends the sending"
 
+    from slipstream.demo import loop  # the tests' and the demo's load thread stops the same way
+
+    run = loop.LoadRun(reqs, lambda: [sim.url], time_scale=1).start()
+    run.stop()
+    start = time.monotonic()
+    results = run.join(timeout_s=30)
+    assert time.monotonic() - start < 10 and len(results) < 50, "LoadRun.stop ends the sending"
+    assert all(r.ok for r in results)
+
 
 def test_load_api_replays_an_azure_trace_with_word_prompts(sim: Sim, azure: Path) -> None:
     from slipstream.sim import traces

@@ -302,6 +302,7 @@ class LoadRun:
         self.results: list[Result] = []
         self.error: BaseException | None = None
         self.t0: float | None = None
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load", daemon=True)
 
     def start(self) -> LoadRun:
@@ -314,7 +315,8 @@ class LoadRun:
 
         try:
             outcomes = load.replay(
-                self.requests, self.targets, self.time_scale, report_every_s=None, prompt="field"
+                self.requests, self.targets, self.time_scale, report_every_s=None, prompt="field",
+                stop=self._stop.is_set,
             )
         except BaseException as exc:  # noqa: BLE001 - reported by join()
             self.error = exc
@@ -326,6 +328,11 @@ class LoadRun:
 
     def running(self) -> bool:
         return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Send no more requests (a test that has seen what it waited for); those in flight
+        get the load's drain time, and ``join`` returns what was sent."""
+        self._stop.set()
 
     def join(self, timeout_s: float | None = None) -> list[Result]:
         self._thread.join(timeout_s)

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from slipstream import canarycheck
 from slipstream.api import models
+from slipstream.api.snapshot import WorkloadSnapshot
 from slipstream.controller.settings import ControllerSettings
 from slipstream.demo import driver, loopbench
 from slipstream.enginesim import flags as enginesim_flags
@@ -281,14 +282,7 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         is_scenario = bool(args.scenario)
         source_key, source = ("scenario", args.scenario) if args.scenario else ("workload", args.workload)
         origins = [(f"builtin:{args.scenario}" if args.scenario else args.workload, workload)]
-    if args.chunked_prefill_size is not None:
-        config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
-    if args.cache_tokens is not None:
-        config = replace(config, cache_tokens=args.cache_tokens)
-    if args.kv_pool_tokens is not None:
-        if args.kv_pool_tokens < 0:
-            raise CliError("--kv-pool-tokens must be >= 0 (0 = no memory limit)")
-        config = replace(config, kv_pool_tokens=args.kv_pool_tokens)
+    config = _engine_flags(args, config, cache=True)
     if args.srpt_aging is not None:
         if args.srpt_aging <= 0:
             raise CliError("--srpt-aging must be > 0 tokens per second")
@@ -537,39 +531,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     if args.snapshot:
-        if args.scenario or args.trace or args.workload:
-            raise CliError("give --snapshot FILE.json or a workload, not both")
-        try:
-            snap = codec.from_dict(json.loads(Path(args.snapshot).read_text()))
-        except json.JSONDecodeError as exc:
-            raise CliError(f"{args.snapshot}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        # The engines' pool as the operator takes it (the smallest the snapshot's pods
-        # report, else the profile's), unless --kv-pool-tokens says otherwise.
-        pool = tune_deployment.twin_pool(snap.kv_pools)
-        if snap.kv_pools and pool.note:
-            print(pool.note, file=sys.stderr)
-        config = policies.EngineConfig(kv_pool_tokens=pool.tokens)
-        if args.chunked_prefill_size is not None:
-            config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
-        if args.kv_pool_tokens is not None:
-            if args.kv_pool_tokens < 0:
-                raise CliError("--kv-pool-tokens must be >= 0 (0 = no memory limit)")
-            config = replace(config, kv_pool_tokens=args.kv_pool_tokens)
-        profile = profiles.load(args.profile or DEFAULT_PROFILE)
-        current = policies.parse(args.current or "stock", config)
+        snap, config, profile, current = _snapshot_file(args)
     else:
         loaded = load_workload(args)
         print(loaded.scale_note, file=sys.stderr)
         config, profile = loaded.config, loaded.profile
-        seen: list[policies.FirstToken] = []
-
-        def watch(view: policies.RoundView) -> None:
-            seen.extend(view.first_tokens)
-
-        under = policies.parse(args.under, config, controller=watch, interval_s=1.0)
-        engine.simulate(loaded.workload, under, profile, config)
-        at = args.at if args.at is not None else max((f.first_token_s for f in seen), default=0.0)
-        snap = observed.snapshot_of(loaded.workload.name, seen, at, args.window or 300.0)
+        snap = observed.simulated(loaded.workload, args.under, profile, config, args.at, args.window or 300.0)
         current = policies.parse(args.current or args.under, config)
     if args.dump_snapshot:
         Path(args.dump_snapshot).write_text(json.dumps(codec.to_dict(snap), indent=1) + "\n")
@@ -580,19 +547,63 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     rec = recommend.recommend(snap, auto.start_setting(current), settings.spec, profile, config,
                               settings.recommender)
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    c = settings.spec.chunked_prefill_size
     if args.json:
-        out = {"best": recommend.policy_name(rec.best.setting), "feasible": rec.feasible,
-               "heterogeneity": rec.heterogeneity, "reason": rec.reason,
-               "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
-               "burst": rec.burst, "fit_error": rec.fit_error,
-               "candidates": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.predictions},
-               "confirmed": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.confirmed}}
+        out = _ranking_json(rec)
         if args.time:
             out["elapsed_s"] = elapsed
             out["cpu_s"] = cpu
         print(json.dumps(out, indent=1))
         return 0
+    _print_ranking(snap, rec, settings.spec.chunked_prefill_size)
+    if args.time:
+        print(f"time: {elapsed:.3f} s wall, {cpu:.3f} s CPU for {len(rec.predictions)} candidates "
+              "(one core)")
+    return 0
+
+
+def _snapshot_file(args: argparse.Namespace,
+                   ) -> tuple[WorkloadSnapshot, policies.EngineConfig, profiles.Profile, policies.Policy]:  # fmt: skip
+    """``recommend --snapshot FILE``: the snapshot, the engine config the operator would
+    give the twin (the smallest KV pool its pods report, else the profile's, unless
+    ``--kv-pool-tokens`` says otherwise), the profile and the current setting."""
+    if args.scenario or args.trace or args.workload:
+        raise CliError("give --snapshot FILE.json or a workload, not both")
+    try:
+        snap = codec.from_dict(json.loads(Path(args.snapshot).read_text()))
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{args.snapshot}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+    pool = tune_deployment.twin_pool(snap.kv_pools)
+    if snap.kv_pools and pool.note:
+        print(pool.note, file=sys.stderr)
+    config = _engine_flags(args, policies.EngineConfig(kv_pool_tokens=pool.tokens), cache=False)
+    profile = profiles.load(args.profile or DEFAULT_PROFILE)
+    return snap, config, profile, policies.parse(args.current or "stock", config)
+
+
+def _engine_flags(args: argparse.Namespace, config: policies.EngineConfig, cache: bool) -> policies.EngineConfig:
+    """``config`` with the engine flags given on the command line: ``--chunked-prefill-size``,
+    ``--kv-pool-tokens`` and (``cache``: where the command has it) ``--cache-tokens``."""
+    if args.chunked_prefill_size is not None:
+        config = replace(config, chunked_prefill_size=args.chunked_prefill_size)
+    if cache and args.cache_tokens is not None:
+        config = replace(config, cache_tokens=args.cache_tokens)
+    if args.kv_pool_tokens is not None:
+        if args.kv_pool_tokens < 0:
+            raise CliError("--kv-pool-tokens must be >= 0 (0 = no memory limit)")
+        config = replace(config, kv_pool_tokens=args.kv_pool_tokens)
+    return config
+
+
+def _ranking_json(rec: recommend.Ranking) -> dict[str, object]:
+    return {"best": recommend.policy_name(rec.best.setting), "feasible": rec.feasible,
+            "heterogeneity": rec.heterogeneity, "reason": rec.reason,
+            "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
+            "burst": rec.burst, "fit_error": rec.fit_error,
+            "candidates": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.predictions},
+            "confirmed": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.confirmed}}
+
+
+def _print_ranking(snap: WorkloadSnapshot, rec: recommend.Ranking, c: int) -> None:
     print(f"{snap.deployment}: {snap.requests:.0f} first tokens in {snap.window_s:.0f} s, "
           f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
           f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
@@ -608,10 +619,6 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     print(f"recommendation: {recommend.describe(rec.best.setting, c)}"
           f"{'' if rec.feasible else ' (best effort: infeasible)'}")
     print(f"reason: {rec.reason}")
-    if args.time:
-        print(f"time: {elapsed:.3f} s wall, {cpu:.3f} s CPU for {len(rec.predictions)} candidates "
-              "(one core)")
-    return 0
 
 
 def _load_words(loaded: Loaded) -> str:

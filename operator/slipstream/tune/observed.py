@@ -26,7 +26,10 @@ from slipstream.api.snapshot import (
     histogram_of,
     invalid,
 )
+from slipstream.sim import engine, policies
 from slipstream.sim.policies import FirstToken
+from slipstream.sim.profiles import Profile
+from slipstream.sim.workload import Workload
 
 
 def snapshot_of(deployment: str, first_tokens: Iterable[FirstToken], now_s: float,
@@ -95,3 +98,18 @@ def with_queue_mix(snapshot: WorkloadSnapshot, first_tokens: Iterable[FirstToken
                   tuple(SizeClassWindow(name, *rows.get(t, {}).get(name, [0.0] * 5)) for name in buckets.SIZE_CLASS_NAMES))
         for t in sorted(set(rows) | set(came)))  # fmt: skip
     return replace(snapshot, queue_mix=mixes, mix_fallback=None)
+
+
+def simulated(workload: Workload, under: str, profile: Profile, config: policies.EngineConfig,
+              at_s: float | None, window_s: float) -> WorkloadSnapshot:
+    """The snapshot the operator would take of one twin engine running ``workload`` under
+    the policy ``under``: the window ending at ``at_s`` (None: at the last first token).
+    What ``slipstream recommend`` decides on when it is given a workload, not a snapshot."""
+    seen: list[FirstToken] = []
+
+    def watch(view: policies.RoundView) -> None:
+        seen.extend(view.first_tokens)
+
+    engine.simulate(workload, policies.parse(under, config, controller=watch, interval_s=1.0), profile, config)
+    at = at_s if at_s is not None else max((f.first_token_s for f in seen), default=0.0)
+    return snapshot_of(workload.name, seen, at, window_s)

@@ -6,7 +6,13 @@ engines reported for the same window (the snapshot's TTFT histograms). They must
 within ``band`` (a factor, either way) for every tenant with enough first tokens to have
 a p99 (``calibration_min_samples``); the worst tenant decides.
 
-When they do not, the offered load is calibrated: the replay's arrivals are made denser or
+When they do not, other draws of the same window are tried first (``tune.recommend``,
+``checked``): the window says how many requests of each size came, not when, and one
+giant drawn late in a replay delays nothing that the engines saw it delay; and when
+requests wait now, a draw that counts them (a giant still prefilling delays requests that
+already have their first token). The draw closest to the observation is kept.
+
+Then, still outside the band, the offered load is calibrated: the replay's arrivals are made denser or
 sparser (``Workload.scaled``) by factors of 2 in the direction the error points (the twin
 too slow: sparser), at most ``max_runs`` twin runs of the running setting, keeping the
 factor that brings the worst tenant closest; the check is made again on it. The rate is
@@ -65,6 +71,10 @@ class ModelCheck:
     """Density of the replay's arrivals against the synthesised ones (1: not calibrated)."""
     runs: int = 0
     """Twin runs the calibration spent (0 when the first check agreed)."""
+    draws: int = 0
+    """Other draws of the window tried before the calibration (0 when the first agreed)."""
+    waiting: bool = False
+    """The replay kept counts the requests waiting now."""
 
     @property
     def worst(self) -> TenantCheck | None:
@@ -83,9 +93,11 @@ class ModelCheck:
         worst = self.worst
         if worst is None:
             return "no tenant had enough first tokens to check the twin against"
+        drawn = f", closest of {self.draws + 1} draws" if self.draws else ""
+        waiting = ", with the requests waiting now" if self.waiting else ""
         calibrated = f", arrivals x{self.rate_factor:g} after {self.runs} calibration run(s)" if self.runs else ""
         return (f"twin predicts {worst.name} p99 TTFT {worst.predicted_s:.2f} s, engines observed "
-                f"{worst.observed_s:.2f} s ({worst.ratio:.2g}x; band {self.band:g}x{calibrated})")
+                f"{worst.observed_s:.2f} s ({worst.ratio:.2g}x; band {self.band:g}x{drawn}{waiting}{calibrated})")
 
 
 def check(predicted: Mapping[str, float], observed: Mapping[str, float], band: float,
@@ -119,4 +131,4 @@ def calibrated(workload: Workload, replay: Replay, first: ModelCheck, observed: 
         best_factor, best = factor, got
         if best.agrees:
             break
-    return best_factor, ModelCheck(best.tenants, first.band, best_factor, runs)
+    return best_factor, ModelCheck(best.tenants, first.band, best_factor, runs, first.draws, first.waiting)

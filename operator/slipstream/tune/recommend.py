@@ -9,13 +9,15 @@ Steps (each a function below, plain data between them):
    than Poisson; on the Azure code trace stock's p99 TTFT is 14 s at 27% prefill load,
    which Poisson arrivals at the same rate predict as well under 1 s;
    ``check`` the fitted replay against the observation (``tune.modelcheck``): every
-   tenant's predicted p99 within ``model_band`` of its observed one, else the offered load
-   is refitted (a few more runs of the current setting) and checked again; a twin that
-   still disagrees is reported in ``Ranking.model`` and the guardrails hold. Fit and check
-   replay the requests the window saw through (the observed TTFT counts first tokens
-   only); when the engines' queue mix shows requests waiting now, the what-if below
-   replays them too, at the fitted burst and rate (a giant still prefilling is the window's
-   traffic before its first token, and the one request the threshold is for);
+   tenant's predicted p99 within ``model_band`` of its observed one, else other draws of
+   the window are checked (other seeds: where a giant lands in a replay is luck; and with
+   the requests waiting now) and the closest kept, then the offered load is refitted (a
+   few more runs of the current setting) and checked again; a twin that still disagrees
+   is reported in ``Ranking.model`` and the guardrails hold. When the engines' queue mix
+   shows requests waiting now, the fit runs with and without them and keeps the closer (a
+   giant still prefilling has no first token, yet the requests behind it show its wait),
+   and the what-if below replays them in any case, at the fitted burst, seed and rate (a
+   giant still prefilling is the window's traffic, and the one request the threshold is for);
 2. ``predict`` each candidate (the screen): one deterministic twin run per candidate,
    on the same workload;
 3. ``choose``: among the candidates inside the spec's bounds that meet every attainable
@@ -145,6 +147,10 @@ class RecommenderSettings:
     model_calibration_runs: int = 3
     """Twin runs of the running setting (count) the offered-load calibration may spend
     when the first check disagrees (arrivals x0.5, x0.25, ... or x2, x4, ...)."""
+    model_draws: int = 3
+    """Other draws of the window (other seeds; count) the model check tries before the
+    offered-load calibration when the first disagrees, each with and without the requests
+    waiting now when some wait (``checked``): where a giant lands in a replay is luck."""
     orders: tuple[str, ...] = policies.QUEUE_ORDERS
     """Admission orders tried, of those the spec allows (``TuningSpec.orders``: by default
     fcfs, lpm and srpt)."""
@@ -352,14 +358,14 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     if not snapshot.valid:
         raise ValueError(f"snapshot of {snapshot.deployment} is not valid: {snapshot.invalid}")
     base = config or EngineConfig()
-    burst, workload, current_run, fit = calibrate(snapshot, current, spec, profile, base, settings)
-    cfg = twin_config(base, spec, workload)
-    workload, current_run, model = checked(snapshot, workload, current_run, current, spec, profile, cfg, settings)
-    if waits(snapshot):  # the what-if counts the requests waiting now; the check could not
-        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst)
+    burst, workload, current_run, fit, waiting = calibrate(snapshot, current, spec, profile, base, settings)
+    seed, workload, current_run, model = checked(snapshot, burst, (workload, waiting), current_run, current, spec,
+                                                 profile, base, settings)
+    if waits(snapshot) and not model.waiting:  # the what-if counts the requests waiting now
+        workload = synthesize(snapshot, settings.max_requests, seed, burst)
         workload = workload.scaled(model.rate_factor) if model.rate_factor != 1.0 else workload
-        cfg = twin_config(base, spec, workload)
-        current_run = predict(workload, current, profile, cfg, spec)
+        current_run = predict(workload, current, profile, twin_config(base, spec, workload), spec)
+    cfg = twin_config(base, spec, workload)
     runs = {current: current_run}
     runs.update({s: predict(workload, s, profile, cfg, spec)
                  for s in (BASELINE, *enumerate_candidates(stepped(spec, current, settings), settings.orders,
@@ -442,24 +448,51 @@ def robust_choice(snapshot: WorkloadSnapshot, confirmed: Sequence[Prediction], c
     return by[chosen.candidate], again, tuple(scored)
 
 
-def checked(snapshot: WorkloadSnapshot, workload: Workload, current_run: Prediction, current: Setting,
-            spec: TuningSpec, profile: Profile, config: EngineConfig, settings: RecommenderSettings
-            ) -> tuple[Workload, Prediction, modelcheck.ModelCheck]:
-    """(workload, current setting's run on it, the check): the model check of
-    ``tune.modelcheck`` on the calibrated replay, its offered load refitted when the first
-    check disagrees (at most ``model_calibration_runs`` more twin runs; none when it agrees)."""
+def checked(snapshot: WorkloadSnapshot, burst: int, fitted: tuple[Workload, bool], current_run: Prediction,
+            current: Setting, spec: TuningSpec, profile: Profile, config: EngineConfig,
+            settings: RecommenderSettings) -> tuple[int, Workload, Prediction, modelcheck.ModelCheck]:
+    """(seed, workload, current setting's run on it, the check): the model check of
+    ``tune.modelcheck`` on the calibrated replay. When it disagrees, ``model_draws`` other
+    draws of the window at the same burst (and each with the requests waiting now, when
+    some wait) are checked too and the closest kept; then, still outside the band, its
+    offered load is refitted (at most ``model_calibration_runs`` more twin runs)."""
     observed = observed_p99(snapshot, settings)
-    first = modelcheck.check(p99_of(current_run), observed, settings.model_band)
+    workload, waited = fitted
+    first = replace(modelcheck.check(p99_of(current_run), observed, settings.model_band), waiting=waited)
+    seed = settings.seed
+    for draw_seed, waiting, draws in other_draws(snapshot, settings, waited):
+        if first.agrees or first.worst is None:
+            break
+        wl = synthesize(snapshot, settings.max_requests, draw_seed, burst, waiting=waiting)
+        run = predict(wl, current, profile, twin_config(config, spec, wl), spec)
+        got = modelcheck.check(p99_of(run), observed, settings.model_band)
+        if got.worst is not None and got.worst.error < first.worst.error:
+            seed, workload, current_run, first = draw_seed, wl, run, replace(got, waiting=waiting)
+        first = replace(first, draws=draws)
     replays: dict[float, Prediction] = {}  # by the scaled workload's rate_scale
 
     def replay(scaled: Workload) -> dict[str, float]:
-        run = replays[scaled.rate_scale] = predict(scaled, current, profile, config, spec)
+        run = replays[scaled.rate_scale] = predict(scaled, current, profile, twin_config(config, spec, scaled), spec)
         return p99_of(run)
 
     factor, model = modelcheck.calibrated(workload, replay, first, observed, settings.model_calibration_runs)
     if factor == 1.0:
-        return workload, current_run, model
-    return workload.scaled(factor), replays[workload.rate_scale * factor], model
+        return seed, workload, current_run, model
+    return seed, workload.scaled(factor), replays[workload.rate_scale * factor], model
+
+
+def other_draws(snapshot: WorkloadSnapshot, settings: RecommenderSettings,
+                waited: bool = False) -> list[tuple[int, bool, int]]:
+    """(seed, with the requests waiting now, draws tried so far) of the model check's other
+    draws, in the order tried: each other seed with the waiting requests as the fit had
+    them (``waited``), then without, when some wait (the fit already tried the first seed
+    both ways). Seeds from ``seed + 1000`` on, apart from the confirming and robust
+    samples' (``seed + 1``, ``seed + 2`` ...), which must stay independent of the draw the
+    check keeps."""
+    variants = (waited, not waited) if waits(snapshot) else (False,)
+    seeds = [settings.seed + 1000 + k for k in range(max(0, settings.model_draws))]
+    pairs = [(s, w) for s in seeds for w in variants]
+    return [(s, w, k + 1) for k, (s, w) in enumerate(pairs)]
 
 
 def p99_of(run: Prediction) -> dict[str, float]:
@@ -511,19 +544,37 @@ def shortlist(screened: Sequence[Prediction], current: Setting, settings: Recomm
 
 def calibrate(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
               config: EngineConfig, settings: RecommenderSettings
-              ) -> tuple[int, Workload, Prediction, float]:
-    """(burst, workload, current setting's prediction, fit error): step 1 of the module doc."""
+              ) -> tuple[int, Workload, Prediction, float, bool]:
+    """(burst, workload, current setting's prediction, fit error, with the requests waiting
+    now): step 1 of the module doc. When requests wait, the ladder runs twice, without them
+    and with them, and the closer fit is kept: a giant still prefilling has no first token,
+    yet the requests behind it show its wait, and a fit without it would explain that wait
+    with bursts."""
+    fits = [ladder(snapshot, current, spec, profile, config, settings, waiting)
+            for waiting in ((False, True) if waits(snapshot) else (False,))]
+    burst, workload, run, err, waiting = fits[0]
+    for fit in fits[1:]:
+        if fit[3] < err:
+            burst, workload, run, err, waiting = fit
+    return burst, workload, run, err, waiting
+
+
+def ladder(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
+           config: EngineConfig, settings: RecommenderSettings, waiting: bool
+           ) -> tuple[int, Workload, Prediction, float, bool]:
+    """The burst ladder of ``calibrate`` on one replay of the window (with or without the
+    requests waiting now): bursts of 1, 2, 4, ... until the fit stops improving."""
     observed = observed_p99(snapshot, settings)
-    best: tuple[int, Workload, Prediction, float] | None = None
+    best: tuple[int, Workload, Prediction, float, bool] | None = None
     for burst in settings.bursts or (1,):
-        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst, waiting=False)
+        workload = synthesize(snapshot, settings.max_requests, settings.seed, burst, waiting=waiting)
         if not workload.requests:
             raise ValueError(f"snapshot of {snapshot.deployment} has no tenant traffic to replay")
         run = predict(workload, current, profile, twin_config(config, spec, workload), spec)
         err = fit_error(run, observed)
         if best is not None and not err < best[3]:
             break
-        best = (burst, workload, run, err)
+        best = (burst, workload, run, err, waiting)
         if math.isnan(err):
             break
     assert best is not None

@@ -477,20 +477,38 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
             events += again.events
             if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
                 events.append(event)
-    patch = record(sd, memory, decision, views, snap, recommendation, problem, started, bool(read.items), now, events)
+    patch = record(sd, memory, StepFindings(decision, views, snap, recommendation, problem, started, bool(read.items), now),
+                   events)
     delay = config.rollout_poll_seconds if decision.in_flight else tuning.interval(sd, config)
     return StepOutcome(patch, events, delay, decision)
 
 
-def record(sd: models.ServingDeployment, memory: Memory, decision: machine.RolloutDecision, views: list[machine.Pod],
-           snap: snapshot_.WorkloadSnapshot | None, recommendation: tuning.Recommendation | None,
-           problem: tuple[str, str] | None, started: bool, has_pods: bool, now: float, events: list[machine.Event],
-           ) -> dict[str, Any]:  # fmt: skip
+@dataclass(frozen=True)
+class StepFindings:
+    """What a step found and decided, for ``record``: the stages' outputs side by side."""
+
+    decision: machine.RolloutDecision
+    views: list[machine.Pod]
+    """Every engine pod as read (and as the changes of this step left it)."""
+    snap: snapshot_.WorkloadSnapshot | None
+    recommendation: tuning.Recommendation | None
+    problem: tuple[str, str] | None
+    """(reason, message) of what keeps the engines from being tuned (`tuning.engine_problem`)."""
+    started: bool
+    """A rollout began in this step."""
+    has_pods: bool
+    now: float
+    """When the pods reported last (the time the status is stamped with)."""
+
+
+def record(sd: models.ServingDeployment, memory: Memory, findings: StepFindings, events: list[machine.Event]) -> dict[str, Any]:
     """Stage 7 of a step: the status patch (conditions merged with the ones this loop last
     wrote, so a patch that has not landed yet is not lost), the Events of conditions that
     turned bad and of a new recommendation (appended to ``events``), and the step's state
     kept in ``memory`` for the next."""
-    stamp = machine.stamp(now)
+    decision, views, snap, recommendation, problem = (findings.decision, findings.views, findings.snap,
+                                                      findings.recommendation, findings.problem)
+    stamp = machine.stamp(findings.now)
     before = memory.conditions if memory.conditions is not None else list(sd.status.conditions)
     remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
     current = [remembered.pop(c.type, c) for c in sd.status.conditions] + list(remembered.values())
@@ -498,8 +516,8 @@ def record(sd: models.ServingDeployment, memory: Memory, decision: machine.Rollo
     events += tuning.new_warnings(before, conds)
     if (event := tuning.recommended_event(sd, decision.fleet, recommendation, problem)) is not None:
         events.append(event)
-    patch = tuning.status_patch(sd, decision, conds, snap, recommendation, started, stamp)
-    if status.runs_nothing(conds, has_pods):
+    patch = tuning.status_patch(sd, decision, conds, snap, recommendation, findings.started, stamp)
+    if status.runs_nothing(conds, findings.has_pods):
         patch.update(status.no_setting())  # refused, no engines: nothing is applied
     memory.rollout, memory.fleet, memory.conditions = decision.state, decision.fleet, conds
     memory.pools = tuning.kv_pools(memory.pools, views)

@@ -41,7 +41,7 @@ from test_rollout import Engine, condition_of, engines, in_sync, reasons, sd_doc
 from conftest import eventually
 from slipstream import localkube
 from slipstream.engine import metrics as engine_metrics
-from slipstream.localkube import ports
+from slipstream.localkube import components, ports
 from slipstream.localkube import stack as stack_mod
 
 TIME_SCALE = 10.0
@@ -676,8 +676,8 @@ def test_a_second_writer_of_replicas_is_reported_not_fought(faults: Faults) -> N
 
 
 def test_a_real_hpa_on_the_engine_deployment_is_reported_not_fought(faults: Faults) -> None:
-    """A real HorizontalPodAutoscaler (kube-controller-manager's controller, its 15 s sync)
-    on the engine Deployment with minReplicas above the spec's replicas: the HPA scales the
+    """A real HorizontalPodAutoscaler (kube-controller-manager's controller, its sync every
+    `components.HPA_SYNC_S`) on the engine Deployment with minReplicas above the spec's replicas: the HPA scales the
     Deployment up through the scale subresource each time the operator puts it back; after
     a few such writes the operator reports ReplicasManagedElsewhere naming the writer, with
     one Warning, and leaves the HPA's value alone."""
@@ -697,12 +697,12 @@ def test_a_real_hpa_on_the_engine_deployment_is_reported_not_fought(faults: Faul
             assert c["status"] == "True" and "kube-controller-manager" in c["message"], c
             one_warning(cluster, name, "ReplicasContested")
 
-        # Three of the HPA's syncs (15 s apart) after three reverts, on a loaded machine.
+        # Three of the HPA's syncs after three reverts, on a loaded machine.
         eventually(reported, deadline_s=DEADLINE_S + 60, what="the HPA reported")
         rescales = hpa_rescales(cluster, name)
         generation = must_get(cluster, "deployment", name, NS)["metadata"]["generation"]
         # Two more HPA syncs in which nothing may fight: no revert, so no new rescale.
-        time.sleep(2 * 15 + 5)
+        time.sleep(2 * components.HPA_SYNC_S + 5)
         assert hpa_rescales(cluster, name) == rescales, "the operator kept reverting the HPA"
         dep = must_get(cluster, "deployment", name, NS)
         assert dep["spec"]["replicas"] == 2 and dep["metadata"]["generation"] == generation, dep["spec"]

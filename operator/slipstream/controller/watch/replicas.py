@@ -23,7 +23,7 @@ CONDITION = "ReplicasManagedElsewhere"
 CONTESTED_AFTER = 3
 """Reverts of another manager's spec.replicas that make a fight (one is a hand edit)."""
 WINDOW_S = 600.0
-"""Seconds over which those reverts count (an HPA re-syncs every 15 s)."""
+"""Seconds over which those reverts count (an HPA re-syncs every 15 s by default)."""
 
 
 def writers(live: dict[str, Any], ours: str) -> list[str]:

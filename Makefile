@@ -41,9 +41,9 @@ prometheus:
 	bash scripts/install-prometheus.sh
 
 # Everything CI runs: set-up of every tier, then all tests. The unit and integration tiers
-# run on one pytest worker per core (pytest-xdist; WORKERS=0 runs them in pytest's own process); the
-# cluster tier runs alone after them, so nothing else loads the machine while its
-# simulators keep their time scale.
+# run on one pytest worker per core (pytest-xdist; WORKERS=0 runs them in pytest's own
+# process); the cluster tier runs alone after them, so nothing else loads the machine while
+# its simulators keep their time scale.
 WORKERS ?= auto
 test: venv kube-bins prometheus engine-test
 	$(PY) -m pytest tests/unit tests/integration -n $(WORKERS)

@@ -561,11 +561,14 @@ def test_a_giant_still_waiting_is_in_the_replay_the_check_keeps():
     late). With the giant the window is explained as it is, and the what-if on it caps."""
     snap, st = giant_waiting(), recommend.RecommenderSettings()
     observed = recommend.observed_p99(snap, st)
-    _, seen, seen_only, _, _ = recommend.ladder(snap, OFF, SPEC, PROFILE, EngineConfig(), st, waiting=False)
-    first = modelcheck.check(recommend.p99_of(seen_only), observed, st.model_band)
-    cfg = recommend.twin_config(EngineConfig(), SPEC, seen)
-    _, refit = modelcheck.calibrated(seen, lambda w: recommend.p99_of(recommend.predict(w, OFF, PROFILE, cfg, SPEC)),
-                                     first, observed)
+    seen = recommend.ladder(snap, OFF, SPEC, PROFILE, EngineConfig(), st, waiting=False)
+    first = modelcheck.check(recommend.window_p99(snap, seen.result, False), observed, st.model_band)
+    cfg = recommend.twin_config(EngineConfig(), SPEC, seen.workload)
+
+    def rerun(w):  # type: ignore[no-untyped-def]
+        return recommend.window_p99(snap, recommend.replay(w, OFF, PROFILE, cfg, SPEC)[1], False)
+
+    _, refit = modelcheck.calibrated(seen.workload, rerun, first, observed)
     assert not first.agrees and not refit.agrees
     rec = recommend.recommend(snap, OFF, SPEC, PROFILE, settings=st)
     assert rec.model is not None and rec.model.agrees and rec.model.waiting and rec.model.rate_factor == 1
@@ -580,6 +583,39 @@ def test_other_draws_are_other_seeds_with_the_fits_variant_first():
         (1005, True, 1), (1005, False, 2), (1006, True, 3), (1006, False, 4)]
     assert recommend.other_draws(heterogeneous(), st) == [(1005, False, 1), (1006, False, 2)]
     assert recommend.other_draws(giant_waiting(), replace(st, model_draws=0)) == []
+
+
+def test_a_giant_rounded_up_into_the_replay_weighs_its_true_share_in_the_check():
+    """Steady heterogeneous traffic under a cap, over two engines: 1 giant among 103 code
+    requests, every first token within 0.3-0.8 s. The replay (one engine) holds about 52
+    code requests and the giant rounded up to one (``with_tail``), so its own 14 s prefill
+    is that replay's p99, 9x the observed: a correct model held on ModelMismatch (the
+    offline closed loop did, 2026-12-05). Weighed at its true share, it is not."""
+    rng = random.Random(2)
+    capped = Setting(4096, "ceiling", "srpt")
+
+    def seen(name: str, giant: bool) -> TenantWindow:
+        lengths = [rng.uniform(200, 4000) for _ in range(102)] + ([172_863.0] if giant else [rng.uniform(200, 4000)])
+        ttft = [rng.uniform(0.3, 0.8) for _ in lengths]
+        return TenantWindow(name, len(lengths) / 60.0, histogram_of(ttft, buckets.TTFT_SECONDS), tokens(lengths), 0.0)
+
+    pods = tuple(PodSetting(f"pod-{k}", 4096, "ceiling", "srpt") for k in range(2))
+    snap = WorkloadSnapshot("ns/sd", 1000.0, 60.0, (seen("chat", False), seen("code", True)), pods=pods)
+    st = recommend.RecommenderSettings(model_draws=0, model_calibration_runs=0)
+    fit = recommend.ladder(snap, capped, SPEC, PROFILE, EngineConfig(), st, waiting=False)
+    observed = recommend.observed_p99(snap, st)
+    giants = [j for j in fit.result.jobs if j.uncached > 100_000]
+    assert len(giants) == 1 and giants[0].req.tenant == "code"
+    assert not modelcheck.check(recommend.p99_of(fit.run), observed, st.model_band).agrees  # counted as 1 of 52
+    weighed = recommend.window_p99(snap, fit.result, False)
+    assert weighed["code"] < giants[0].first_token_s - giants[0].arrival_s
+    rec = recommend.recommend(snap, capped, SPEC, PROFILE, settings=st)
+    assert rec.model is not None and rec.model.agrees and rec.model.runs == 0 and rec.model.draws == 0
+    # Where the window's tail is thick enough to be in every replay, nothing is reweighed.
+    hist = tokens([1000.0] * 90 + [150_000.0] * 10)
+    jobs = [j for j in fit.result.jobs if j.req.tenant == "code"]
+    assert recommend.tail_weights(hist, jobs) == [recommend.TAIL_WEIGHT_SCALE] * len(jobs)
+    assert recommend.tail_weights(tokens([1000.0] * 100), jobs) == [recommend.TAIL_WEIGHT_SCALE] * len(jobs)
 
 
 def test_calibration_fits_the_offered_load_when_the_first_check_disagrees():

@@ -62,11 +62,11 @@ from dataclasses import dataclass, replace
 
 from slipstream.api.snapshot import Histogram, WorkloadSnapshot
 from slipstream.sim import engine, policies
-from slipstream.sim.metrics import percentile
+from slipstream.sim.metrics import percentile, weighted_percentile
 from slipstream.sim.policies import EngineConfig, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
-from slipstream.tune import modelcheck, robust
+from slipstream.tune import modelcheck, robust, twin_workload
 from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates, preference
 from slipstream.tune.heterogeneity import heterogeneity
 from slipstream.tune.twin_workload import synthesize
@@ -319,7 +319,18 @@ def policy_name(setting: Setting) -> str:
 def predict(workload: Workload, setting: Setting, profile: Profile, config: EngineConfig,
             spec: TuningSpec) -> Prediction:
     """One twin run of ``setting`` on ``workload`` and its figures."""
+    return replay(workload, setting, profile, config, spec)[0]
+
+
+def replay(workload: Workload, setting: Setting, profile: Profile, config: EngineConfig,
+           spec: TuningSpec) -> tuple[Prediction, engine.SimResult]:
+    """``predict``, and the run itself (its requests, for ``window_p99``)."""
     result = engine.simulate(workload, policies.parse(policy_name(setting), config), profile, config)
+    return figures(result, setting, spec), result
+
+
+def figures(result: engine.SimResult, setting: Setting, spec: TuningSpec) -> Prediction:
+    """A twin run's figures (``Prediction``)."""
     by_tenant: dict[str, list[engine.Job]] = {}
     for job in result.jobs:
         by_tenant.setdefault(job.req.tenant, []).append(job)
@@ -358,9 +369,9 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     if not snapshot.valid:
         raise ValueError(f"snapshot of {snapshot.deployment} is not valid: {snapshot.invalid}")
     base = config or EngineConfig()
-    burst, workload, current_run, fit, waiting = calibrate(snapshot, current, spec, profile, base, settings)
-    seed, workload, current_run, model = checked(snapshot, burst, (workload, waiting), current_run, current, spec,
-                                                 profile, base, settings)
+    fit = calibrate(snapshot, current, spec, profile, base, settings)
+    burst = fit.burst
+    seed, workload, current_run, model = checked(snapshot, fit, current, spec, profile, base, settings)
     if waits(snapshot) and not model.waiting:  # the what-if counts the requests waiting now
         workload = synthesize(snapshot, settings.max_requests, seed, burst)
         workload = workload.scaled(model.rate_factor) if model.rate_factor != 1.0 else workload
@@ -386,7 +397,7 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     bound = next(p for p in confirmed if p.setting == BASELINE).long_prompt_slowdown_p99
     return Ranking(best, cur, screened, mix, feasible, settings.objective,
                           long_bound(bound, settings), len(workload.requests),
-                          reason_line(mix, cur, best, feasible), burst, fit, confirmed, again, model, scored)
+                          reason_line(mix, cur, best, feasible), burst, fit.error, confirmed, again, model, scored)
 
 
 def waits(snapshot: WorkloadSnapshot) -> bool:
@@ -448,34 +459,37 @@ def robust_choice(snapshot: WorkloadSnapshot, confirmed: Sequence[Prediction], c
     return by[chosen.candidate], again, tuple(scored)
 
 
-def checked(snapshot: WorkloadSnapshot, burst: int, fitted: tuple[Workload, bool], current_run: Prediction,
-            current: Setting, spec: TuningSpec, profile: Profile, config: EngineConfig,
-            settings: RecommenderSettings) -> tuple[int, Workload, Prediction, modelcheck.ModelCheck]:
+def checked(snapshot: WorkloadSnapshot, fit: Fit, current: Setting, spec: TuningSpec, profile: Profile,
+            config: EngineConfig, settings: RecommenderSettings
+            ) -> tuple[int, Workload, Prediction, modelcheck.ModelCheck]:
     """(seed, workload, current setting's run on it, the check): the model check of
-    ``tune.modelcheck`` on the calibrated replay. When it disagrees, ``model_draws`` other
-    draws of the window at the same burst (and each with the requests waiting now, when
-    some wait) are checked too and the closest kept; then, still outside the band, its
-    offered load is refitted (at most ``model_calibration_runs`` more twin runs)."""
+    ``tune.modelcheck`` on the calibrated replay (its p99 as ``window_p99`` counts it).
+    When it disagrees, ``model_draws`` other draws of the window at the same burst (and
+    each with the requests waiting now, when some wait) are checked too and the closest
+    kept; then, still outside the band, its offered load is refitted (at most
+    ``model_calibration_runs`` more twin runs)."""
     observed = observed_p99(snapshot, settings)
-    workload, waited = fitted
-    first = replace(modelcheck.check(p99_of(current_run), observed, settings.model_band), waiting=waited)
+    workload, current_run, waited = fit.workload, fit.run, fit.waiting
+    first = replace(modelcheck.check(window_p99(snapshot, fit.result, waited), observed, settings.model_band),
+                    waiting=waited)
     seed = settings.seed
-    for draw_seed, waiting, draws in other_draws(snapshot, settings, waited):
+    for draw_seed, waiting, draws in other_draws(snapshot, settings, fit.waiting):
         if first.agrees or first.worst is None:
             break
-        wl = synthesize(snapshot, settings.max_requests, draw_seed, burst, waiting=waiting)
-        run = predict(wl, current, profile, twin_config(config, spec, wl), spec)
-        got = modelcheck.check(p99_of(run), observed, settings.model_band)
+        wl = synthesize(snapshot, settings.max_requests, draw_seed, fit.burst, waiting=waiting)
+        run, result = replay(wl, current, profile, twin_config(config, spec, wl), spec)
+        got = modelcheck.check(window_p99(snapshot, result, waiting), observed, settings.model_band)
         if got.worst is not None and got.worst.error < first.worst.error:
-            seed, workload, current_run, first = draw_seed, wl, run, replace(got, waiting=waiting)
+            seed, workload, current_run, waited, first = draw_seed, wl, run, waiting, replace(got, waiting=waiting)
         first = replace(first, draws=draws)
     replays: dict[float, Prediction] = {}  # by the scaled workload's rate_scale
 
-    def replay(scaled: Workload) -> dict[str, float]:
-        run = replays[scaled.rate_scale] = predict(scaled, current, profile, twin_config(config, spec, scaled), spec)
-        return p99_of(run)
+    def rerun(scaled: Workload) -> dict[str, float]:
+        run, result = replay(scaled, current, profile, twin_config(config, spec, scaled), spec)
+        replays[scaled.rate_scale] = run
+        return window_p99(snapshot, result, waited)
 
-    factor, model = modelcheck.calibrated(workload, replay, first, observed, settings.model_calibration_runs)
+    factor, model = modelcheck.calibrated(workload, rerun, first, observed, settings.model_calibration_runs)
     if factor == 1.0:
         return seed, workload, current_run, model
     return seed, workload.scaled(factor), replays[workload.rate_scale * factor], model
@@ -542,43 +556,93 @@ def shortlist(screened: Sequence[Prediction], current: Setting, settings: Recomm
     return list(dict.fromkeys(picks))
 
 
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """The calibration run kept (``calibrate``): the burst and the replay it fitted best."""
+
+    burst: int
+    workload: Workload
+    run: Prediction
+    """The current setting's figures on ``workload``."""
+    error: float
+    """``fit_error`` of ``run`` (NaN when no tenant had an observed p99)."""
+    waiting: bool
+    """The replay counts the requests waiting now."""
+    result: engine.SimResult
+    """The run itself, for ``window_p99``."""
+
+
 def calibrate(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
-              config: EngineConfig, settings: RecommenderSettings
-              ) -> tuple[int, Workload, Prediction, float, bool]:
-    """(burst, workload, current setting's prediction, fit error, with the requests waiting
-    now): step 1 of the module doc. When requests wait, the ladder runs twice, without them
+              config: EngineConfig, settings: RecommenderSettings) -> Fit:
+    """Step 1 of the module doc. When requests wait, the ladder runs twice, without them
     and with them, and the closer fit is kept: a giant still prefilling has no first token,
     yet the requests behind it show its wait, and a fit without it would explain that wait
     with bursts."""
     fits = [ladder(snapshot, current, spec, profile, config, settings, waiting)
             for waiting in ((False, True) if waits(snapshot) else (False,))]
-    burst, workload, run, err, waiting = fits[0]
+    best = fits[0]
     for fit in fits[1:]:
-        if fit[3] < err:
-            burst, workload, run, err, waiting = fit
-    return burst, workload, run, err, waiting
+        if fit.error < best.error:
+            best = fit
+    return best
 
 
 def ladder(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, profile: Profile,
-           config: EngineConfig, settings: RecommenderSettings, waiting: bool
-           ) -> tuple[int, Workload, Prediction, float, bool]:
+           config: EngineConfig, settings: RecommenderSettings, waiting: bool) -> Fit:
     """The burst ladder of ``calibrate`` on one replay of the window (with or without the
     requests waiting now): bursts of 1, 2, 4, ... until the fit stops improving."""
     observed = observed_p99(snapshot, settings)
-    best: tuple[int, Workload, Prediction, float, bool] | None = None
+    best: Fit | None = None
     for burst in settings.bursts or (1,):
         workload = synthesize(snapshot, settings.max_requests, settings.seed, burst, waiting=waiting)
         if not workload.requests:
             raise ValueError(f"snapshot of {snapshot.deployment} has no tenant traffic to replay")
-        run = predict(workload, current, profile, twin_config(config, spec, workload), spec)
+        run, result = replay(workload, current, profile, twin_config(config, spec, workload), spec)
         err = fit_error(run, observed)
-        if best is not None and not err < best[3]:
+        if best is not None and not err < best.error:
             break
-        best = (burst, workload, run, err, waiting)
+        best = Fit(burst, workload, run, err, waiting, result)
         if math.isnan(err):
             break
     assert best is not None
     return best
+
+
+TAIL_WEIGHT_SCALE = 100
+"""A replayed request's weight in ``window_p99`` (an integer, so that the rounded-up tail
+can weigh a fraction of one request)."""
+
+
+def window_p99(snapshot: WorkloadSnapshot, result: engine.SimResult, waiting: bool) -> dict[str, float]:
+    """Per-tenant p99 TTFT of a replay of the window, as the engines' histograms count the
+    window: the tail that ``twin_workload.with_tail`` rounded up to one request weighs its
+    true share. One giant in a minute over two engines is half a giant per engine: the
+    replay holds one, so that the candidates meet it, and among a tenant's 50 replayed
+    requests its own prefill would be the replay's p99, while the engines saw it as 1 of
+    100 and their p99 is the requests around it. The model check compares like with like."""
+    lengths = twin_workload.lengths_of(snapshot, waiting)
+    by_tenant: dict[str, list[engine.Job]] = {}
+    for job in result.jobs:
+        by_tenant.setdefault(job.req.tenant, []).append(job)
+    return {name: weighted_percentile([j.first_token_s - j.arrival_s for j in jobs],
+                                      tail_weights(lengths.get(name), jobs), 99)
+            for name, jobs in by_tenant.items()}
+
+
+def tail_weights(hist: Histogram | None, jobs: Sequence[engine.Job]) -> list[int]:
+    """``TAIL_WEIGHT_SCALE`` per request, less for the requests in ``hist``'s top non-empty
+    bucket when the replay holds more of them than the bucket's share of ``jobs``."""
+    weights = [TAIL_WEIGHT_SCALE] * len(jobs)
+    filled = [(lo, count) for lo, _, count in hist.buckets() if count > 0] if hist is not None else []
+    if len(filled) < 2 or hist is None or hist.total <= 0:
+        return weights
+    lower, count = filled[-1]
+    tail = [k for k, job in enumerate(jobs) if job.uncached > lower]
+    expected = count / hist.total * len(jobs)
+    if len(tail) > expected:
+        for k in tail:
+            weights[k] = max(1, round(TAIL_WEIGHT_SCALE * expected / len(tail)))
+    return weights
 
 
 def fit_error(run: Prediction, observed: dict[str, float]) -> float:

@@ -191,6 +191,11 @@ def _sources(snapshot: WorkloadSnapshot, waiting: bool = True) -> list[_Source]:
     return out
 
 
+def lengths_of(snapshot: WorkloadSnapshot, waiting: bool = True) -> dict[str, Histogram]:
+    """Each replayed tenant's uncached-length histogram: what ``synthesize`` draws from."""
+    return {src.name: src.lengths for src in _sources(snapshot, waiting)}
+
+
 def _tenant_ratio(t: TenantWindow) -> float:
     hit = min(MAX_HIT_RATIO, max(0.0, t.cache_hit_ratio or 0.0))
     return hit / (1.0 - hit)

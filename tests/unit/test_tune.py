@@ -562,11 +562,11 @@ def test_a_giant_still_waiting_is_in_the_replay_the_check_keeps():
     snap, st = giant_waiting(), recommend.RecommenderSettings()
     observed = recommend.observed_p99(snap, st)
     seen = recommend.ladder(snap, OFF, SPEC, PROFILE, EngineConfig(), st, waiting=False)
-    first = modelcheck.check(recommend.window_p99(snap, seen.result, False), observed, st.model_band)
+    first = modelcheck.check(recommend.window_p99(snap, seen.result), observed, st.model_band)
     cfg = recommend.twin_config(EngineConfig(), SPEC, seen.workload)
 
     def rerun(w):  # type: ignore[no-untyped-def]
-        return recommend.window_p99(snap, recommend.replay(w, OFF, PROFILE, cfg, SPEC)[1], False)
+        return recommend.window_p99(snap, recommend.replay(w, OFF, PROFILE, cfg, SPEC)[1])
 
     _, refit = modelcheck.calibrated(seen.workload, rerun, first, observed)
     assert not first.agrees and not refit.agrees
@@ -607,15 +607,26 @@ def test_a_giant_rounded_up_into_the_replay_weighs_its_true_share_in_the_check()
     giants = [j for j in fit.result.jobs if j.uncached > 100_000]
     assert len(giants) == 1 and giants[0].req.tenant == "code"
     assert not modelcheck.check(recommend.p99_of(fit.run), observed, st.model_band).agrees  # counted as 1 of 52
-    weighed = recommend.window_p99(snap, fit.result, False)
+    weighed = recommend.window_p99(snap, fit.result)
     assert weighed["code"] < giants[0].first_token_s - giants[0].arrival_s
     rec = recommend.recommend(snap, capped, SPEC, PROFILE, settings=st)
     assert rec.model is not None and rec.model.agrees and rec.model.runs == 0 and rec.model.draws == 0
+    # The next giant waiting as well (no first token yet): the replay with it still agrees.
+    classes = tuple(SizeClassWindow(c, first_tokens=(1.0 if c == "le300k" else 0.0), queued=(1.0 if c == "le300k" else 0.0),
+                                    queued_tokens=(181_000.0 if c == "le300k" else 0.0)) for c in buckets.SIZE_CLASS_NAMES)
+    both = replace(snap, queue_mix=(TenantMix("chat", 103 / 60.0, tuple(SizeClassWindow(c) for c in buckets.SIZE_CLASS_NAMES)),
+                                    TenantMix("code", 104 / 60.0, classes)))
+    assert recommend.waits(both)
+    with_both = recommend.recommend(both, capped, SPEC, PROFILE, settings=st)
+    assert with_both.model is not None and with_both.model.agrees, with_both.model.describe()
     # Where the window's tail is thick enough to be in every replay, nothing is reweighed.
     hist = tokens([1000.0] * 90 + [150_000.0] * 10)
     jobs = [j for j in fit.result.jobs if j.req.tenant == "code"]
     assert recommend.tail_weights(hist, jobs) == [recommend.TAIL_WEIGHT_SCALE] * len(jobs)
-    assert recommend.tail_weights(tokens([1000.0] * 100), jobs) == [recommend.TAIL_WEIGHT_SCALE] * len(jobs)
+    # A request longer than every first token of the window waits now: no first token, no weight.
+    only_short = recommend.tail_weights(tokens([4000.0] * 100), jobs)
+    assert [w for w, j in zip(only_short, jobs, strict=True) if j.uncached > 100_000] == [0]
+    assert all(w == recommend.TAIL_WEIGHT_SCALE for w, j in zip(only_short, jobs, strict=True) if j.uncached <= 4000)
 
 
 def test_calibration_fits_the_offered_load_when_the_first_check_disagrees():

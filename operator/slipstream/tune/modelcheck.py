@@ -3,9 +3,10 @@
 Before the candidates are compared, the twin replays the window under the RUNNING setting
 (the recommender's calibration run) and its per-tenant p99 TTFT is set beside what the
 engines reported for the same window (the snapshot's TTFT histograms). The replay's p99
-counts the window as the engines did (``tune.recommend.window_p99``): a tail the replay
-rounded up to one request (one giant in a minute over two engines is half a giant per
-engine) weighs its true share, or its own prefill would be the replay's p99. They must agree
+counts the window as the engines did (``tune.recommend.window_p99``): over the requests
+that got a first token, a tail the replay rounded up to one request (one giant in a minute
+over two engines is half a giant per engine) at its true share, or its own prefill would
+be the replay's p99, and a request still waiting not at all. They must agree
 within ``band`` (a factor, either way) for every tenant with enough first tokens to have
 a p99 (``calibration_min_samples``); the worst tenant decides.
 

@@ -470,7 +470,7 @@ def checked(snapshot: WorkloadSnapshot, fit: Fit, current: Setting, spec: Tuning
     ``model_calibration_runs`` more twin runs)."""
     observed = observed_p99(snapshot, settings)
     workload, current_run, waited = fit.workload, fit.run, fit.waiting
-    first = replace(modelcheck.check(window_p99(snapshot, fit.result, waited), observed, settings.model_band),
+    first = replace(modelcheck.check(window_p99(snapshot, fit.result), observed, settings.model_band),
                     waiting=waited)
     seed = settings.seed
     for draw_seed, waiting, draws in other_draws(snapshot, settings, fit.waiting):
@@ -478,7 +478,7 @@ def checked(snapshot: WorkloadSnapshot, fit: Fit, current: Setting, spec: Tuning
             break
         wl = synthesize(snapshot, settings.max_requests, draw_seed, fit.burst, waiting=waiting)
         run, result = replay(wl, current, profile, twin_config(config, spec, wl), spec)
-        got = modelcheck.check(window_p99(snapshot, result, waiting), observed, settings.model_band)
+        got = modelcheck.check(window_p99(snapshot, result), observed, settings.model_band)
         if got.worst is not None and got.worst.error < first.worst.error:
             seed, workload, current_run, waited, first = draw_seed, wl, run, waiting, replace(got, waiting=waiting)
         first = replace(first, draws=draws)
@@ -487,7 +487,7 @@ def checked(snapshot: WorkloadSnapshot, fit: Fit, current: Setting, spec: Tuning
     def rerun(scaled: Workload) -> dict[str, float]:
         run, result = replay(scaled, current, profile, twin_config(config, spec, scaled), spec)
         replays[scaled.rate_scale] = run
-        return window_p99(snapshot, result, waited)
+        return window_p99(snapshot, result)
 
     factor, model = modelcheck.calibrated(workload, rerun, first, observed, settings.model_calibration_runs)
     if factor == 1.0:
@@ -613,32 +613,43 @@ TAIL_WEIGHT_SCALE = 100
 can weigh a fraction of one request)."""
 
 
-def window_p99(snapshot: WorkloadSnapshot, result: engine.SimResult, waiting: bool) -> dict[str, float]:
-    """Per-tenant p99 TTFT of a replay of the window, as the engines' histograms count the
-    window: the tail that ``twin_workload.with_tail`` rounded up to one request weighs its
-    true share. One giant in a minute over two engines is half a giant per engine: the
-    replay holds one, so that the candidates meet it, and among a tenant's 50 replayed
-    requests its own prefill would be the replay's p99, while the engines saw it as 1 of
-    100 and their p99 is the requests around it. The model check compares like with like."""
-    lengths = twin_workload.lengths_of(snapshot, waiting)
+def window_p99(snapshot: WorkloadSnapshot, result: engine.SimResult) -> dict[str, float]:
+    """Per-tenant p99 TTFT of a replay of the window, as the engines' histograms counted the
+    window: over the requests that got a first token in it (``tail_weights``). One giant in
+    a minute over two engines is half a giant per engine: the replay holds one, so that the
+    candidates meet it, and among a tenant's 50 replayed requests its own prefill would be
+    the replay's p99, while the engines saw it as 1 of 100 and their p99 is the requests
+    around it; and a giant still waiting has no first token at all. The model check
+    compares like with like."""
+    lengths = twin_workload.lengths_of(snapshot, waiting=False)
     by_tenant: dict[str, list[engine.Job]] = {}
     for job in result.jobs:
         by_tenant.setdefault(job.req.tenant, []).append(job)
-    return {name: weighted_percentile([j.first_token_s - j.arrival_s for j in jobs],
-                                      tail_weights(lengths.get(name), jobs), 99)
-            for name, jobs in by_tenant.items()}
+    out = {}
+    for name, jobs in by_tenant.items():
+        weights = tail_weights(lengths.get(name), jobs)
+        out[name] = weighted_percentile([j.first_token_s - j.arrival_s for j in jobs], weights, 99)
+    return out
 
 
 def tail_weights(hist: Histogram | None, jobs: Sequence[engine.Job]) -> list[int]:
-    """``TAIL_WEIGHT_SCALE`` per request, less for the requests in ``hist``'s top non-empty
-    bucket when the replay holds more of them than the bucket's share of ``jobs``."""
+    """Each replayed request's weight in ``window_p99``, ``hist`` being the tenant's lengths
+    of the window's first tokens: ``TAIL_WEIGHT_SCALE`` each; none for a request longer
+    than every first token of the window (it waits now: ``twin_workload.with_queued``);
+    less for those in the top non-empty bucket when the replay holds more of them than
+    the bucket's share of the requests (``twin_workload.with_tail`` rounded it up)."""
     weights = [TAIL_WEIGHT_SCALE] * len(jobs)
-    filled = [(lo, count) for lo, _, count in hist.buckets() if count > 0] if hist is not None else []
-    if len(filled) < 2 or hist is None or hist.total <= 0:
+    filled = [(lo, hi, count) for lo, hi, count in hist.buckets() if count > 0] if hist is not None else []
+    if not filled or hist is None or hist.total <= 0:
         return weights
-    lower, count = filled[-1]
-    tail = [k for k, job in enumerate(jobs) if job.uncached > lower]
-    expected = count / hist.total * len(jobs)
+    lower, upper, count = filled[-1]
+    for k, job in enumerate(jobs):
+        if job.uncached > upper:
+            weights[k] = 0
+    if len(filled) < 2:
+        return weights
+    tail = [k for k, job in enumerate(jobs) if lower < job.uncached <= upper]
+    expected = count / hist.total * sum(1 for w in weights if w)
     if len(tail) > expected:
         for k in tail:
             weights[k] = max(1, round(TAIL_WEIGHT_SCALE * expected / len(tail)))

@@ -39,7 +39,7 @@ from slipstream.sim import (
     traces,
 )
 from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
-from slipstream.tune import auto, codec, observed, recommend
+from slipstream.tune import auto, codec, modelcheck, observed, recommend
 from slipstream.tune import deployment as tune_deployment
 from slipstream.tune.candidates import TuningSpec
 from slipstream.tune.guardrails import GuardrailSettings
@@ -598,9 +598,19 @@ def _ranking_json(rec: recommend.Ranking) -> dict[str, object]:
     return {"best": recommend.policy_name(rec.best.setting), "feasible": rec.feasible,
             "heterogeneity": rec.heterogeneity, "reason": rec.reason,
             "synthetic_requests": rec.requests, "long_prompt_bound": rec.long_prompt_bound,
-            "burst": rec.burst, "fit_error": rec.fit_error,
+            "burst": rec.burst, "fit_error": rec.fit_error, "model": _model_json(rec.model),
             "candidates": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.predictions},
             "confirmed": {recommend.policy_name(p.setting): _prediction_json(p) for p in rec.confirmed}}
+
+
+def _model_json(model: modelcheck.ModelCheck | None) -> dict[str, object] | None:
+    """The model check (``tune.modelcheck``): whether the twin explains the window."""
+    if model is None:
+        return None
+    return {"agrees": model.agrees, "band": model.band, "rate_factor": model.rate_factor, "runs": model.runs,
+            "draws": model.draws, "waiting": model.waiting,
+            "tenants": [{"name": t.name, "predicted_p99_ttft_s": t.predicted_s, "observed_p99_ttft_s": t.observed_s}
+                        for t in model.tenants]}
 
 
 def _print_ranking(snap: WorkloadSnapshot, rec: recommend.Ranking, c: int) -> None:
@@ -608,6 +618,9 @@ def _print_ranking(snap: WorkloadSnapshot, rec: recommend.Ranking, c: int) -> No
           f"{len(snap.tenants)} tenant(s); {rec.requests} synthetic requests, "
           f"{len(rec.predictions)} candidates; arrivals fitted as bursts of {rec.burst} "
           f"(fit error {rec.fit_error:.2f})")
+    if rec.model is not None:
+        verdict = "agrees" if rec.model.agrees else f"disagrees: the operator holds ({modelcheck.MODEL_MISMATCH})"
+        print(f"model check: {rec.model.describe()}: {verdict}")
     print(f"confirmed on a longer, independent sample ({len(rec.confirmed)} of the "
           f"{len(rec.predictions)} screened; these decide):")
     print(f"{'candidate':22s} {'K':>2s} {'worst p99 slowdown':>18s} {'worst p99 TTFT s':>16s} "

@@ -130,9 +130,16 @@ def test_recommend_cli_times_and_round_trips_a_snapshot(tmp_path, capsys):
                      "--dump-snapshot", str(dump), "--time"]) == 0
     first = capsys.readouterr().out
     assert "recommendation:" in first and "time:" in first
+    # The model check, as the operator makes it (a logged ModelMismatch window replays here).
+    (check,) = [line for line in first.splitlines() if line.startswith("model check: ")]
+    assert check.endswith(": agrees") or check.endswith(": disagrees: the operator holds (ModelMismatch)"), check
     assert cli.main(["recommend", "--snapshot", str(dump), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["reason"].startswith("heterogeneity") and len(out["candidates"]) >= 9
+    model = out["model"]
+    assert isinstance(model["agrees"], bool) and model["band"] == 4.0 and model["tenants"], model
+    assert {"name", "predicted_p99_ttft_s", "observed_p99_ttft_s"} <= set(model["tenants"][0])
+    assert check.endswith(": agrees") == model["agrees"]
 
 
 def test_recommend_cli_refuses_a_bad_snapshot(tmp_path, capsys):

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from slipstream.api import buckets, models
+from slipstream.api import snapshot as snapshot_mod
 from slipstream.api.snapshot import (
     NO_TRAFFIC,
     TOO_FEW_SAMPLES,
@@ -227,6 +228,12 @@ def test_snapshot_codec_round_trips():
     # A pod without setting gauges (threshold None) round-trips too.
     snap = replace(heterogeneous(), pods=(PodSetting("p0", None, "", ""), PodSetting("p1", 2048, "floor", "srpt")))
     assert codec.from_dict(codec.to_dict(snap)) == snap
+    # The queue mix too (a ModelMismatch's logged window replays with it), and its fallback.
+    assert codec.from_dict(codec.to_dict(giant_waiting())) == giant_waiting()
+    fell_back = replace(giant_waiting(), queue_mix=(), mix_fallback=snapshot_mod.NO_MIX_SERIES)
+    assert codec.from_dict(codec.to_dict(fell_back)) == fell_back
+    with pytest.raises(ValueError, match="mix_fallback must be null or one of"):
+        codec.from_dict({**codec.to_dict(fell_back), "mix_fallback": "guess"})
     with pytest.raises(ValueError, match=r"tenants\[0\].ttft.bounds is missing"):
         data = codec.to_dict(snap)
         del data["tenants"][0]["ttft"]["bounds"]

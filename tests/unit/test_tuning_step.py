@@ -472,3 +472,37 @@ def test_a_recent_mix_in_status_holds_a_step_back() -> None:
     recent = make(spec, {"mixedAt": machine.stamp(980.0)})
     held = stages.TwinRecommender(config).recommend(recent, uniform(), capped, 1000.0)
     assert not held.move and held.reason.startswith("Calm"), held
+
+
+def test_a_model_mismatch_logs_its_window_for_an_offline_replay(caplog: pytest.LogCaptureFixture) -> None:
+    """A `ModelMismatch` hold logs the window as the twin read it, in the JSON that
+    `slipstream recommend --snapshot` reads, with the command that replays the check."""
+    import json
+    from dataclasses import replace
+
+    from test_tune import heterogeneous
+
+    from slipstream.api import buckets
+    from slipstream.controller import stages
+    from slipstream.tune import codec
+
+    good = heterogeneous()
+    # Every first token in 5 ms: faster than the profile prefills the prompts, by any rate.
+    fast = replace(good, tenants=tuple(
+        replace(t, ttft=snapshot.histogram_of([0.005] * round(t.ttft.total), buckets.TTFT_SECONDS))
+        for t in good.tenants))
+    sd = make({"mode": "Auto", "threshold": 0})
+    recommender = stages.TwinRecommender(settings_.ControllerSettings(observe_min_samples=50))
+    with caplog.at_level("INFO", logger="slipstream.controller.stages"):
+        rec = recommender.recommend(sd, fast, S(threshold=0), 1000.0)
+    assert rec.model_mismatch, rec.reason
+    (line,) = [r.getMessage() for r in caplog.records if "To replay the check" in r.getMessage()]
+    assert line.startswith("prod/kimi: the twin does not explain the window")
+    assert "`slipstream recommend --snapshot FILE.json --current stock --chunked-prefill-size" in line
+    logged = codec.from_dict(json.loads(line.split("`: ", 1)[1]))
+    assert logged == stages.in_engine_time(fast, recommender.config.engine_time_scale)
+    # An agreeing window logs nothing of the kind.
+    caplog.clear()
+    with caplog.at_level("INFO", logger="slipstream.controller.stages"):
+        assert not recommender.recommend(sd, good, S(threshold=0), 1000.0).model_mismatch
+    assert not [r for r in caplog.records if "To replay the check" in r.getMessage()]

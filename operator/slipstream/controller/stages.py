@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -32,11 +34,13 @@ from slipstream.observe import fleet as fleet_
 from slipstream.observe.observer import Observer, ObserveSettings
 from slipstream.rollout import sequential
 from slipstream.sim import policies, profiles
-from slipstream.tune import candidates, guardrails, modelcheck
+from slipstream.tune import candidates, codec, guardrails, modelcheck
 from slipstream.tune import deployment as tune_deployment
 from slipstream.tune import memo as memo_
 from slipstream.tune import recommend as recommend_
 from slipstream.tune import tuner as tuner_
+
+log = logging.getLogger(__name__)
 
 TUNER_SECONDS = prometheus_client.Histogram(
     "slipstream_tuner_seconds", "Wall time of one twin run (a recommendation computed on the tuner pool: the "
@@ -203,6 +207,8 @@ class TwinRecommender:
                 state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped)
                 engine_snap = in_engine_time(snap, self.config.engine_time_scale)
                 decision = tuner_.with_twin(engine_snap, state, settings, profile, config, now, self.memo)
+                if decision.reason == modelcheck.MODEL_MISMATCH:
+                    log_mismatch(sd, engine_snap, state.current, decision.message)
                 return self._summary(decision, fleet, sd, snap, self._mix(engine_snap, settings))
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
@@ -265,6 +271,18 @@ class TwinRecommender:
         best = engine_setting(rec.best.setting) if rec is not None else fleet
         return tuning.Recommendation(best, False, with_note(f"{decision.reason}: {decision.message}", pool), mix,
                                      prediction, mismatch, judged=rec is not None)  # fmt: skip
+
+
+def log_mismatch(sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, current: policies.Setting,
+                 message: str) -> None:
+    """One INFO line with the window the twin could not explain, as the twin read it (engine
+    time) and as `slipstream recommend --snapshot` reads it: whoever looks into a
+    `ModelMismatch` can replay the check offline on the same numbers. Metrics only: the
+    snapshot holds no credential."""
+    log.info("%s/%s: %s. To replay the check, save the JSON after this sentence as FILE.json and run "
+             "`slipstream recommend --snapshot FILE.json --current %s --chunked-prefill-size %d`: %s",
+             sd.metadata.namespace, sd.metadata.name, message, recommend_.policy_name(current),
+             sd.spec.engine.chunked_prefill_size, json.dumps(codec.to_dict(snap), separators=(",", ":")))
 
 
 def with_note(reason: str, note: str) -> str:

@@ -9,7 +9,16 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from slipstream.api.snapshot import Histogram, PodPool, PodSetting, TenantWindow, WorkloadSnapshot
+from slipstream.api.snapshot import (
+    MIX_FALLBACKS,
+    Histogram,
+    PodPool,
+    PodSetting,
+    SizeClassWindow,
+    TenantMix,
+    TenantWindow,
+    WorkloadSnapshot,
+)
 
 
 def to_dict(snapshot: WorkloadSnapshot) -> dict[str, Any]:
@@ -57,7 +66,31 @@ def from_dict(data: Any) -> WorkloadSnapshot:
         pods, data.get("invalid"), str(data.get("detail", "")),
         {str(k): float(v) for k, v in (data.get("extra") or {}).items()},
         kv_pools=tuple(_pool(p, f"kv_pools[{k}]") for k, p in enumerate(data.get("kv_pools") or ())),
+        queue_mix=tuple(_mix(m, f"queue_mix[{k}]") for k, m in enumerate(data.get("queue_mix") or ())),
+        mix_fallback=_fallback(data.get("mix_fallback")),
     )
+
+
+def _mix(data: Any, where: str) -> TenantMix:
+    if not isinstance(data, dict) or "name" not in data or "arrivals_per_s" not in data:
+        raise ValueError(f"{where} needs name, arrivals_per_s and classes")
+    classes = []
+    for k, c in enumerate(data.get("classes") or ()):
+        at = f"{where}.classes[{k}]"
+        if not isinstance(c, dict) or "name" not in c:
+            raise ValueError(f"{at} needs a name")
+        try:
+            classes.append(SizeClassWindow(str(c["name"]), *(float(c.get(f, 0.0)) for f in (
+                "first_tokens", "uncached_tokens", "cached_tokens", "queued", "queued_tokens"))))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{at}: {exc}") from None
+    return TenantMix(str(data["name"]), float(data["arrivals_per_s"]), tuple(classes))
+
+
+def _fallback(value: Any) -> str | None:
+    if value is None or value in MIX_FALLBACKS:
+        return value
+    raise ValueError(f"mix_fallback must be null or one of {MIX_FALLBACKS}, got {value!r}")
 
 
 def _pool(data: Any, where: str) -> PodPool:

@@ -65,7 +65,7 @@ class Pair(Caches):
         super().__init__()
         self.policy = SchedulePolicy(SGLANG_NAME[order], self.tree, False, False, False)
         self.waiting: list[Req] = []
-        self.queue: WaitQueue[Job] = WaitQueue(order, 1024.0, seed=seed)
+        self.queue: WaitQueue[Job] = WaitQueue(order, 1024.0, seed=seed, ties=True)  # ties name both sides
         cache = self.cache
         self.queue.rematch = lambda job: engine._rematch(job, cache)
         self.queue.prefix = engine._prefix

@@ -76,17 +76,18 @@ class Holds:
         raise AssertionError("no twin run expected")
 
 
-def sd(port: int, status: dict[str, Any] | None = None) -> models.ServingDeployment:
+def sd(port: int, status: dict[str, Any] | None = None, **tuning: Any) -> models.ServingDeployment:
     return models.ServingDeployment.model_validate({
         "metadata": {"name": "kimi", "namespace": "prod", "uid": "u", "generation": 1},
         "spec": {"replicas": 1, "engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192, "port": port},
-                 "tuning": {"mode": "Auto", "threshold": 0, "cooldownSeconds": 600, "intervalSeconds": 60},
+                 "tuning": {"mode": "Auto", "threshold": 0, "cooldownSeconds": 600, "intervalSeconds": 60,
+                            **tuning},
                  "prometheus": {"url": "http://127.0.0.1:9090"}},
         "status": status or {},
     })  # fmt: skip
 
 
-def run(jump_at: float | None, recommender: Any, status: dict[str, Any] | None = None
+def run(jump_at: float | None, recommender: Any, status: dict[str, Any] | None = None, **tuning: Any
         ) -> tuple[bool, float, Clock, loop.StepOutcome, loop.StepOutcome]:  # fmt: skip
     """A step, the wait after it, and the next step: (fired, when the wait ended, the
     clock, the first and the second outcome)."""
@@ -100,7 +101,7 @@ def run(jump_at: float | None, recommender: Any, status: dict[str, Any] | None =
                              config=settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0),
                              keys=Key(), observer=Phases(jump_at), recommender=recommender, clock=clock,  # type: ignore[arg-type]
                              sleep=clock.sleep)  # fmt: skip
-            dep = sd(port, status)
+            dep = sd(port, status, **tuning)
             memory = loop.Memory()
             first = await loop.step(deps, dep, memory)
             fired = await loop.until_mix_jump(deps, lambda: dep, memory, first.delay_s)
@@ -169,12 +170,13 @@ def test_an_early_step_still_obeys_the_cooldown() -> None:
     # Promoted 100 s before T0, and the first step is the loop's first (an operator restarted
     # in the cooldown): the held step still gives the watch its reference, the jump fires, and
     # the cooldown (600 s) holds the early step unless it brings a harder cap with a large
-    # predicted gain (tune.guardrails); this one's best candidate is an order at T 0.
+    # predicted gain (tune.guardrails); maxConcurrency 1 leaves the twin no harder cap to
+    # find, so its best candidate is an order at T 0, whatever it predicts.
     promoted = {"lastDecision": {"time": "1970-01-02T03:45:00Z", "to": {"threshold": 2048}, "reason": "r"},
                 "rollout": {"phase": "Idle", "result": "Promoted", "finishedAt": "1970-01-02T03:45:00Z",
                             "candidate": {"threshold": 2048}}}  # fmt: skip
     twin = Recorded(stages.TwinRecommender(settings_.ControllerSettings()))
-    fired, _, _, _, second = run(JUMP_AT, twin, promoted)
+    fired, _, _, _, second = run(JUMP_AT, twin, promoted, maxConcurrency=1)
     assert fired
     assert len(twin.said) == 2 and twin.said[-1].reason.startswith("Cooldown"), twin.said
     assert "only a harder cap" in twin.said[-1].reason and twin.said[-1].judged, twin.said[-1]

@@ -98,3 +98,24 @@ def test_srpt_rematches_the_first_128_of_the_list_and_keeps_the_others_keys():
     q2.rematch_max = SRPT_REMATCH_MAX + 1
     q2.start_round(0)
     assert ids(q2)[0] == 2000 + SRPT_REMATCH_MAX
+
+
+def test_hrrn_ties_are_drawn_at_push_only_where_hrrn_may_sort():
+    # A queue that never sorts by hrrn draws no ties; one turned to hrrn draws them for the
+    # requests waiting then and every push after; one told that it may turn (the engine
+    # with a controller) draws at every push, the same ties as a queue under hrrn throughout.
+    q: WaitQueue[J] = WaitQueue("fcfs", 4096)
+    q.push(J(0, 0.0, 100, 0))
+    q.push(J(1, 1.0, 200, 0))
+    assert q.tie == {}
+    q.pop_front(1)
+    q.set_order("hrrn")
+    assert set(q.tie) == {1}
+    q.push(J(2, 2.0, 300, 0))
+    assert set(q.tie) == {1, 2}
+    hrrn: WaitQueue[J] = WaitQueue("hrrn", 4096, seed=7)
+    may_turn: WaitQueue[J] = WaitQueue("fcfs", 4096, seed=7, ties=True)
+    for k in range(3):
+        hrrn.push(J(k, float(k), 100, 0))
+        may_turn.push(J(k, float(k), 100, 0))
+    assert len(set(hrrn.tie.values())) == 3 and may_turn.tie == hrrn.tie

@@ -499,6 +499,7 @@ def test_a_model_mismatch_logs_its_window_for_an_offline_replay(caplog: pytest.L
     (line,) = [r.getMessage() for r in caplog.records if "To replay the check" in r.getMessage()]
     assert line.startswith("prod/kimi: the twin does not explain the window")
     assert "`slipstream recommend --snapshot FILE.json --current stock --chunked-prefill-size" in line
+    assert f"--profile {recommender.config.twin_profile}`" in line
     logged = codec.from_dict(json.loads(line.split("`: ", 1)[1]))
     assert logged == stages.in_engine_time(fast, recommender.config.engine_time_scale)
     # An agreeing window logs nothing of the kind.

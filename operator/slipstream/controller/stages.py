@@ -208,7 +208,7 @@ class TwinRecommender:
                 engine_snap = in_engine_time(snap, self.config.engine_time_scale)
                 decision = tuner_.with_twin(engine_snap, state, settings, profile, config, now, self.memo)
                 if decision.reason == modelcheck.MODEL_MISMATCH:
-                    log_mismatch(sd, engine_snap, state.current, decision.message)
+                    log_mismatch(sd, engine_snap, state.current, decision.message, self.config.twin_profile)
                 return self._summary(decision, fleet, sd, snap, self._mix(engine_snap, settings))
             finally:
                 TUNER_CPU_SECONDS.inc(time.thread_time() - cpu0)
@@ -274,15 +274,16 @@ class TwinRecommender:
 
 
 def log_mismatch(sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, current: policies.Setting,
-                 message: str) -> None:
+                 message: str, profile: str) -> None:
     """One INFO line with the window the twin could not explain, as the twin read it (engine
     time) and as `slipstream recommend --snapshot` reads it: whoever looks into a
     `ModelMismatch` can replay the check offline on the same numbers. Metrics only: the
-    snapshot holds no credential."""
+    snapshot holds no credential. ``profile`` is the twin's cost profile, named in the
+    command so that the replay runs the same cost model."""
     log.info("%s/%s: %s. To replay the check, save the JSON after this sentence as FILE.json and run "
-             "`slipstream recommend --snapshot FILE.json --current %s --chunked-prefill-size %d`: %s",
+             "`slipstream recommend --snapshot FILE.json --current %s --chunked-prefill-size %d --profile %s`: %s",
              sd.metadata.namespace, sd.metadata.name, message, recommend_.policy_name(current),
-             sd.spec.engine.chunked_prefill_size, json.dumps(codec.to_dict(snap), separators=(",", ":")))
+             sd.spec.engine.chunked_prefill_size, profile, json.dumps(codec.to_dict(snap), separators=(",", ":")))
 
 
 def with_note(reason: str, note: str) -> str:

@@ -284,7 +284,10 @@ class Engine:
         """Tokens of KV the engine can hold; None = no memory limit."""
         cache_tokens = cfg.cache_tokens if pool is None or not pool else min(cfg.cache_tokens, pool)
         self.cache = PrefixCache(cache_tokens, cfg.host_cache_tokens)
-        self.queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s)
+        # hrrn's ties are drawn at every push when a controller may turn the order to hrrn
+        # mid-run, so its runs draw the same ties whatever order they start in
+        self.queue: WaitQueue[Job] = WaitQueue(policy.order, cfg.srpt_aging_tokens_per_s,
+                                               ties=policy.order == "hrrn" or policy.controller is not None)
         # SGLang 0.5.23's spf and hrrn re-match every waiting request each round
         cache = self.cache
         self.queue.rematch = lambda job: _rematch(job, cache)
@@ -571,6 +574,7 @@ class Engine:
         held = partial_kv + sum(j.need for j in self._partials) if self._partials else partial_kv
         has_partials = bool(self._partials)
         dtimes, dgaps, dweights = self._dtimes, self._dgaps, self._dweights
+        entry_gaps = self._entry_gaps
         heap, clip = self._dec_heap, self._clip_heap
         active = self._active
         record = self.record_rounds
@@ -627,8 +631,18 @@ class Engine:
                         if k_time < k:
                             k = k_time
                 if k >= BATCH_MIN_STEPS:
-                    dts = [dec_ov + (c if (c := nl + x * attn_s) > (m := w + x * kv_s) else m)
-                           for x in range(ctx, ctx + k * n, n)]
+                    span = range(ctx, ctx + k * n, n)
+                    # Both terms grow with the context, and so do their rounded values: when
+                    # the last step's one term is below the first step's other, every step
+                    # takes the same branch of ``max``, computed as the mixed form computes it.
+                    last_x = span[-1]
+                    if nl + last_x * attn_s <= mem:
+                        dts = [dec_ov + (w + x * kv_s) for x in span]
+                    elif w + last_x * kv_s < first:
+                        dts = [dec_ov + (nl + x * attn_s) for x in span]
+                    else:
+                        dts = [dec_ov + (c if (c := nl + x * attn_s) > (m := w + x * kv_s) else m)
+                               for x in span]
                     ts = list(accumulate(dts, initial=t))
                     del ts[0]
                     # the loop below stops after the first step at or past the next event
@@ -683,7 +697,21 @@ class Engine:
                 last, _, epoch, job = heapq.heappop(heap)
                 if epoch != job.epoch:
                     continue
-                self._close_segment(job, last)
+                # _close_segment(job, last), inlined
+                e = job.entry_step
+                gap = job._itl or 0.0
+                if last > e:
+                    first_gap = dtimes[e] - job.seg_start_s
+                    entry_gaps.append(first_gap)
+                    if first_gap > gap:
+                        gap = first_gap
+                    if last > e + 1:
+                        job._gaps = dgaps
+                        if job._itl_ranges is None:
+                            job._itl_ranges = [(e + 1, last)]
+                        else:
+                            job._itl_ranges.append((e + 1, last))
+                job._itl = gap
                 job.finished_s = dtimes[last - 1]
                 n -= 1
                 ctx -= job.req.prompt_tokens + job.req.output_tokens

@@ -76,9 +76,9 @@ class WaitQueue(Generic[Q]):
     """Jobs sorted by the active order's key, cheapest operations at the front."""
 
     __slots__ = ("order", "aging", "items", "keys", "_lpm_active", "processed", "_arrival_processed",
-                 "_entry_s", "tie", "_rng", "rematch", "prefix", "unmatched", "rematch_max")
+                 "_entry_s", "tie", "_rng", "draw_ties", "rematch", "prefix", "unmatched", "rematch_max")
 
-    def __init__(self, order: str, aging_tokens_per_s: float, seed: int = 0) -> None:
+    def __init__(self, order: str, aging_tokens_per_s: float, seed: int = 0, ties: bool | None = None) -> None:
         self.order = order
         self.aging = aging_tokens_per_s
         self.items: list[Q] = []
@@ -92,6 +92,10 @@ class WaitQueue(Generic[Q]):
         self.tie: dict[int, str] = {}
         """hrrn's tie-break per job: a random hex id like SGLang's ``rid``, from ``_rng``."""
         self._rng = random.Random(seed)
+        self.draw_ties = order == "hrrn" if ties is None else ties
+        """Whether a push draws the job's tie now (``ties``; default: under hrrn). Off, a
+        queue draws ties only once it turns to hrrn (``set_order``), for those waiting
+        then: the draw is hrrn's alone, and most runs never sort by it."""
         self.rematch: Callable[[Q], None] | None = None
         """Refreshes a job's ``need`` and ``cached_est`` from the cache (set by the engine)."""
         self.prefix: Callable[[Q], tuple[Sequence[int], Sequence[int]]] | None = None
@@ -159,8 +163,8 @@ class WaitQueue(Generic[Q]):
         retracted request re-enters at the time of its retraction)."""
         self._arrival_processed[job.seq] = self.processed
         self._entry_s[job.seq] = job.arrival_s if entry_s is None else entry_s
-        if job.seq not in self.tie:
-            self.tie[job.seq] = f"{self._rng.getrandbits(128):032x}"
+        if self.draw_ties and job.seq not in self.tie:
+            self.tie[job.seq] = self._draw_tie()
         if self.order in UPSTREAM_ORDERS:
             self.items.append(job)
             self.keys.append((0.0, 0.0, job.seq))
@@ -189,7 +193,15 @@ class WaitQueue(Generic[Q]):
             del self.keys[:k]
             self._check_lpm(len(self.items))
 
+    def _draw_tie(self) -> str:
+        return f"{self._rng.getrandbits(128):032x}"
+
     def set_order(self, order: str) -> None:
+        if order == "hrrn" and not self.draw_ties:
+            self.draw_ties = True
+            for job in self.items:
+                if job.seq not in self.tie:
+                    self.tie[job.seq] = self._draw_tie()
         if order != self.order:
             self.order = order
             if order not in LIST_ORDERS:  # a list order starts from the list as it is

@@ -36,7 +36,9 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    Move: the best has less concurrency than the current setting,
    predicts within ``step_back_tolerance`` of it and the mix is near-uniform (heterogeneity
    at most ``step_back_max_heterogeneity``): uniform traffic returns to off;
-7b. a Move by gain whose gain does not hold across independent resamples (other seeds,
+7b. a Move by gain that is not also a step back (which rests on the mix, not on a gain:
+   a larger predicted gain must not make it less likely) whose gain does not hold across
+   independent resamples (other seeds,
    the neighbouring burst sizes: ``Ranking.resample_gain``, the robust gain of
    ``tune.robust``, below ``min_gain``): Hold ``NotOnResample``: the screen and the
    confirmation share the snapshot's synthesis and burst, so a bias they share would pass
@@ -284,14 +286,14 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     dwell_s = settings.dwell_cooldowns * settings.cooldown_s
     left_at = state.left_within(best, now, dwell_s)
     by_gain = best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= margin
-    if by_gain and math.isfinite(rec.resample_gain) and rec.resample_gain < settings.min_gain:
-        return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
-                    f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
-                    f"{rec.reason}", rec)
     fewer = concurrency(best, c) < concurrency(state.current, c)
     harder = concurrency(best, c) > concurrency(state.current, c)
     step_back = (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
                  and rec.heterogeneity <= settings.step_back_max_heterogeneity and fewer)
+    if by_gain and not step_back and math.isfinite(rec.resample_gain) and rec.resample_gain < settings.min_gain:
+        return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
+                    f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
+                    f"{rec.reason}", rec)
     if cooling(state, settings, now):  # only a step the mix brought forward gets here
         if by_gain and left_at is None and harder and rec.sure_gain >= settings.jump_gain:
             return Move(state.current, best, f"{rec.reason}; the queue mix jumped, so it does not wait out "

@@ -80,11 +80,13 @@ BASELINE = Setting(0, "ceiling", "fcfs")
 class RecommenderSettings:
     """How the recommender runs; every field with its unit and why."""
 
-    max_requests: int = 200
-    """Requests in the screening workload (count), which every candidate runs on; its span
-    is the snapshot's window (shorter if the window holds more). Bounds one run to a few ms
-    so ~45 candidates fit in a fraction of a second; 200 still puts two of a 1% tail in."""
-    confirm_requests: int = 2000
+    max_requests: int = 150
+    """Requests in the window's replay (count): the model check's and the burst fit's, and
+    the screen, which every candidate runs on. Its span is the snapshot's window (shorter
+    if the window holds more). Bounds one run to a few ms so ~45 candidates fit in about a
+    tenth of a second; 150 still puts one or two of a 1% tail in, and the screen only picks
+    the shortlist that the confirming run re-ranks."""
+    confirm_requests: int = 1200
     """Requests in the confirming workload (count; 0 turns the stage off): an independent
     sample of the same mix, replayed for as long as it takes (beyond the window), on which
     the shortlist runs and the choice is made. A short run starts from an empty engine and
@@ -101,9 +103,9 @@ class RecommenderSettings:
     setting run on besides the confirming sample (``tune.robust``): another seed each, at
     the fitted burst size's neighbours on the ladder (above, then below: the fit's own
     uncertainty), at the calibrated rate."""
-    robust_requests: int = 500
+    robust_requests: int = 400
     """Requests in each resample (count), replayed past the window's span like the
-    confirming sample. A quarter of its length: the resamples run only the top few
+    confirming sample. A third of its length: the resamples run only the top few
     candidates, and their job is to show a draw with giants (or without), not a finer
     figure."""
     robust_top: int = 3
@@ -509,11 +511,6 @@ def other_draws(snapshot: WorkloadSnapshot, settings: RecommenderSettings,
     return [(s, w, k + 1) for k, (s, w) in enumerate(pairs)]
 
 
-def p99_of(run: Prediction) -> dict[str, float]:
-    """Per-tenant p99 TTFT (seconds) of one twin run."""
-    return {t.name: t.ttft_p99_s for t in run.tenants}
-
-
 def observed_p99(snapshot: WorkloadSnapshot, settings: RecommenderSettings) -> dict[str, float]:
     """Per-tenant observed p99 TTFT of the tenants with enough first tokens to have one."""
     return {t.name: t.ttft_p99_s for t in snapshot.tenants
@@ -639,8 +636,10 @@ def tail_weights(hist: Histogram | None, jobs: Sequence[engine.Job]) -> list[int
     less for those in the top non-empty bucket when the replay holds more of them than
     the bucket's share of the requests (``twin_workload.with_tail`` rounded it up)."""
     weights = [TAIL_WEIGHT_SCALE] * len(jobs)
-    filled = [(lo, hi, count) for lo, hi, count in hist.buckets() if count > 0] if hist is not None else []
-    if not filled or hist is None or hist.total <= 0:
+    if hist is None or hist.total <= 0:
+        return weights
+    filled = [(lo, hi, count) for lo, hi, count in hist.buckets() if count > 0]
+    if not filled:
         return weights
     lower, upper, count = filled[-1]
     for k, job in enumerate(jobs):

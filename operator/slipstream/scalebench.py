@@ -125,6 +125,12 @@ class Figures:
     """Deployments with status.recommendation at the end."""
     tuner_reuses_per_interval: float = 0.0
     """Recommendations reused without a twin run (`slipstream_tuner_reuses_total`)."""
+    steps_total: float = 0.0
+    """Tuning steps since the operator started, at the end of the measured intervals."""
+    tuner_calls_total: float = 0.0
+    """Twin runs and reuses since the operator started, at the same moment: a step makes
+    at most one, but a run a step queued (`TwinQueued`) may finish in a later interval, so
+    only the totals compare call for step."""
     apply_s: float = 0.0
     """The apply phase: from `kubectl create` to every loop stepped once (or its deadline)."""
     apply_apiserver_gets: dict[str, float] = field(default_factory=dict)
@@ -520,6 +526,8 @@ def run(workdir: Path, options: Options) -> Figures:
             recommended=rec,
             tuner_threads=int(env["SLIPSTREAM_TUNER_THREADS"]),
             tuner_reuses_per_interval=round(d("slipstream_tuner_reuses_total"), 1),
+            steps_total=m1["slipstream_tuning_step_seconds_count"],
+            tuner_calls_total=m1["slipstream_tuner_seconds_count"] + m1["slipstream_tuner_reuses_total"],
             apply_s=round(t_stepped - t0, 1),
             apply_apiserver_gets={r: round(a_stepped[(v, r)] - a_apply.get((v, r), 0.0))
                                   for v, r in sorted(a_stepped) if v == "GET" and a_stepped[(v, r)] > a_apply.get((v, r), 0.0)},

@@ -50,10 +50,9 @@ test: venv kube-bins prometheus engine-test
 	$(PY) -m pytest tests/cluster
 
 # Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
-# the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine.
+# the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine, side by side.
 engine-test:
-	bash tests/engine/run.sh
-	SGLANG_VERSION=0.5.23 bash tests/engine/run.sh
+	bash tests/engine/run-all.sh
 
 test-unit: venv
 	$(PY) -m pytest tests/unit -n $(WORKERS)

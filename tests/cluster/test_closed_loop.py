@@ -155,11 +155,6 @@ def post_fault(url: str, key: str, fault: dict[str, Any]) -> None:
         assert response.status == 200
 
 
-def pod_url(lp: Loop, name: str, pod_name: str) -> str:
-    pod = next(p for p in lp.target.pods(NAMESPACE, name) if p["metadata"]["name"] == pod_name)
-    return f"http://{pod['status']['podIP']}:30000"
-
-
 def live_setting(url: str, key: str) -> tuple[Any, ...]:
     request = urllib.request.Request(f"{url}/get_server_info", headers={"Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(request, timeout=5) as response:
@@ -178,8 +173,8 @@ def changes(samples: list[loop.StatusSample]) -> list[tuple[float, loop.StatusSa
 
 
 REGRESSION = 20.0
-"""TTFT multiplier injected into the rollback check's canaries (it delays each request that
-arrives after the fault by (multiplier - 1) x its TTFT): far beyond maxRegressionPercent
+"""TTFT multiplier of the candidate setting in the rollback check (it delays each request
+that arrives while a pod runs it by (multiplier - 1) x its TTFT): far beyond maxRegressionPercent
 (100) on uniform documents, where the candidate (stock) and the baseline (the cap) are
 within tens of percent of each other. A canary with no first token in the analysis window
 fails it too (no figure on both sides is never a pass)."""
@@ -341,9 +336,14 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
     # 3. A canary whose TTFT regresses is rolled back; the fleet ends uniform. A fresh
     # deployment that starts capped (threshold 4096, srpt) under documents: the tuner steps
     # back to stock, a move that always runs its canary (it caps less, and stock never ran
-    # on this fleet), and the test makes that canary REGRESSION x slower.
-    deploy(lp, "fresh", "Auto", threshold=4096, schedule_policy="srpt")
+    # on this fleet), and stock is REGRESSION x slower on these engines: every pod is told
+    # so before the load starts, so the canary is slow from the moment it switches, and
+    # the baseline, on the cap, is not.
+    fresh = deploy(lp, "fresh", "Auto", threshold=4096, schedule_policy="srpt")
     key = admin_key(lp, "fresh")
+    fresh_urls = fresh.refresh()
+    for url in fresh_urls:
+        post_fault(url, key, {"ttft_multiplier": REGRESSION, "ttft_multiplier_at_threshold": 0})
     watcher = loop.Watcher(lp.target, NAMESPACE, "fresh")
     watcher.poll()
     seen = len(watcher.events)  # the Events so far: only a rollback after this one counts
@@ -359,21 +359,19 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
             return list(rollout.get("canaryPods") or []) if rollout.get("phase") in ("Canary", "Analysis") else []
 
         canaries = loop.wait_for(canary_pods, 5 * INTERVAL_S / TIME_SCALE + 30, "a canary")
-        for pod_name in canaries:
-            post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": REGRESSION})
         try:
             loop.wait_for(lambda: any(e.get("reason") == "RolledBack" for e in watcher.events[seen:]),
                           2 * ANALYSIS_S / TIME_SCALE + 30, "a RolledBack Event")  # fmt: skip
         finally:
-            tell(capsys, f"a fresh Auto deployment from 4096/srpt on documents, its canaries {canaries} made "
-                 f"{REGRESSION:g}x slower:\n" + story(watcher.events[seen:]))  # fmt: skip
+            tell(capsys, f"a fresh Auto deployment from 4096/srpt on documents, stock {REGRESSION:g}x slower "
+                 f"on its engines, its canaries {canaries}:\n" + story(watcher.events[seen:]))  # fmt: skip
         live = {url: live_setting(url, key) for url in lp.target.targets(NAMESPACE, "fresh").refresh()}
         assert len(set(live.values())) == 1, f"fleet not uniform after the rollback: {live}"
         rolled = next(e for e in watcher.events[seen:] if e.get("reason") == "RolledBack")
         assert "regress" in rolled["message"], rolled["message"]
     finally:
-        for pod_name in canaries:
-            post_fault(pod_url(lp, "fresh", pod_name), key, {"ttft_multiplier": 1.0})
+        for url in fresh_urls:
+            post_fault(url, key, {"ttft_multiplier": 1.0, "ttft_multiplier_at_threshold": None})
         load.stop()  # the rollback is what this part waits for; the rest of the load adds nothing
         load.join(timeout_s=documents.span_s / TIME_SCALE + 180)
         watcher.stop()

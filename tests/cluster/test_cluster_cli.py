@@ -159,7 +159,7 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
     try:
         up = UpCluster(workdir)
         written = (workdir / "cluster" / "operator.env").read_text()
-        assert "python" in written and "-m slipstream.controller" in written, written
+        assert "python" in written and "-m slipstream.runtime_only" in written, written
         for key in ("KUBECONFIG", "SLIPSTREAM_ENGINE_NETWORKS", "SLIPSTREAM_ADMIN_ATTEMPTS"):
             assert f"\n{key}=" in written, written
         sv: Any = up  # the helpers' parameters are typed for localkube.Cluster and PodRunner

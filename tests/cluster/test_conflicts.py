@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import config as k8s_config
 from test_operator_reconcile import (
     CHART,
     RELEASE_NS,
@@ -99,7 +98,7 @@ class Overtaken(Counting):
 
 
 def admin(cluster: localkube.Cluster, cls: type[kube_.Kube] = kube_.Kube) -> Any:
-    return cls(k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+    return cls(kube_.login(kubeconfig=cluster.kubeconfig))
 
 
 def condition(type_: str, reason: str, message: str = "") -> dict[str, Any]:

@@ -71,7 +71,7 @@ class Operator:
             log.write(f"\n===== start {self.starts} =====\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "slipstream.controller", *self.args, f"--liveness={self.health_url}"],
+                [sys.executable, "-m", "slipstream.runtime_only", *self.args, f"--liveness={self.health_url}"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             )  # fmt: skip
 

@@ -27,7 +27,6 @@ import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kubernetes import config as k8s_config
 from test_operator_reconcile import (
     Operator,
     apply,
@@ -62,7 +61,7 @@ def operator(cluster: localkube.Cluster) -> Iterator[Operator]:
 def kube(cluster: localkube.Cluster, operator: Operator) -> kube_.Kube:
     """The admin's client (the CRD is installed by the chart, with the operator)."""
     namespace(cluster, NS)
-    return kube_.Kube(k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)))
+    return kube_.Kube(kube_.login(kubeconfig=cluster.kubeconfig))
 
 
 def dry_run(kube: kube_.Kube, obj: dict[str, Any]) -> str | None:

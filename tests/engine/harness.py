@@ -24,8 +24,9 @@ Stand-ins (no GPU, no model, so no forward pass runs):
 - `_Passthrough`: dp-attention adapter and n-gram manager (both no-ops here).
 
 Run as a script (`python harness.py CASES_JSON`) it prints the allocations of the cases
-as JSON: tests use that to run the same cases against the pristine, unpatched sglang in a
-subprocess.
+as JSON; `python harness.py --serve` answers one line of cases per line of stdin. The
+tests keep one serving process on the pristine, unpatched sglang to run the same cases
+against.
 """
 
 from __future__ import annotations
@@ -686,11 +687,35 @@ def run_pressure(case: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-if __name__ == "__main__":
-    cases = json.loads(sys.argv[1])
+def run_cases(cases: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         name: run_pressure(c) if c.get("kind") == "pressure" else run_case(c)
         for name, c in cases.items()
     }
     out["_patched"] = PATCHED
-    print(json.dumps(out))
+    return out
+
+
+RESULT = "@@result "
+"""What starts the line that carries a served request's answer (sglang may print too)."""
+
+
+def serve() -> None:
+    """Answer one JSON line of cases per line of stdin, until stdin closes: the tests keep
+    one such process per session, so sglang's import (~8 s) is paid once, not per call."""
+    for line in sys.stdin:
+        try:
+            answer = {"ok": run_cases(json.loads(line))}
+        except Exception:  # noqa: BLE001 - the caller's test fails with it
+            import traceback
+
+            answer = {"error": traceback.format_exc()}
+        sys.stdout.write(RESULT + json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+    else:
+        print(json.dumps(run_cases(json.loads(sys.argv[1]))))

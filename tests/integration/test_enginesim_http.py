@@ -403,6 +403,17 @@ def test_faults_regress_ttft_break_admin_calls_and_garble_metrics() -> None:
         assert (await client.apply(models.EngineSetting(threshold=2048))).threshold == 2048
         assert (await client.apply(models.EngineSetting(threshold=0))).threshold == 0
         assert await ttft(url, s) == pytest.approx(base, rel=0.05)
+        # Tied to a setting: slow only for requests arriving while the pod runs it.
+        await client.apply(models.EngineSetting(threshold=2048))
+        base_2048 = await ttft(url, s)
+        await client.apply(models.EngineSetting(threshold=0))
+        assert (await fault(url, s, ttft_multiplier=4, ttft_multiplier_at_threshold=2048)).status == 200
+        assert await ttft(url, s) == pytest.approx(base, rel=0.05)
+        await client.apply(models.EngineSetting(threshold=2048))
+        assert await ttft(url, s) == pytest.approx(4 * base_2048, rel=0.05)
+        assert (await fault(url, s, ttft_multiplier_at_threshold=-1)).status == 400
+        async with s.get(url + "/slipstream/faults", headers=ADMIN) as r:
+            assert (await r.json())["ttft_multiplier_at_threshold"] == 2048
 
     asyncio.run(with_sim(check, "--time-scale", "20"))
 

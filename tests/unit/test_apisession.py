@@ -71,4 +71,4 @@ def test_the_limit_leaves_room_for_kopfs_watch_streams() -> None:
 
 
 def test_the_blocking_client_keeps_a_connection_per_thread_that_shares_it() -> None:
-    assert kube_.Kube.default(pool=40).api.rest_client.pool_manager.connection_pool_kw["maxsize"] == 40
+    assert kube_.Kube(info("https://127.0.0.1:1"), pool_size=40).pool.connection_pool_kw["maxsize"] == 40

@@ -79,6 +79,10 @@ def test_faults_update_only_the_fields_given() -> None:
     assert f == admin.Faults(ttft_multiplier=3.0, admin="timeout", metrics="ok")
     with pytest.raises(bodies.BodyError, match="ttft_multiplier"):
         admin.faults_of({"ttft_multiplier": float("nan")}, f)
+    assert admin.faults_of({"ttft_multiplier_at_threshold": 0}, f).ttft_multiplier_at_threshold == 0
+    for wrong in (-1, 2.5, True, "0"):
+        with pytest.raises(bodies.BodyError, match="ttft_multiplier_at_threshold"):
+            admin.faults_of({"ttft_multiplier_at_threshold": wrong}, f)
 
 
 def test_flags_validate_and_read_the_admin_key_from_file_or_env(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "controller": {"api", "engine", "observe", "tune", "rollout", "sim"},
     # The tooling (not in the operator image: tests/unit/test_runtime_only.py) sits on top.
     "canarycheck": {"api", "rollout", "sim"},
+    "runtime_only": {"controller"},
     "scalebench": {"api", "controller", "engine", "localkube"},
     "demo": {"api", "engine", "observe", "tune", "rollout", "sim", "controller", "enginesim", "localkube"},
     "cli": {"api", "engine", "observe", "tune", "rollout", "sim", "controller", "enginesim", "localkube",

@@ -15,36 +15,25 @@ import sys
 import tomllib
 from pathlib import Path
 
+from slipstream.runtime_only import BLOCKED, TOOLING, TOOLING_DEPENDENCIES
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "operator" / "slipstream"
 
-TOOLING = ("localkube", "demo", "enginesim", "scalebench.py", "canarycheck.py", "cli.py", "sim/plots.py")
-"""The tooling inside the package, as paths under operator/slipstream/."""
-TOOLING_DEPENDENCIES = ("matplotlib", "cryptography", "tqdm")
 ENTRY_POINTS = ("slipstream.controller.runtime.main", "slipstream.controller.handlers", "slipstream.controller.__main__")
 
 BLOCKER = """
-import importlib.abc, sys
-BLOCKED = {blocked!r}
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-            raise ImportError(f"{{name}} is not in the runtime-only environment")
-        return None
-sys.meta_path.insert(0, Block())
+import sys
+from slipstream import runtime_only
+runtime_only.block({blocked!r})
 sys.argv = ["slipstream.controller", "--help"]
 import importlib
 for entry in {entries!r}:
     if entry.endswith("__main__"):
         continue
     importlib.import_module(entry)
-loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
-print("LOADED", loaded)
+print("LOADED", runtime_only.loaded({blocked!r}))
 """
-
-
-def module_of(path: str) -> str:
-    return "slipstream." + path.removesuffix(".py").replace("/", ".")
 
 
 def test_the_tooling_list_names_what_exists() -> None:
@@ -53,8 +42,7 @@ def test_the_tooling_list_names_what_exists() -> None:
 
 
 def test_the_controller_imports_in_a_runtime_only_environment() -> None:
-    blocked = [module_of(p) for p in TOOLING] + list(TOOLING_DEPENDENCIES)
-    script = BLOCKER.format(blocked=blocked, entries=ENTRY_POINTS)
+    script = BLOCKER.format(blocked=list(BLOCKED), entries=ENTRY_POINTS)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO / "operator"), "PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
@@ -85,3 +73,19 @@ def test_the_operator_image_removes_the_tooling_and_installs_no_extra() -> None:
     install = [line for line in text.splitlines() if "pip install" in line]
     assert install and all("[" not in line for line in install), install
     assert "import slipstream.controller.runtime.main" in text, "the build checks the runtime imports"
+
+
+def test_the_local_stacks_launcher_runs_the_entry_point_with_its_arguments() -> None:
+    """`python -m slipstream.runtime_only ARGS` is `python -m slipstream.controller ARGS`
+    with the blocker in place (the local stacks start the operator this way)."""
+    out = subprocess.run([sys.executable, "-m", "slipstream.runtime_only", "--help"], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(REPO / "operator"), "PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "usage: python -m slipstream.controller" in out.stdout and "--peering" in out.stdout
+
+
+def test_blocking_after_a_blocked_module_was_loaded_is_refused() -> None:
+    script = "import json\nfrom slipstream import runtime_only\nruntime_only.block(['json'])"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO / "operator"), "PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+    assert out.returncode != 0 and "already loaded, so they cannot be blocked: ['json'" in out.stderr

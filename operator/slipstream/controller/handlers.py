@@ -385,11 +385,12 @@ def record_changes(body: kopf.Body, sd: models.ServingDeployment, outcome: Apply
                    message=change_message(kind, name, change, sd, outcome))  # fmt: skip
 
 
-async def login(ctx: Context, **kwargs: Any) -> kopf.AiohttpSession | None:
-    # The same credentials as `kube`: in-cluster ServiceAccount, else $KUBECONFIG; kopf's
-    # own session, with a bound on its connections (`apisession`).
-    info = kopf.login_via_client(**kwargs)
-    return None if info is None else apisession.bounded(info, ctx.config.api_connections)
+async def login(ctx: Context, **kwargs: Any) -> kopf.AiohttpSession:
+    # The same credentials as `kube` (`kube_.login`: in-cluster ServiceAccount, else
+    # $KUBECONFIG); kopf's own session, with a bound on its connections (`apisession`).
+    # kopf calls this again when the apiserver answers 401, which re-reads a rotated token.
+    info = kube_.login(kwargs.get("settings"))
+    return apisession.bounded(info, ctx.config.api_connections)
 
 
 async def configure(ctx: Context, settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -86,6 +86,10 @@ class Faults:
 
     ttft_multiplier: float = 1.0
     """Every request's TTFT is this many times the twin's (a regressing canary)."""
+    ttft_multiplier_at_threshold: int | None = None
+    """Apply ``ttft_multiplier`` only to requests arriving while the pod runs this
+    long-prefill token threshold (None: always): a setting that regresses on this engine,
+    slow from the moment a canary switches to it, and not before."""
     admin: str = "ok"
     """ok | error (HTTP 500) | timeout (never answers) | refuse (connection dropped):
     how /set_internal_state, /get_server_info and /server_info answer."""
@@ -100,7 +104,7 @@ METRICS_FAULTS = ("ok", "garbage", "error")
 
 def faults_of(body: dict[str, Any], current: Faults) -> Faults:
     """The faults after a POST (fields left out keep their value); BodyError names the field."""
-    known = ("ttft_multiplier", "admin", "metrics")
+    known = ("ttft_multiplier", "ttft_multiplier_at_threshold", "admin", "metrics")
     unknown = sorted(set(body) - set(known))
     if unknown:
         raise BodyError(f"unknown fault field(s) {unknown}; known: {list(known)}")
@@ -110,6 +114,11 @@ def faults_of(body: dict[str, Any], current: Faults) -> Faults:
         if isinstance(m, bool) or not isinstance(m, int | float) or not math.isfinite(m) or m <= 0:
             raise BodyError(f"ttft_multiplier: must be a finite number > 0, got {m!r}")
         out = replace(out, ttft_multiplier=float(m))
+    if "ttft_multiplier_at_threshold" in body:
+        t = body["ttft_multiplier_at_threshold"]
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 0):
+            raise BodyError(f"ttft_multiplier_at_threshold: must be a threshold (an int >= 0) or null, got {t!r}")
+        out = replace(out, ttft_multiplier_at_threshold=t)
     for name, allowed in (("admin", ADMIN_FAULTS), ("metrics", METRICS_FAULTS)):
         if name in body:
             if body[name] not in allowed:

@@ -138,10 +138,16 @@ class SimPod:
                       inc.blocks, inc.block_sizes, inc.warm_blocks)
         job = self.driver.submit(req)
         self.metrics.arrived(labels)
-        tracked = Tracked(rid, inc, labels, now, job, self.faults.ttft_multiplier)
+        tracked = Tracked(rid, inc, labels, now, job, self.ttft_multiplier())
         self._pending.append(tracked)
         self._wake.set()
         return tracked
+
+    def ttft_multiplier(self) -> float:
+        """The injected TTFT multiplier for a request arriving now (`Faults`)."""
+        f = self.faults
+        at = f.ttft_multiplier_at_threshold
+        return f.ttft_multiplier if at is None or at == self.live.threshold else 1.0
 
     def abort(self, tracked: Tracked) -> bool:
         """The client went away before its first token: drop the request if the twin has

@@ -158,8 +158,9 @@ async def faults(request: web.Request) -> web.Response:
         pod.faults = admin.faults_of(await read_json(request), pod.faults)
         log.warning("engine-sim%s: faults now %s", _pod(pod), pod.faults)
     f = pod.faults
-    return web.json_response({"ttft_multiplier": f.ttft_multiplier, "admin": f.admin,
-                              "metrics": f.metrics})
+    return web.json_response({"ttft_multiplier": f.ttft_multiplier,
+                              "ttft_multiplier_at_threshold": f.ttft_multiplier_at_threshold,
+                              "admin": f.admin, "metrics": f.metrics})
 
 
 async def prometheus(request: web.Request) -> web.Response:

@@ -181,7 +181,8 @@ class Stack:
             **self.operator_env(),
         }
         url = f"http://{ports.LOOPBACK}:{health_port}/healthz"
-        argv = [sys.executable, "-m", "slipstream.controller", f"--peering={PEERING}", f"--liveness={url}"]
+        # As the image runs it: without the tooling and the packages the image lacks.
+        argv = [sys.executable, "-m", "slipstream.runtime_only", f"--peering={PEERING}", f"--liveness={url}"]
         own = {key: value for key, value in env.items() if os.environ.get(key) != value}
         write_env_file(self.cluster.workdir / OPERATOR_ENV_FILE, own, argv)
         self._operator_health = url

@@ -842,7 +842,11 @@ class Engine:
         self.queue.push(job, entry_s=self.now_s)
 
     def _close_segment(self, job: Job, end: int) -> None:
-        """Record a decoding segment's gaps (and keep it for ``tokens_out``)."""
+        """Record a decoding segment's gaps (and keep it for ``tokens_out``).
+
+        ``_decode_passes`` has an inlined copy in its finish loop (the twin's hottest loop):
+        change both together. ``scripts/bench-twin-speed.py`` compares the outputs' digests
+        with a base commit, so a copy that drifts shows there."""
         e = job.entry_step
         gap = job._itl or 0.0
         if end > e:

@@ -3,6 +3,12 @@
 Only this module talks to the Kubernetes API (kopf's own watching aside). Objects are plain
 dicts; writes are server-side apply with one field manager, so applying the same object
 twice changes nothing and another actor's fields are left alone.
+
+Credentials are kopf's own (`login`): the same `kopf.ConnectionInfo` that kopf's session
+gets, so both clients authenticate alike. Requests go through urllib3. The `kubernetes`
+package is not used at run time: importing it loads its ~700 generated model classes
+(about 20 MB of the operator's memory), and kopf imports it whenever it is installed, so
+the operator image does not install it (tests/unit/test_runtime_only.py).
 """
 
 from __future__ import annotations
@@ -10,11 +16,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlencode
 
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
+import kopf
+import urllib3
 
 FIELD_MANAGER = "slipstream"
 
@@ -48,12 +61,63 @@ class ApiError(RuntimeError):
             self.message = found[:1000]
 
 
-def load_config() -> None:
-    """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+def login(settings: kopf.OperatorSettings | None = None, kubeconfig: Path | None = None) -> kopf.ConnectionInfo:
+    """The operator's credentials: the pod's ServiceAccount in a cluster, else $KUBECONFIG or
+    ~/.kube/config (`kubeconfig`: that file instead; tests and tools).
+
+    kopf reads both. In a pod the server is the one the kubelet names in
+    KUBERNETES_SERVICE_HOST/PORT, as client-go's in-cluster config does, so the operator
+    needs no cluster DNS. A kubeconfig whose user holds no token, certificate or password
+    (an `exec` or `auth-provider` plugin) is handed to the `kubernetes` package through
+    kopf, which runs such plugins; that needs the package, which the operator image does
+    not install.
+    """
+    settings = settings or kopf.OperatorSettings()
+    info = None if kubeconfig else kopf.login_with_service_account(settings=settings)
+    if info is not None:
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if host and port:
+            info = replace(info, server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}")
+        return info
+    with _kubeconfig_env(kubeconfig):
+        info = kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError(
+            "no Kubernetes credentials: not in a pod with a ServiceAccount token, and neither "
+            "$KUBECONFIG nor ~/.kube/config exists"
+        )
+    if info.token or info.certificate_path or info.certificate_data or info.username:
+        return info
     try:
-        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except k8s_config.ConfigException:
-        k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+        import kubernetes  # noqa: F401  (only to ask whether kopf can piggyback on it)
+    except ImportError as error:
+        raise kopf.LoginError(
+            "the kubeconfig's user has no token, client certificate or password (an exec or "
+            "auth-provider plugin?): outside a cluster such a user needs the `kubernetes` "
+            "package (pip install kubernetes), or give a kubeconfig with a token"
+        ) from error
+    with _kubeconfig_env(kubeconfig):
+        found = kopf.login_via_client(settings=settings, logger=logging.getLogger(__name__))
+    if found is None:
+        raise kopf.LoginError("the kubernetes package found no credentials in the kubeconfig")
+    return found
+
+
+@contextmanager
+def _kubeconfig_env(path: Path | None) -> Iterator[None]:
+    """$KUBECONFIG set to `path` for the duration (kopf reads only the environment)."""
+    if path is None:
+        yield
+        return
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = before
 
 
 def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
@@ -64,33 +128,66 @@ def path_of(api_version: str, kind: str, namespace: str, name: str | None = None
 
 @dataclass
 class Kube:
-    api: k8s.ApiClient
+    """Blocking calls to the apiserver of `info`, sharing one pool of connections.
+
+    `relogin`: where fresh credentials come from when the apiserver answers 401 (a
+    ServiceAccount token the kubelet rotated); the call is then made once more.
+    """
+
+    info: kopf.ConnectionInfo
+    pool_size: int | None = None
+    relogin: Callable[[], kopf.ConnectionInfo] | None = None
+    _pool: urllib3.PoolManager = field(init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._pool = self._pool_for(self.info)
+
+    def _pool_for(self, info: kopf.ConnectionInfo) -> urllib3.PoolManager:
+        # `pool_size`: connections kept per host for reuse. With more threads sharing the
+        # client than that, each call beyond it opens a TLS connection and throws it away.
+        kwargs: dict[str, Any] = {"ssl_context": info.as_ssl_context()}
+        if self.pool_size is not None:
+            kwargs["maxsize"] = self.pool_size
+        if info.proxy_url:
+            return urllib3.ProxyManager(info.proxy_url, **kwargs)
+        return urllib3.PoolManager(**kwargs)
 
     @classmethod
     def default(cls, pool: int | None = None) -> Kube:
-        """A client of the loaded configuration; `pool`: connections it keeps for reuse
-        (the client's default is 5 per CPU: with more threads sharing it, each call beyond
-        the pool opened a TLS connection and threw it away)."""
-        configuration = k8s.Configuration.get_default_copy()
-        if pool is not None:
-            configuration.connection_pool_maxsize = pool
-        return cls(k8s.ApiClient(configuration))
+        """A client of the operator's own credentials (`login`), logging in again on 401."""
+        return cls(login(), pool_size=pool, relogin=login)
+
+    @property
+    def pool(self) -> urllib3.PoolManager:
+        return self._pool
 
     def request(
         self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        serialized = self.api.param_serialize(
-            method=method, resource_path=path, query_params=query or [], header_params=headers,
-            body=body, auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(*serialized)
-        data = response.read()  # type: ignore[no-untyped-call]
-        text = data.decode() if isinstance(data, bytes) else str(data or "")
+        data = None if body is None else json.dumps(body).encode()  # JSON is YAML too (apply)
+        url = self.info.server.rstrip("/") + path + (f"?{urlencode(query)}" if query else "")
+        response = self._send(method, url, data, content_type)
+        if response.status == 401 and self.relogin is not None:
+            self._log_in_again()
+            response = self._send(method, url, data, content_type)
+        text = response.data.decode(errors="replace")
         if not 200 <= response.status < 300:
             raise ApiError(method, path, response.status, text)
         return json.loads(text) if text else {}
+
+    def _send(self, method: str, url: str, data: bytes | None, content_type: str) -> urllib3.BaseHTTPResponse:
+        info, pool = self.info, self._pool
+        headers = {"Accept": "application/json", "Content-Type": content_type, **info.as_http_headers()}
+        return pool.request(method, url, body=data, headers=headers)
+
+    def _log_in_again(self) -> None:
+        assert self.relogin is not None
+        with self._lock:
+            info = self.relogin()
+            if info != self.info:
+                self.info, self._pool = info, self._pool_for(info)
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -27,7 +27,6 @@ def run(namespaces: Sequence[str], peering: str | None, liveness: str | None) ->
     config = settings.ControllerSettings.from_env()
     malloc.configure(config.malloc_arenas, config.malloc_mmap_threshold_bytes)  # before any thread of ours starts
     malloc.collect_cycles_every(config.gc_interval_seconds)
-    kube.load_config()
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config, kube.Kube.default(pool=max(config.api_connections, config.worker_threads)))
     if config.metrics_port:

@@ -3,8 +3,8 @@
 # tooling: the local cluster, the demo, the benchmarks, the engine simulator, the plots and
 # the CLI stay in the repository (the `tools` extra; tests/unit/test_runtime_only.py checks
 # that the runtime imports none of them and that this file removes each; the local stacks
-# run the operator as this image does, through slipstream/runtime_only.py). The chart runs it as UID 65532 with a
-# read-only root filesystem and /tmp on an emptyDir.
+# run the operator as this image does, through slipstream/runtime_only.py). The chart runs
+# it as UID 65532 with a read-only root filesystem and /tmp on an emptyDir.
 #   docker build -t ghcr.io/slipstream-dev/slipstream-operator:0.1.0 .
 FROM python:3.11-slim AS build
 WORKDIR /src

@@ -5,7 +5,8 @@ The local stacks (cluster tests, demo, `scripts/bench-scale.py`) start the opera
 this module (``python -m slipstream.runtime_only --peering=...``), so what they test and
 measure is the image's process: a tooling import in the runtime fails there as it would in
 the image, and the memory they report holds no package the image lacks (kopf imports
-`kubernetes` whenever it is installed: about 20 MB of model classes). The repository's own
+`kubernetes` whenever it is installed: ~5 MB of the entry point's imports, 68.5 MB
+against 63.6 MB without it). The repository's own
 environment holds all of them, for the tooling and the tests.
 
 This module itself imports nothing of the package's, so nothing is loaded before the
@@ -55,9 +56,8 @@ class Blocker(importlib.abc.MetaPathFinder):
 
 def block(blocked: Sequence[str] = BLOCKED) -> Blocker:
     """Install the blocker first on the import path (before anything blocked is imported)."""
-    loaded = [m for m in sys.modules if Blocker(blocked).covers(m)]
-    if loaded:
-        raise RuntimeError(f"already loaded, so they cannot be blocked: {sorted(loaded)}")
+    if already := loaded(blocked):
+        raise RuntimeError(f"already loaded, so they cannot be blocked: {already}")
     blocker = Blocker(blocked)
     sys.meta_path.insert(0, blocker)
     return blocker

@@ -4,7 +4,7 @@
 Runs the operator's own stages for N ServingDeployments as `scripts/bench-scale.py` makes
 them (mode Recommend, the same two-tenant traffic): one fleet read through
 `stages.fleet_observer` (the real Prometheus client over loopback HTTP, from a child process
-that answers the six fleet queries with the ~60,000 series N = 500 gives), then every
+that answers the fleet queries with the ~73,000 series N = 500 gives), then every
 deployment's tuner run through `loop.observe` and `stages.TwinRecommender` (the twin, 45
 candidates each), concurrently as the loops do. Prints the process's RSS and peak RSS
 (VmHWM, /proc/self/status) after the imports, the fleet read and the tuner runs.
@@ -49,7 +49,7 @@ FIELDS = (("time_to_first", "ttft"), ("uncached_prompt", "uncached"), ("generati
 """A fleet query -> its FleetQueries field, by a word only it contains (in this order)."""
 
 
-def answers(n: int, window_s: float, at: float) -> dict[str, bytes]:
+def answers(n: int, window_s: float, at: float) -> dict[tuple[str, str], bytes]:
     """Each fleet query's answer for scalebench's N deployments (its exporter's counters'
     increase over the window, by deployment, tenant and bucket, as Prometheus sums them)."""
     from slipstream import scalebench as sb
@@ -86,8 +86,18 @@ def answers(n: int, window_s: float, at: float) -> dict[str, bytes]:
         add("settings", {**pod, "mode": "ceiling", "part": "mode"}, 1)
         add("settings", {**pod, "policy": "fcfs", "part": "policy"}, 1)
         add("targets", {**pod, "part": "up"}, 1)
-    return {f: json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
-            for f, rows in out.items()}  # fmt: skip
+    from slipstream.observe import queries
+
+    def body(rows: list[dict[str, object]]) -> bytes:
+        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": rows}}).encode()
+
+    def ends(row: dict[str, object], last: str) -> bool:
+        return re.fullmatch(f".*{last}", row["metric"]["servingdeployment"]) is not None  # type: ignore[index]
+
+    # Keyed (field, shard): "" the whole field; a shard only the deployments its matcher
+    # takes, as Prometheus answers a sharded query (queries.fleet_reads).
+    return {(f, last): body([r for r in rows if not last or ends(r, last)])
+            for f, rows in out.items() for last in ("", *queries.SHARDS)}  # fmt: skip
 
 
 def serve(n: int, window_s: float, at: float, ready: multiprocessing.connection.Connection) -> None:
@@ -100,7 +110,8 @@ def serve(n: int, window_s: float, at: float, ready: multiprocessing.connection.
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             query = parse_qs(urlparse(self.path).query)["query"][0]
-            body = bodies[next(f for word, f in FIELDS if word in query)]
+            shard = re.search(r'servingdeployment=~"\.\*(\[[^\]]+\])"', query)
+            body = bodies[next(f for word, f in FIELDS if word in query), shard.group(1) if shard else ""]
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -111,7 +122,8 @@ def serve(n: int, window_s: float, at: float, ready: multiprocessing.connection.
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    ready.send((server.server_address[1], sum(len(json.loads(b)["data"]["result"]) for b in bodies.values())))
+    whole = [b for (_, shard), b in bodies.items() if not shard]
+    ready.send((server.server_address[1], sum(len(json.loads(b)["data"]["result"]) for b in whole)))
     server.serve_forever()
 
 

@@ -33,7 +33,7 @@ def test_scale_harness_at_20_deployments(tmp_path: Path) -> None:
     ))  # fmt: skip
     progress = "\n".join(lines)
     assert figures.metrics_available == N and figures.recommended == N, progress
-    fleet_queries = len(queries.fleet(10).items())
+    fleet_queries = len(queries.fleet_reads(10))
     # Back from the per-interval figure to the window's count (the figure is rounded to 0.1).
     made = figures.prometheus_queries_per_interval * figures.measured_s / figures.interval_s
     reads = math.floor(figures.measured_s / fleet.FleetObserver().reuse_s) + 1

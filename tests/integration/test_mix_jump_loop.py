@@ -226,3 +226,69 @@ def test_the_pause_ends_when_the_watch_fires() -> None:
         return early, timer, plain
 
     assert asyncio.run(go()) == (True, False, False)
+
+
+ANALYSING = {
+    "threshold": 0, "mode": "ceiling", "schedulePolicy": "fcfs",
+    "rollout": {"phase": "Analysis", "candidate": {"threshold": 0, "schedulePolicy": "srpt"},
+                "baseline": {"threshold": 0, "schedulePolicy": "fcfs"}, "canaryPods": ["kimi-0"],
+                "startedAt": "1970-01-02T03:46:40Z", "reason": "documents: srpt"},
+}  # fmt: skip
+"""An order-only candidate (chosen on the chat turns) in its analysis since T0, on the
+one pod (which runs it)."""
+
+
+def voided_run(rollout_poll_s: float) -> tuple[list[float], list[loop.StepOutcome], list[dict[str, Any]]]:
+    """Steps and waits as the tuning loop takes them, from T0 in the canary's analysis
+    until two steps after the canary was voided: (when each step ran, the outcomes, what
+    the engine was sent)."""
+
+    async def go() -> tuple[list[float], list[loop.StepOutcome], list[dict[str, Any]]]:
+        engine = Engine()
+        engine.info["schedule_policy"] = "srpt"
+        port = int((await engine.start()).rsplit(":", 1)[1])
+        try:
+            clock = Clock()
+            config = settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0,
+                                                  rollout_poll_seconds=rollout_poll_s)  # fmt: skip
+            deps = loop.Deps(kube=PodsAndConfigMaps(port), config=config, keys=Key(),  # type: ignore[arg-type]
+                             observer=Phases(JUMP_AT), recommender=Holds(), clock=clock,  # type: ignore[arg-type]
+                             sleep=clock.sleep)  # fmt: skip
+            dep, memory = sd(port, ANALYSING, rollout={"analysisWindowSeconds": 300}), loop.Memory()
+            at, outcomes = [], []
+            while len(outcomes) < 40 and (not outcomes or "CanaryVoided" not in reasons(outcomes[-2 if len(outcomes) > 1 else -1])):
+                at.append(clock.t)
+                outcomes.append(await loop.step(deps, dep, memory))
+                await loop.until_mix_jump(deps, lambda: dep, memory, outcomes[-1].delay_s)
+            return at, outcomes, engine.sets
+        finally:
+            await engine.runner.cleanup()
+
+    return asyncio.run(go())
+
+
+def test_a_mix_jump_voids_a_canary_chosen_for_the_mix_before() -> None:
+    # Steps every rollout poll (5 s) during the analysis; the first one after the giants
+    # arrive (T0 + 25) sees them and voids the canary: the pod goes back to the fleet's
+    # setting in that step, with Normal Events, and the watch steps again at its next poll
+    # (the jump is retried: the voiding step could not move) without announcing it twice.
+    at, outcomes, sent = voided_run(5.0)
+    voiding = next(i for i, o in enumerate(outcomes) if "CanaryVoided" in reasons(o))
+    assert at[voiding] == JUMP_AT, at
+    assert reasons(outcomes[voiding]) == ["CanaryVoided", "QueueMixChanged", "RolledBack"], outcomes[voiding].events
+    assert all(e.type == "Normal" for e in outcomes[voiding].events)
+    voided, announced, _ = (e.message for e in outcomes[voiding].events)
+    assert "le8k 100% -> le8k 26%, gt300k 74%" in voided and "schedulePolicy=srpt" in voided, voided
+    assert "gt300k" in announced and "voiding the canary" in announced, announced
+    assert sent == [{"long_prefill_token_threshold": 0, "long_prefill_mode": "ceiling", "schedule_policy": "fcfs"}]
+    assert not outcomes[voiding].decision.in_flight and outcomes[voiding].decision.fleet.schedule_policy == "fcfs"
+    assert at[voiding + 1] == JUMP_AT + 10.0 and "QueueMixChanged" not in reasons(outcomes[voiding + 1])
+    assert all("CanaryVoided" not in reasons(o) for o in outcomes[:voiding])
+
+
+def test_the_mix_polls_watch_a_canary_a_jump_would_void() -> None:
+    # With a rollout poll longer than the mix poll, the polls during the analysis see the
+    # jump first (T0 + 30) and bring the voiding step forward.
+    at, outcomes, _ = voided_run(60.0)
+    assert at[:2] == [T0, T0 + 30.0], at
+    assert "CanaryVoided" in reasons(outcomes[1])

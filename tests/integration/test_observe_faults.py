@@ -95,7 +95,7 @@ def faults(prometheus_binary, tmp_path_factory) -> Iterator[Faults]:
         wait_for(lambda: Observer(prom.url, SETTINGS).read([CHAT])[CHAT],
                  lambda s: s.valid, deadline_s=40, what="a valid snapshot")
         now = f.recorded_at = time.time()
-        for _, promql in queries.fleet(WINDOW_S).items():
+        for _, promql in queries.fleet_reads(WINDOW_S):
             url = f"{prom.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql, "time": now})
             with urllib.request.urlopen(url, timeout=5) as resp:
                 f.recorded[promql] = json.loads(resp.read())
@@ -168,7 +168,7 @@ def test_a_hung_prometheus_times_out_as_unreachable_and_recovers(faults):
 
 def _replay(faults: Faults, mutate=lambda name, body: body):
     """A responder that answers each fleet query with its recorded real answer, mutated."""
-    names = {promql: name for name, promql in queries.fleet(WINDOW_S).items()}
+    names = {promql: name for name, promql in queries.fleet_reads(WINDOW_S)}
 
     def respond(query: str) -> tuple[int, bytes, float]:
         body = json.loads(json.dumps(faults.recorded[query]))
@@ -288,7 +288,7 @@ def test_loops_giving_up_on_a_slow_read_never_start_a_second_one(fake_prometheus
     assert in_flight["most"] == 1, f"{in_flight['most']} queries at once: a second read started beside the first"
     assert observer.reads_started == 1
     assert late == snap.NO_SERIES, "the late loop got the read the others gave up on"
-    assert fake_prometheus.requests == len(queries.fleet(WINDOW_S).items()), "one fleet read in all"
+    assert fake_prometheus.requests == len(queries.fleet_reads(WINDOW_S)), "one fleet read in all"
     observer.close()
 
 

@@ -190,7 +190,7 @@ def test_one_query_per_metric_family_whatever_the_number_of_deployments(fleet):
     four = observer.queries_made - one
     observer.read()
     everything = observer.queries_made - one - four
-    assert one == four == everything == len(queries.fleet(WINDOW_S).items()) == 8
+    assert one == four == everything == len(queries.fleet_reads(WINDOW_S)) == 23
 
 
 def test_an_idle_deployment_is_no_traffic_not_zero_latency(fleet):
@@ -256,20 +256,20 @@ def sd(namespace: str, name: str, url: str, tenant_label: str = "tenant") -> mod
 
 def test_per_deployment_loops_share_one_fleet_read(fleet):
     """The controller's loops ask one deployment at a time; the fleet observer answers
-    them all from one read (eight queries) per reuse period."""
+    them all from one read (23 queries) per reuse period."""
     observer = FleetObserver(SETTINGS, reuse_s=5.0, token_for=lambda sd: None)
     sds = [sd(*PODS[p], fleet.prom.url) for p in ("chat-0", "batch-0")] + [sd("team-z", "ghost", fleet.prom.url)]
 
     async def every(now: float) -> list[snap.WorkloadSnapshot]:
         return await asyncio.gather(*(observer.snapshot(s, WINDOW_S, now) for s in sds))
 
-    n = len(queries.fleet(WINDOW_S).items())
+    n = len(queries.fleet_reads(WINDOW_S))
 
     async def scenario() -> None:  # one event loop, as in the operator
         first = await every(fleet.t_eval)
         assert [s.invalid for s in first] == [None, snap.NO_TRAFFIC, snap.NO_SERIES]
         assert first[0] == fleet.observer().read(["team-a/chat"])["team-a/chat"]
-        assert observer.queries_made == n == 8
+        assert observer.queries_made == n == 23
         await every(fleet.t_eval + 1)
         assert observer.queries_made == n, "reused within reuse_s"
         await every(fleet.t_eval + 6)

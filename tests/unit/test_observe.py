@@ -41,6 +41,37 @@ def test_one_query_per_metric_family_each_aggregating_by_deployment():
     assert queries.name_matcher("sglang:generation_tokens_histogram_bucket") in fleet.output
 
 
+def test_the_largest_answers_are_sent_in_shards_that_cover_every_name_once():
+    reads = queries.fleet_reads(60)
+    assert [name for name, _ in reads] == ["ttft"] * 6 + ["uncached"] * 6 + ["output", "tokens", "queue", "settings",
+                                                                              "targets"] + ["mix"] * 6
+    whole = dict(queries.fleet(60).items())
+    for name, promql in reads:
+        selectors = re.findall(r"\{(__name__[^}]*)\}", promql)
+        shards = {re.search(r'servingdeployment=~"\.\*(.*)"$', m).group(1) if "=~\".*" in m else "" for m in selectors}
+        if name in queries.SHARDED:
+            assert len(shards) == 1 and shards != {""}, promql  # every selector of a part: the same shard
+            (shard,) = shards
+            assert promql == whole[name].replace('servingdeployment!=""', 'servingdeployment!="", '
+                                                 + queries.shard_matcher(shard))
+        else:
+            assert promql == whole[name] and shards == {""}
+    # Every last character a DNS-1123 name may end in is in exactly one shard.
+    for last in "abcdefghijklmnopqrstuvwxyz0123456789":
+        assert sum(re.fullmatch(f".*{shard}", f"chat-{last}") is not None for shard in queries.SHARDS) == 1, last
+
+
+def test_shards_join_by_deployment():
+    rows = [parse.Sample({**DEP, "servingdeployment": name, "tenant": "t", "le": le, "part": "bucket"}, v, NOW)
+            for name in ("chat", "batch") for le, v in (("1.0", 3.0), ("+Inf", 4.0))]
+    rows += [parse.Sample({**DEP, "servingdeployment": name, "tenant": "t", "part": "sum"}, 5.0, NOW) for name in ("chat", "batch")]
+    whole = assemble.reduce("ttft", rows)
+    parts = [assemble.reduce("ttft", [r for r in rows if r.label("servingdeployment") == n]) for n in ("chat", "batch")]
+    assert assemble.join(parts[0], parts[1]) == whole
+    with pytest.raises(TypeError, match="cannot join"):
+        assemble.join([], {})
+
+
 def test_metric_names_match_either_spelling():
     matcher = queries.name_matcher("sglang:time_to_first_token_seconds_bucket")
     regex = re.fullmatch(r'__name__=~"(.*)"', matcher).group(1)

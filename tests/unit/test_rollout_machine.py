@@ -43,8 +43,9 @@ class Fleet:
             for n, s in sorted(self.settings.items())
         ]
 
-    def step(self, target: machine.RolloutTarget | None, now: float, verdict: analysis.Verdict | None = None) -> machine.RolloutDecision:
-        d = machine.decide(self.state, self.fleet, target, self.pods(), POLICY, now, verdict)
+    def step(self, target: machine.RolloutTarget | None, now: float, verdict: analysis.Verdict | None = None,
+             mix_jump: str = "") -> machine.RolloutDecision:  # fmt: skip
+        d = machine.decide(self.state, self.fleet, target, self.pods(), POLICY, now, verdict, mix_jump)
         for name, setting in d.apply.items():
             if name not in self.failing | self.refusing:
                 self.settings[name] = setting
@@ -214,6 +215,46 @@ def test_a_target_changed_during_the_canary_rolls_back_first() -> None:
     f.step(AUTO, T0)
     d = f.step(machine.RolloutTarget(S(threshold=1024), "newer", canary=True), T0 + 1)
     assert d.action == "RollBack" and "target changed" in d.message
+
+
+ORDER_ONLY = machine.RolloutTarget(S(threshold=4096, schedule_policy="srpt"), "documents: srpt", canary=True)
+JUMP = "the queue mix moved 0.20 from the one the last step decided on: le8k 100% -> le8k 60%, gt300k 40%"
+
+
+@pytest.mark.parametrize("analysing", [False, True])
+def test_a_mix_jump_voids_a_canary_that_does_not_cap_harder(analysing: bool) -> None:
+    # An order-only candidate chosen on documents; giants arrive while its canary runs
+    # (before or after the analysis started): the canary goes back to the fleet's setting
+    # with Normal Events, and the fleet's own setting never changed.
+    f = fleet()
+    f.step(ORDER_ONLY, T0)
+    if analysing:
+        f.step(ORDER_ONLY, T0 + 5)
+        assert f.state is not None and f.state.phase == "Analysis"
+    d = f.step(None, T0 + 40, mix_jump=JUMP)
+    assert d.action == "RollBack" and d.apply == {"engine-0": OLD} and d.fleet == OLD and d.configmap == OLD
+    assert [(e.type, e.reason) for e in d.events] == [("Normal", "CanaryVoided")]
+    assert machine.VOIDED in d.message and "gt300k 40%" in d.message
+    d = f.step(None, T0 + 41)
+    assert d.action == "RolledBack" and [(e.type, e.reason) for e in d.events] == [("Normal", "RolledBack")]
+    assert set(f.settings.values()) == {OLD} and f.fleet == OLD and not d.in_flight
+    # A failed analysis stays a Warning (test_a_regressing_canary_...); a jump while Idle
+    # voids nothing.
+    assert f.step(None, T0 + 42, mix_jump=JUMP).action == "Hold"
+
+
+def test_a_mix_jump_leaves_a_harder_cap_and_other_phases_alone() -> None:
+    # 4096 -> 2048 runs more prefills at once: the way a jump to giants needs; it goes on.
+    f = fleet_in_analysis()
+    assert not machine.voidable(f.state, POLICY.chunked_prefill_size)
+    assert f.step(AUTO, T0 + 100, mix_jump=JUMP).action == "Hold"
+    assert f.step(AUTO, T0 + 305, PASS, mix_jump=JUMP).action == "Promote"
+    assert not machine.voidable(f.state, POLICY.chunked_prefill_size), "Promoting is not voided"
+    assert f.step(AUTO, T0 + 306, mix_jump=JUMP).action == "Promoted"
+    looser = fleet()
+    looser.step(machine.RolloutTarget(S(threshold=8192), "back towards off", canary=True), T0)
+    assert machine.voidable(looser.state, POLICY.chunked_prefill_size)
+    assert not machine.voidable(None, 8192) and not machine.voidable(models.RolloutStatus(), 8192)
 
 
 def test_a_canary_that_goes_away_or_drifts_rolls_back() -> None:

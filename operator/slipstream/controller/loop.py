@@ -199,6 +199,8 @@ class Memory:
     """The queue mix the last step decided on, and whether a jump from it may fire."""
     jumped: str = ""
     """Why the next step comes before its timer (the mix jump), for its Event; "" if not."""
+    moved: str = ""
+    """How the mix of that jump moved (`from -> to`), for a canary it voids; "" if none."""
     jump_retry: bool = False
     """The jump that brought the next step was already announced: a retry of a step on it
     that held (``tune.mixjump.RETRIES``) is logged, not posted as another Event."""
@@ -434,9 +436,18 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
     snap, recommendation = await observe(deps, sd, fleet, now, memory.pools, bool(memory.jumped))
-    # A step that judged nothing leaves the mix watch alone; one on a jump that held is
-    # retried at the next poll (tune.mixjump).
-    memory.mix = memory.mix.stepped(mixjump.mix_of(snap), recommendation is not None and recommendation.judged,
+    mix = mixjump.mix_of(snap)
+    if not memory.jumped and machine.voidable(state, sd.spec.engine.chunked_prefill_size):
+        # Steps come every rollout poll while a canary runs, sooner than the mix polls
+        # (which also watch a canary a jump would void: `until_mix_jump`): each is a look.
+        before = memory.mix
+        memory.mix, fired = memory.mix.see(mix)
+        if fired and mix is not None and before.decided is not None:
+            memory.jump_retry = before.retries > 0
+            memory.jumped, memory.moved = jump_message(mix, before.decided, "voiding the canary")
+    # A step that judged nothing leaves the mix watch alone; one on a jump that held (or
+    # that voided a canary, and so could not move) is retried at the next poll (tune.mixjump).
+    memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
                                     recommendation is not None and recommendation.move, bool(memory.jumped))
     if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
@@ -454,12 +465,12 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     verdict = None
     if state is not None and machine.analysis_due(state, pol, now):
         verdict = await analyse(deps, sd, state, read.pods, now)
-    decision = machine.decide(state, fleet, target, views, pol, now, verdict)
+    decision = machine.decide(state, fleet, target, views, pol, now, verdict, memory.moved if memory.jumped else "")
     started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
     events = list(decision.events)
     if memory.jumped and not memory.jump_retry:
         events.append(machine.Event("Normal", "QueueMixChanged", memory.jumped))
-    memory.jumped, memory.jump_retry = "", False
+    memory.jumped, memory.moved, memory.jump_retry = "", "", False
     if (event := await sync_configmap(deps, sd, decision.configmap)) is not None:
         events.append(event)
     if reachable := {p: s for p, s in decision.apply.items() if p not in read.blocked}:
@@ -529,14 +540,18 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
     """Wait out `delay` seconds, polling the queue mix every `mix_poll_seconds`; True as soon
     as it jumped from the mix the last step decided on (`tune.mixjump`): step now.
 
-    Polls only while no rollout is in flight (the loop then steps every few seconds anyway)
-    and in the modes that observe. `current` gives the deployment as it is now (None: an
+    Polls while no rollout is in flight, or while a canary runs that a jump would void
+    (`rollout.machine.voidable`; other rollouts step every few seconds and take no new
+    decision until they end), and in the modes that observe. `current` gives the deployment as it is now (None: an
     invalid spec); it is read at each poll and not held between them. A poll that fails or
     reads an invalid snapshot judges nothing (missing metrics never move the clock either)."""
     poll = tuning.scale(deps.config.mix_poll_seconds, deps.config)
     end = deps.clock() + delay
     while (left := end - deps.clock()) > 0:
-        if poll <= 0 or poll >= left or (memory.rollout is not None and memory.rollout.phase != "Idle"):
+        sd = current()
+        rollout = memory.rollout
+        if (poll <= 0 or poll >= left or (rollout is not None and rollout.phase != "Idle" and not (
+                sd is not None and machine.voidable(rollout, sd.spec.engine.chunked_prefill_size)))):
             await deps.sleep(left)
             return False
         await deps.sleep(poll)
@@ -557,9 +572,15 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
                   f"{mixjump.distance(mix, before.decided):.2f}" if mix and before.decided else "-")  # fmt: skip
         if fired and mix is not None and before.decided is not None:
             memory.jump_retry = before.retries > 0
-            memory.jumped = (f"the queue mix moved {mixjump.distance(mix, before.decided):.2f} from the one the last "
-                             f"step decided on (at least {mixjump.ENTER:g}): "
-                             f"{mixjump.describe(before.decided)} -> {mixjump.describe(mix)}; stepping now, "
-                             f"{end - now:.0f} s before the timer")  # fmt: skip
+            memory.jumped, memory.moved = jump_message(mix, before.decided,
+                                                       f"stepping now, {end - now:.0f} s before the timer")
             return True
     return False
+
+
+def jump_message(mix: mixjump.Mix, decided: mixjump.Mix, then: str) -> tuple[str, str]:
+    """(the QueueMixChanged Event's message: how far the mix moved, from what to what, and
+    what the loop does about it; the move alone, `from -> to`)."""
+    moved = f"{mixjump.describe(decided)} -> {mixjump.describe(mix)}"
+    return (f"the queue mix moved {mixjump.distance(mix, decided):.2f} from the one the last step decided on "
+            f"(at least {mixjump.ENTER:g}): {moved}; {then}"), moved

@@ -9,7 +9,12 @@ canary's analysis itself is not modelled), and the engines are re-run with the n
 schedule (deterministic, so the past does not change). Between steps the queue mix is
 polled every ``mix_poll_s`` (as the operator's ``mix_poll_seconds``: the uncached tokens of
 the window's first tokens and of the requests waiting then, by size class), and a jump
-(``tune.mixjump``) brings the next step forward to the poll that saw it.
+(``tune.mixjump``) brings the next step forward to the poll that saw it. A jump while a
+canary runs that does not cap harder voids it, as the operator's rollout machine does
+(``rollout.machine.voidable``): the canary engine goes back to the fleet's setting at the
+poll, the promotion never comes, the cooldown runs from then, the candidate is not tried
+again for a cooldown, and the step the jump brings comes one poll later (the operator's
+voiding step cannot move: its rollout was still in flight).
 
 Used by ``scripts/closed-loop-offline.py`` (the timer-offset sweep) and by the demo's
 closing comparison (Auto beside Off and the best static setting, on the same traffic,
@@ -188,6 +193,10 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
     rollout_until, now, jumped = -1.0, offset_s, False
     moves: list[tuple[float, str, str, str]] = []
     watch = mixjump.MixWatch()
+    canarying: guardrails.TunerState | None = None
+    """The state before the move whose canary a jump would void, while it runs."""
+    blocked: tuple[policies.Setting, float] | None = None
+    """A voided candidate and when it may be tried again (the machine's ``retry_after_s``)."""
     jobs = run_engines(per_engine, schedules, profile, cfg)
     while now < spans[-1].end_s:
         window = mixjump.window_s(lset.mix_poll_s, lset.interval_s) if jumped else lset.interval_s
@@ -200,7 +209,11 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
         state = state.saw(recommend.window_heterogeneity(snap, profile, spec.chunked_prefill_size), now,
                           settings.guardrails)
         phase = next((p.name for p in spans if p.holds(now)), "?")
-        if isinstance(decision, guardrails.Move) and not lset.off:
+        if isinstance(decision, guardrails.Move) and blocked is not None and decision.to == blocked[0] \
+                and now < blocked[1]:
+            if log:
+                log(f"{now:7.0f} [{phase}] Hold: {policy_name(decision.to)} was voided; not tried again yet")
+        elif isinstance(decision, guardrails.Move) and not lset.off:
             moves.append((now, policy_name(decision.from_), policy_name(decision.to), decision.reason))
             if log:
                 log(f"{now:7.0f} [{phase}] Move {moves[-1][1]} -> {moves[-1][2]}: {decision.reason}")
@@ -210,6 +223,7 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             rollout_until = now if skipped else now + lset.analysis_s
             if log and skipped:
                 log(f"{now:7.0f} [{phase}] {skipped}")
+            canarying = None if skipped or not voidable(decision) else state
             # The cooldown runs from the promotion (tune.deployment.last_step_at), as the operator's.
             state = state.stepped(decision.to, rollout_until)
             jobs = run_engines(per_engine, schedules, profile, cfg)
@@ -217,8 +231,28 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             log(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
         watch = watch.stepped(mix_at(jobs, now, lset.interval_s), decision.recommendation is not None,
                               isinstance(decision, guardrails.Move), jumped)
-        now, watch, jumped = next_step(jobs, now, rollout_until, watch, lset, log)
+        voids = canarying if canarying is not None and now < rollout_until else None
+        now, watch, jumped = next_step(jobs, now, rollout_until, watch, lset, log, voids is not None)
+        if voids is not None and jumped and now < rollout_until:  # the jump voided the canary (module doc)
+            if log:
+                log(f"{now:7.0f} canary of {policy_name(state.current)} voided: back to {policy_name(voids.current)}")
+            blocked = (state.current, now + max(lset.cooldown_s, lset.analysis_s))
+            for k in range(REPLICAS):  # the promotion not yet reached never comes
+                schedules[k] = [(t, s) for t, s in schedules[k] if t <= now]
+            schedules[canary].append((now, voids.current))
+            state = replace(state, current=voids.current, left=voids.left, last_step_at=now)
+            rollout_until, canarying = now, None
+            jobs = run_engines(per_engine, schedules, profile, cfg)
+            watch = watch.stepped(mix_at(jobs, now, lset.interval_s), False, False, True)
+            now += lset.mix_poll_s
     return Run(results_of(jobs, workload), moves, schedules)
+
+
+def voidable(move: guardrails.Move) -> bool:
+    """Whether a queue-mix jump voids this move's canary (``rollout.machine.voidable``)."""
+    status = models.RolloutStatus(phase="Canary", candidate=deployment.engine_setting(move.to),
+                                  baseline=deployment.engine_setting(move.from_))  # fmt: skip
+    return machine.voidable(status, engine_config().chunked_prefill_size)
 
 
 def skips_canary(move: guardrails.Move, state: guardrails.TunerState) -> str:
@@ -234,14 +268,16 @@ def skips_canary(move: guardrails.Move, state: guardrails.TunerState) -> str:
 
 
 def next_step(jobs: Sequence[Sequence[engine.Job]], now: float, rollout_until: float, watch: mixjump.MixWatch,
-              lset: LoopSettings, log: Callable[[str], None] | None) -> tuple[float, mixjump.MixWatch, bool]:
+              lset: LoopSettings, log: Callable[[str], None] | None,
+              voidable: bool = False) -> tuple[float, mixjump.MixWatch, bool]:  # fmt: skip
     """(when the next step runs, the watch, whether a jump brought it forward): one interval
     on, or at the first mix poll that saw a jump. While a rollout is in flight the operator
-    steps every few seconds anyway: no polls."""
+    steps every few seconds anyway and takes no new decision: no polls, unless a jump would
+    void its canary (``voidable``; a poll that fires before ``rollout_until`` voids it)."""
     step_at = now + lset.interval_s
     poll = now + lset.mix_poll_s
     while lset.mix_poll_s > 0 and poll < step_at:
-        if poll >= rollout_until:
+        if poll >= rollout_until or voidable:
             watch, fired = watch.see(mix_at(jobs, poll, lset.interval_s))
             if fired:
                 if log:

@@ -122,7 +122,7 @@ class PromClient:
 def _decode_into_samples(response: requests.Response, *_: Any, **__: Any) -> requests.Response:
     """requests' response hook: the library's ``response.json()`` decodes each series
     straight into a ``parse.Sample`` (``parse.series_hook``), not into a tree of dicts and
-    lists that would then be copied into samples. A fleet read of 500 deployments is ~62,000
+    lists that would then be copied into samples. A fleet read of 500 deployments is ~73,000
     series, and such a tree would hold tens of MB at once beside them (docs/reliability.md,
     "Scale"). requests' own decoding (charset detection, its JSONDecodeError) is kept."""
     response.json = functools.partial(type(response).json, response, object_hook=parse.series_hook)  # type: ignore[method-assign]

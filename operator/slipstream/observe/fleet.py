@@ -2,10 +2,10 @@
 
 Each ServingDeployment runs its own loop (``controller.loop``) and asks for its own
 snapshot; ``FleetObserver`` answers every such call from one fleet read (``Observer.read``:
-seven queries for every deployment at once) per Prometheus, window and tenant label,
-reused for ``reuse_s`` seconds. So the queries an interval costs are bounded by
-``6 x interval / reuse_s`` per Prometheus, whatever the number of deployments, and the
-loops of 500 deployments do not send 3,000 queries. Reads run on a worker thread (the
+the 23 queries of ``queries.fleet_reads``, every deployment at once) per Prometheus, window
+and tenant label, reused for ``reuse_s`` seconds. So the queries an interval costs are
+bounded by ``23 x interval / reuse_s`` per Prometheus, whatever the number of deployments,
+and the loops of 500 deployments do not send 11,500 queries. Reads run on a worker thread (the
 client is blocking), at most one per key at a time: concurrent loops wait for the read in
 flight and share it. The read is a task of its own, which a loop giving up on it (its
 ``asyncio.wait_for`` in ``controller.loop.observe``) does not cancel and does not restart:
@@ -83,7 +83,7 @@ class FleetObserver:
         self._flights: dict[ReadKey, asyncio.Future[_Read]] = {}
         """The read in flight per key; it clears itself when done."""
         self.reads_started = 0
-        """Fleet reads started (each up to seven queries): at most one in flight per key."""
+        """Fleet reads started (each up to 23 queries): at most one in flight per key."""
 
     @property
     def queries_made(self) -> int:

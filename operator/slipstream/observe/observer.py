@@ -121,7 +121,8 @@ class Observer:
         return self.fetch(at).snapshots(names)
 
     def fetch(self, at: float | None = None) -> FleetRead:
-        """The seven queries at ``at`` (default: now), or why there is no answer."""
+        """The fleet's queries (``queries.fleet_reads``) at ``at`` (default: now), or why
+        there is no answer."""
         now = self.clock() if at is None else at
         rules = self.settings.rules()
         if self.backoff.waiting(now):
@@ -129,9 +130,11 @@ class Observer:
         results: dict[str, object] = {}
         tenant_label = self.settings.tenant_label
         try:
-            for field, promql in queries.fleet(rules.window_s, tenant_label).items():
-                # Reduced at once: only one answer's samples are ever alive.
-                results[field] = assemble.reduce(field, self.client.query(promql, now), tenant_label)
+            for field, promql in queries.fleet_reads(rules.window_s, tenant_label):
+                # Reduced at once: only one answer's samples are ever alive; a shard's joins
+                # the field's others (disjoint by deployment).
+                part = assemble.reduce(field, self.client.query(promql, now), tenant_label)
+                results[field] = assemble.join(results[field], part) if field in results else part
         except QueryFailed as exc:
             return FleetRead(now, rules, self.settings.tenant_label, None, self._failed(now, str(exc)))
         self.backoff.succeeded()

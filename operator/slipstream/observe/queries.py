@@ -1,12 +1,20 @@
-"""The PromQL the operator sends: one query per metric family per interval, for every
-ServingDeployment at once.
+"""The PromQL the operator sends: one query per metric family per interval (the three
+largest in six parts), for every ServingDeployment at once.
 
 Each query aggregates ``by (namespace, servingdeployment, ...)`` (the target labels of
-INTERFACES.md section E), so the number of queries per interval is ``len(FLEET_QUERIES)``
-whether one deployment or five hundred are watched. Where a family needs more than one
+INTERFACES.md section E), so the number of queries per interval (``fleet_reads``) is the
+same whether one deployment or five hundred are watched. Where a family needs more than one
 series (a histogram's buckets and its ``_sum``; cached and prompt token counters), the parts
 are joined with ``or`` and told apart by a ``part`` label added with ``label_replace``: one
 round trip, one evaluation time, so the parts can never disagree about the window.
+
+The three largest answers (TTFT and uncached-token buckets, the queue mix: ~50,000 of the
+~73,000 series at 500 deployments) are sent in six parts (``SHARDS``), split by the last
+character of the deployment's name: each part's answer is about a sixth of the whole, and
+the operator's peak memory is set by the largest answer alive at once (its body, its text
+and its decoded series; the figures are in docs/reliability.md, "What keeps the memory
+bounded"). The parts cover every name once (a DNS-1123 name ends in a letter or digit), so
+their answers are disjoint by deployment, and Prometheus evaluates the same series in all.
 
 Pure: strings in, strings out.
 """
@@ -81,6 +89,19 @@ def histogram_increase(metric: str, by: Sequence[str], rng: str, matchers: Seque
     return union(tagged(BUCKET_PART, buckets), tagged(SUM_PART, total))
 
 
+SHARDS = ("[01a-d]", "[23e-h]", "[45i-m]", "[67n-r]", "[8s-v]", "[9w-z]")
+"""The last characters of the deployment names each part of a sharded query covers
+(``fleet_reads``): a partition of DNS-1123's last characters, balanced for names that end
+in a counter or a word."""
+SHARDED = ("ttft", "uncached", "mix")
+"""The ``FleetQueries`` fields sent in ``SHARDS`` parts: the largest answers."""
+
+
+def shard_matcher(last: str) -> str:
+    """Only the deployments whose name ends in one of the characters ``last`` (a class)."""
+    return f'{DEPLOYMENT_LABELS[1]}=~".*{last}"'
+
+
 @dataclass(frozen=True, slots=True)
 class FleetQueries:
     """The queries of one interval, every deployment together (one per metric family)."""
@@ -115,15 +136,26 @@ def check_label(label: str) -> str:
     return label
 
 
-def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
-    """All queries of one observation over the last ``window_s`` seconds."""
+def fleet_reads(window_s: float, tenant_label: str = TENANT_LABEL) -> list[tuple[str, str]]:
+    """(field, query) of every query one fleet read sends, in order: each ``FleetQueries``
+    field once, the ``SHARDED`` ones once per shard (their answers are joined by field)."""
+    whole = fleet(window_s, tenant_label)
+    shards = [fleet(window_s, tenant_label, last) for last in SHARDS]
+    return [(name, promql) for name, promql in whole.items()
+            for promql in ([getattr(s, name) for s in shards] if name in SHARDED else [promql])]  # fmt: skip
+
+
+def fleet(window_s: float, tenant_label: str = TENANT_LABEL, shard: str = "") -> FleetQueries:
+    """All queries of one observation over the last ``window_s`` seconds; with ``shard`` (one
+    of ``SHARDS``), the ``SHARDED`` ones only for the deployments whose name ends in it."""
     rng = window(window_s)
     dep = DEPLOYMENT_LABELS
     per_tenant = (*dep, check_label(tenant_label))
     per_pod = (*dep, POD_LABEL)
+    only = (shard_matcher(shard),) if shard else ()
     return FleetQueries(
-        ttft=histogram_increase(metrics.TTFT_SECONDS, per_tenant, rng),
-        uncached=histogram_increase(metrics.UNCACHED_PROMPT_TOKENS, per_tenant, rng),
+        ttft=histogram_increase(metrics.TTFT_SECONDS, per_tenant, rng, only),
+        uncached=histogram_increase(metrics.UNCACHED_PROMPT_TOKENS, per_tenant, rng, only),
         output=histogram_increase(metrics.GENERATION_TOKENS, per_tenant, rng),
         tokens=union(
             tagged("cached", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.CACHED_TOKENS_TOTAL)}[{rng}]))"),
@@ -142,21 +174,22 @@ def fleet(window_s: float, tenant_label: str = TENANT_LABEL) -> FleetQueries:
             tagged("up", f"count by ({_by(*per_pod)}) ({selector('up')} == 1)"),
             tagged("down", f"count by ({_by(*per_pod)}) ({selector('up')} == 0)"),
         ),
-        mix=mix(per_tenant, rng),
+        mix=mix(per_tenant, rng, only),
     )
 
 
-def mix(per_tenant: Sequence[str], rng: str) -> str:
+def mix(per_tenant: Sequence[str], rng: str, matchers: Sequence[str] = ()) -> str:
     """The queue-mix query (``FleetQueries.mix``): five parts told apart by ``part``."""
     by_class = (*per_tenant, metrics.SIZE_CLASS_LABEL)
-    ttft_count = selector(metrics.TTFT_BY_SIZE_CLASS_SECONDS + "_count")
+    ttft_count = selector(metrics.TTFT_BY_SIZE_CLASS_SECONDS + "_count", matchers)
+    arrivals = selector(metrics.REQUEST_ARRIVALS_TOTAL, matchers)
+    tokens = selector(metrics.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL, matchers)
     return union(
-        tagged("arrivals", f"sum by ({_by(*per_tenant)}) (increase({selector(metrics.REQUEST_ARRIVALS_TOTAL)}[{rng}]))"),
+        tagged("arrivals", f"sum by ({_by(*per_tenant)}) (increase({arrivals}[{rng}]))"),
         tagged("first_tokens", f"sum by ({_by(*by_class)}) (increase({ttft_count}[{rng}]))"),
-        tagged("tokens", f"sum by ({_by(*by_class, metrics.CACHE_LABEL)}) "
-                         f"(increase({selector(metrics.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL)}[{rng}]))"),
-        tagged("queued", f"sum by ({_by(*by_class)}) ({selector(metrics.QUEUE_REQS_BY_SIZE_CLASS)})"),
-        tagged("queued_tokens", f"sum by ({_by(*by_class)}) ({selector(metrics.QUEUE_TOKENS_BY_SIZE_CLASS)})"),
+        tagged("tokens", f"sum by ({_by(*by_class, metrics.CACHE_LABEL)}) (increase({tokens}[{rng}]))"),
+        tagged("queued", f"sum by ({_by(*by_class)}) ({selector(metrics.QUEUE_REQS_BY_SIZE_CLASS, matchers)})"),
+        tagged("queued_tokens", f"sum by ({_by(*by_class)}) ({selector(metrics.QUEUE_TOKENS_BY_SIZE_CLASS, matchers)})"),
     )
 
 

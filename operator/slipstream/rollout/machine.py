@@ -28,6 +28,11 @@ The rollout, step by step:
    sequential verdict may be undecided: the analysis then goes on, step by step, until
    `analysis_limit_factor` windows, where an undecided verdict rolls back. A target that
    changed meanwhile rolls back too (the next rollout starts from the fleet).
+   A queue-mix jump during phases Canary or Analysis voids a canary that does not cap
+   harder than the fleet (`voidable`): its candidate was chosen for the mix before the
+   jump, and the fleet would serve the new mix on the old setting for the rest of the
+   window. The canary pods go back (a Normal CanaryVoided Event, not a failed analysis),
+   and the next step decides on the new mix.
 4. Promoting. The ConfigMap takes the candidate first (a pod starting now gets it), then
    every pod is set to it. When every pod reports it, the candidate is the fleet's setting
    (phase Idle, result Promoted). A pod that keeps failing rolls the whole fleet back.
@@ -237,6 +242,29 @@ def skip_canary(target: RolloutTarget, state: models.RolloutStatus, fleet: Engin
 # -- the machine -----------------------------------------------------------------------------
 
 
+VOIDED = "the queue mix jumped during the canary"
+"""How the message of a rollout a mix jump voided begins (`voidable`)."""
+
+
+def voidable(state: models.RolloutStatus | None, chunked_prefill_size: int) -> bool:
+    """Whether a queue-mix jump now voids the rollout in flight: phase Canary or Analysis,
+    with a candidate that does not cap harder than the baseline (C // T not higher).
+
+    Such a candidate was chosen for the mix before the jump (another order or mode, a
+    looser cap), and while its canary runs, every other pod serves the new mix on the old
+    setting, for up to the analysis window (a few windows, if the sequential rule stays
+    undecided). Voiding it returns the canaries to the fleet's setting at once, so the next
+    step (the one the jump brings forward, `tune.mixjump`) decides on the new mix. A harder
+    cap is not voided: it moves the way a jump to larger prompts needs, and its analysis
+    compares both sides on the same traffic; a jump the other way (the giants gone) is the
+    calm rule's to answer once it is promoted (`tune.guardrails`)."""
+    if state is None or state.phase not in ("Canary", "Analysis") or state.candidate is None:
+        return False
+    conc = engine_args.concurrency
+    baseline = state.baseline or state.candidate
+    return conc(chunked_prefill_size, state.candidate.threshold) <= conc(chunked_prefill_size, baseline.threshold)
+
+
 def analysis_due(state: models.RolloutStatus, policy: RolloutPolicy, now: float) -> bool:
     """Whether the caller must fetch canary and baseline figures before calling `decide`."""
     started = seconds(state.started_at)
@@ -258,11 +286,16 @@ def decide(
     policy: RolloutPolicy,
     now: float,
     verdict: analysis_.Verdict | None = None,
+    mix_jump: str = "",
 ) -> RolloutDecision:
     """One step. `fleet` is the setting the fleet runs (status); `target` None: hold it.
-    `verdict` is the canary analysis, needed only when `analysis_due`."""
+    `verdict` is the canary analysis, needed only when `analysis_due`. `mix_jump` says how
+    the queue mix jumped since the rollout's decision ("" if it did not): it voids a
+    `voidable` canary."""
     state = state or models.RolloutStatus()
     step = _Step(state, fleet, target, pods, policy, now)
+    if mix_jump and voidable(state, policy.chunked_prefill_size):
+        return step.void(mix_jump)
     if state.phase == "Canary":
         return step.canary()
     if state.phase == "Analysis":
@@ -459,13 +492,22 @@ class _Step:
     def reason(self) -> str:
         return self.state.reason or "promoted"
 
-    def roll_back(self, why: str) -> RolloutDecision:
+    def roll_back(self, why: str, event: tuple[Literal["Normal", "Warning"], str] = ("Warning", "RollingBack"),
+                  ) -> RolloutDecision:  # fmt: skip
         state = self.phase("RollingBack")
         message = f"rolling back {show(self.candidate)} to {show(self.baseline)}: {why}"
         targets = self.off(self.pods, self.baseline)
-        event = Event("Warning", "RollingBack", message)
         return self.decision("RollBack", state, self.baseline, apply=targets, setting=self.baseline,
-                             events=(event,), fleet=self.baseline, message=message)  # fmt: skip
+                             events=(Event(*event, message),), fleet=self.baseline, message=message)  # fmt: skip
+
+    def void(self, mix_jump: str) -> RolloutDecision:
+        """A canary the queue mix jumped under (`voidable`): back to the baseline, with a
+        Normal Event: nothing was found wrong with the candidate."""
+        return self.roll_back(f"{VOIDED} ({mix_jump}), and the candidate was chosen for the mix before it: the "
+                              "next step decides on the new mix", ("Normal", "CanaryVoided"))  # fmt: skip
+
+    def voided(self) -> bool:
+        return VOIDED in (self.state.message or "")
 
     def rolling_back(self) -> RolloutDecision:
         waiting = self.off(self.pods, self.baseline)
@@ -475,8 +517,9 @@ class _Step:
                 "attempts": 0,
             })  # fmt: skip
             message = f"rolled back: every pod runs {show(self.baseline)}; {self.state.message or ''}".rstrip("; ")
+            kind: Literal["Normal", "Warning"] = "Normal" if self.voided() else "Warning"
             return self.decision("RolledBack", state, self.baseline, fleet=self.baseline,
-                                 events=(Event("Warning", "RolledBack", message),), message=message)  # fmt: skip
+                                 events=(Event(kind, "RolledBack", message),), message=message)  # fmt: skip
         state = self.state.model_copy(update={"attempts": self.state.attempts + 1})
         return self.decision("RollBack", state, self.baseline, apply=waiting, setting=self.baseline,
                              fleet=self.baseline, message=self.state.message or "")  # fmt: skip

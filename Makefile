@@ -46,8 +46,8 @@ prometheus:
 # its simulators keep their time scale.
 WORKERS ?= auto
 test: venv kube-bins prometheus engine-test
-	$(PY) -m pytest tests/unit tests/integration -n $(WORKERS)
-	$(PY) -m pytest tests/cluster
+	$(PY) -m pytest tests/unit tests/integration -n $(WORKERS) --durations=10
+	$(PY) -m pytest tests/cluster --durations=25
 
 # Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
 # the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine, side by side.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 from slipstream import cli
 from slipstream.sim import engine, metrics, policies, profiles
 from slipstream.sim.workload import BLOCK_SPACE, Request, Workload, build
-from slipstream.tune import auto, guardrails, observed
+from slipstream.tune import auto, guardrails, mixjump, observed
 from slipstream.tune.candidates import concurrency
 from slipstream.tune.guardrails import GuardrailSettings
 from slipstream.tune.tuner import TunerSettings
@@ -214,3 +215,34 @@ def test_auto_without_reuse_runs_the_twin_every_step():
     reusing = auto.TwinAuto(TunerSettings(), PROFILE, CFG, policies.Setting(0, "ceiling", "fcfs"), INTERVAL_S,
                             reuse_s=600.0)
     assert reusing.memo is not None and reusing.memo.max_age_s == 600.0
+
+
+def voiding_auto(candidate: policies.Setting) -> tuple[auto.TwinAuto, list[policies.Setting | None]]:
+    """``auto`` with the operator's timing, its first step held (no traffic yet), then a
+    rollout of ``candidate`` in flight decided on chat turns alone, then giants waiting at
+    the next poll and the one after: (the tuner, what it told the engine at each call)."""
+    stock = policies.Setting(0, "ceiling", "fcfs")
+    settings = TunerSettings(guardrails=GuardrailSettings(interval_s=INTERVAL_S, cooldown_s=COOLDOWN_S))
+    tuner = auto.TwinAuto(settings, PROFILE, CFG, stock, INTERVAL_S, interval_s=INTERVAL_S, analysis_s=120.0,
+                          mix_poll_s=10.0)  # fmt: skip
+    said = [tuner(policies.RoundView(0.0, (), (), 0))]
+    tuner._rollout = (125.0, candidate)
+    tuner.state = replace(tuner.state, rollout_in_progress=True)
+    tuner._watch = mixjump.MixWatch(mixjump.shares({"le8k": 1.0}, 100.0), tops=(1,))
+    for now in (10.0, 20.0):
+        chat = tuple(policies.FirstToken("chat", now - 9 + i * 0.2, now - 8.9 + i * 0.2, 2000, 2000) for i in range(30))
+        said.append(tuner(policies.RoundView(now, (350_000, 350_000, 350_000), (), 0, chat)))
+    return tuner, said
+
+
+def test_a_mix_jump_voids_a_rollout_that_does_not_cap_harder_as_the_operator_does():
+    # An order-only candidate: the giants' first poll returns the engine to stock, the
+    # cooldown runs from then, and the next poll that still sees them steps early.
+    tuner, said = voiding_auto(policies.Setting(0, "ceiling", "srpt"))
+    assert said[:2] == [None, policies.Setting(0, "ceiling", "fcfs")], said
+    assert tuner.voided == 1 and tuner._rollout is None and not tuner.state.rollout_in_progress
+    assert tuner.state.last_step_at == 10.0 and tuner.state.current == policies.Setting(0, "ceiling", "fcfs")
+    assert tuner.early_steps == 1 and tuner.decisions[-1][0] == 20.0, tuner.decisions
+    # A harder cap goes on: the way a jump to giants needs.
+    harder, said = voiding_auto(policies.Setting(4096, "ceiling", "srpt"))
+    assert harder.voided == 0 and harder._rollout is not None and said[1:] == [None, None]

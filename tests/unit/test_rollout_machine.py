@@ -309,3 +309,19 @@ def test_event_wording_names_what_moves() -> None:
         "threshold 0 (concurrency 1): order fcfs -> srpt")
     assert machine.describe_change(OLD, S(threshold=4096, mode="floor"), 8192) == (
         "threshold 4096 (concurrency 2): order fcfs, mode ceiling -> floor")
+
+
+def test_the_twins_auto_voids_by_the_same_rule() -> None:
+    # tune.auto may not import the rollout stage, so it restates `voidable`'s rule in the
+    # twin's settings (C // T not above the setting before): the two agree on every pair
+    # of candidates the tuner may choose within concurrency 1-4.
+    from slipstream.tune import candidates, deployment
+
+    spec = candidates.TuningSpec(8192, 1, 1, 4)
+    settings = list(candidates.enumerate_candidates(spec))
+    for before in settings:
+        for after in settings:
+            status = models.RolloutStatus(phase="Canary", candidate=deployment.engine_setting(after),
+                                          baseline=deployment.engine_setting(before))  # fmt: skip
+            twin = candidates.concurrency(after, 8192) <= candidates.concurrency(before, 8192)
+            assert machine.voidable(status, 8192) == twin, (before, after)

@@ -16,6 +16,11 @@ The timing is the operator's (``controller/loop.py``, ``rollout/machine.py``):
   stays in flight for ``analysis_s`` (the canary's analysis window; the analysis itself is
   taken to pass): the tuner holds meanwhile, and its cooldown runs from the promotion
   (``tune.deployment.last_step_at``), not from the decision;
+- a mix jump while a rollout that does not cap harder is in flight voids it
+  (``rollout.machine.voidable``): the engine goes back to the setting before it, the
+  cooldown runs from then, the candidate is not tried again for ``max(cooldown,
+  analysis)`` (the machine's ``retry_after_s``), and the next poll that still sees the jump
+  steps (the operator's voiding step cannot move: its rollout was still in flight);
 - the twin runs again only when it must (``reuse_s`` > 0: the tuner memo, ``tune.memo``,
   as the operator's ``tuner_reuse_seconds``): a step whose workload has not moved beyond
   sampling noise, under the same setting, within the last run's lifetime (``reuse_s``
@@ -33,6 +38,7 @@ from slipstream.api.snapshot import NO_TRAFFIC
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
 from slipstream.tune import mixjump, observed
+from slipstream.tune.candidates import concurrency
 from slipstream.tune.guardrails import Decision, Hold, Move, TunerState
 from slipstream.tune.memo import Memo
 from slipstream.tune.recommend import window_heterogeneity
@@ -68,6 +74,10 @@ class TwinAuto:
         self._next_step: float | None = None
         self._rollout: tuple[float, Setting] | None = None
         """(when it promotes, the setting) of the rollout in flight."""
+        self._blocked: tuple[Setting, float] | None = None
+        """A voided candidate and until when it is not tried again."""
+        self.voided = 0
+        """Rollouts a mix jump voided."""
         self._watch = mixjump.MixWatch()
         self.memo = Memo(max_age_s=reuse_s) if reuse_s > 0 else None
         """The last twin run and its fingerprint (``tune.memo``); None: a twin run every step."""
@@ -88,8 +98,11 @@ class TwinAuto:
         assert self._next_step is not None
         due = now >= self._next_step - 1e-9
         jumped = False
-        if not due and self._rollout is None and self.mix_poll_s > 0:
-            self._watch, jumped = self._watch.see(self._mix(view))
+        if not due and self.mix_poll_s > 0 and (self._rollout is None or self._voidable()):
+            mix = self._mix(view)
+            self._watch, jumped = self._watch.see(mix)
+            if jumped and self._rollout is not None:
+                return self._void(now, mix)
             self.early_steps += jumped
             due = jumped
         if not due:
@@ -112,6 +125,11 @@ class TwinAuto:
         if self.mix_poll_s > 0:
             self._watch = self._watch.stepped(self._mix(view), decision.recommendation is not None,
                                               isinstance(decision, Move), jumped)
+        if isinstance(decision, Move) and self._blocked is not None and decision.to == self._blocked[0] \
+                and now < self._blocked[1]:
+            self.decisions[-1] = (now, Hold("RolledBack", "the candidate was voided; not tried again yet",
+                                            decision.recommendation))  # fmt: skip
+            return None
         if isinstance(decision, Move):
             if self.analysis_s > 0:
                 self._rollout = (now + self.analysis_s, decision.to)
@@ -120,6 +138,26 @@ class TwinAuto:
                 self._step(decision.to, now)
             return decision.to
         return None
+
+    def _voidable(self) -> bool:
+        """Whether a mix jump voids the rollout in flight: it does not cap harder than the
+        setting before it (``rollout.machine.voidable``'s rule, which the tune stage may not
+        import; tests/unit/test_rollout_machine.py checks that the two agree)."""
+        assert self._rollout is not None
+        c = self.config.chunked_prefill_size
+        return concurrency(self._rollout[1], c) <= concurrency(self.state.current, c)
+
+    def _void(self, now: float, mix: mixjump.Mix | None) -> Setting:
+        """The rollout in flight voided by a mix jump: the engine back on the setting before it."""
+        assert self._rollout is not None
+        _, candidate = self._rollout
+        self._rollout = None
+        guard = self.settings.guardrails
+        self._blocked = (candidate, now + max(guard.cooldown_s, self.analysis_s))
+        self.state = replace(self.state, rollout_in_progress=False, last_step_at=now)
+        self._watch = self._watch.stepped(mix, False, False, True)  # retried at the next poll
+        self.voided += 1
+        return self.state.current
 
     def _promote(self, now: float) -> None:
         """The rollout in flight promotes once its analysis window has passed."""

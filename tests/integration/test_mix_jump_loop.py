@@ -292,3 +292,20 @@ def test_the_mix_polls_watch_a_canary_a_jump_would_void() -> None:
     at, outcomes, _ = voided_run(60.0)
     assert at[:2] == [T0, T0 + 30.0], at
     assert "CanaryVoided" in reasons(outcomes[1])
+
+
+def test_the_event_names_the_rule_that_fired() -> None:
+    from slipstream.tune import mixjump
+
+    documents = mixjump.shares({"le60k": 1.0}, 100.0)
+    watch = mixjump.MixWatch(documents, tops=(mixjump.top(documents),))
+    giant = mixjump.shares({"le60k": 0.9, "gt300k": 0.1}, 100.0)
+    assert giant is not None and documents is not None
+    message, moved = loop.jump_message(giant, watch, "stepping now")
+    assert message.startswith("the queue mix moved 0.05 from the one the last step decided on, and prompts larger "
+                              "than it held carry 10% of the work (at least 5%): le60k 100% -> "), message
+    assert moved == "le60k 100% -> le60k 90%, gt300k 10%" and message.endswith("; stepping now")
+    chat = mixjump.shares({"le1k": 1.0}, 100.0)
+    assert chat is not None
+    message, _ = loop.jump_message(chat, watch, "x")
+    assert message.startswith("the queue mix moved 0.50 from the one the last step decided on (at least 0.12): ")

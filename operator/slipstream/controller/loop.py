@@ -444,7 +444,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
         memory.mix, fired = memory.mix.see(mix)
         if fired and mix is not None and before.decided is not None:
             memory.jump_retry = before.retries > 0
-            memory.jumped, memory.moved = jump_message(mix, before.decided, "voiding the canary")
+            memory.jumped, memory.moved = jump_message(mix, before, "voiding the canary")
     # A step that judged nothing leaves the mix watch alone; one on a jump that held (or
     # that voided a canary, and so could not move) is retried at the next poll (tune.mixjump).
     memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
@@ -572,15 +572,23 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
                   f"{mixjump.distance(mix, before.decided):.2f}" if mix and before.decided else "-")  # fmt: skip
         if fired and mix is not None and before.decided is not None:
             memory.jump_retry = before.retries > 0
-            memory.jumped, memory.moved = jump_message(mix, before.decided,
-                                                       f"stepping now, {end - now:.0f} s before the timer")
+            memory.jumped, memory.moved = jump_message(mix, before, f"stepping now, {end - now:.0f} s before the timer")
             return True
     return False
 
 
-def jump_message(mix: mixjump.Mix, decided: mixjump.Mix, then: str) -> tuple[str, str]:
-    """(the QueueMixChanged Event's message: how far the mix moved, from what to what, and
-    what the loop does about it; the move alone, `from -> to`)."""
+def jump_message(mix: mixjump.Mix, watch: mixjump.MixWatch, then: str) -> tuple[str, str]:
+    """(the QueueMixChanged Event's message: which of `tune.mixjump`'s rules fired, from
+    what mix to what, and what the loop does about it; the move alone, `from -> to`)."""
+    decided = watch.decided
+    assert decided is not None
     moved = f"{mixjump.describe(decided)} -> {mixjump.describe(mix)}"
-    return (f"the queue mix moved {mixjump.distance(mix, decided):.2f} from the one the last step decided on "
-            f"(at least {mixjump.ENTER:g}): {moved}; {then}"), moved
+    distance = mixjump.distance(mix, decided)
+    why = f"the queue mix moved {distance:.2f} from the one the last step decided on"
+    if distance >= mixjump.ENTER:
+        why += f" (at least {mixjump.ENTER:g})"
+    else:  # the other rule: prompts larger than the references held
+        share = mixjump.larger(mix, decided, max(watch.tops, default=-1))
+        why += (f", and prompts larger than it held carry {share:.0%} of the work (at least "
+                f"{mixjump.NEW_SHARE:.0%})")  # fmt: skip
+    return f"{why}: {moved}; {then}", moved

@@ -42,12 +42,16 @@ prometheus:
 
 # Everything CI runs: set-up of every tier, then all tests. The unit and integration tiers
 # run on one pytest worker per core (pytest-xdist; WORKERS=0 runs them in pytest's own
-# process); the cluster tier runs alone after them, so nothing else loads the machine while
-# its simulators keep their time scale.
+# process). The cluster tier's tests mostly wait on controllers and timers: they run on
+# CLUSTER_WORKERS workers, each with its own control plane, a test file per worker. The
+# tests marked `alone` (the closed loop, the live loopbench) keep a time scale and prove
+# it held from the simulators' lag: they run last, with nothing else on the machine.
 WORKERS ?= auto
+CLUSTER_WORKERS ?= 2
 test: venv kube-bins prometheus engine-test
 	$(PY) -m pytest tests/unit tests/integration -n $(WORKERS) --durations=10
-	$(PY) -m pytest tests/cluster --durations=25
+	$(PY) -m pytest tests/cluster -m "not alone" -n $(CLUSTER_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest tests/cluster -m alone --durations=5
 
 # Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
 # the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine, side by side.

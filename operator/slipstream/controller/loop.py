@@ -208,6 +208,11 @@ class Memory:
     """Each engine pod's KV pool as the last step read it (`tuning.kv_pools`): the tuner runs
     on the pods' pool of the step before, since a step reads the pods after it observes."""
 
+    def fired(self, mix: mixjump.Mix, before: mixjump.MixWatch, then: str) -> None:
+        """The watch (as it was, ``before``) fired on ``mix``: the next step is a jump's."""
+        self.jump_retry = before.retries > 0
+        self.jumped, self.moved = jump_message(mix, before, then)
+
 
 @dataclass(frozen=True)
 class StepOutcome:
@@ -442,9 +447,8 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
         # (which also watch a canary a jump would void: `until_mix_jump`): each is a look.
         before = memory.mix
         memory.mix, fired = memory.mix.see(mix)
-        if fired and mix is not None and before.decided is not None:
-            memory.jump_retry = before.retries > 0
-            memory.jumped, memory.moved = jump_message(mix, before, "voiding the canary")
+        if fired and mix is not None:
+            memory.fired(mix, before, "voiding the canary")
     # A step that judged nothing leaves the mix watch alone; one on a jump that held (or
     # that voided a canary, and so could not move) is retried at the next poll (tune.mixjump).
     memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
@@ -548,10 +552,9 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
     poll = tuning.scale(deps.config.mix_poll_seconds, deps.config)
     end = deps.clock() + delay
     while (left := end - deps.clock()) > 0:
-        sd = current()
         rollout = memory.rollout
-        if (poll <= 0 or poll >= left or (rollout is not None and rollout.phase != "Idle" and not (
-                sd is not None and machine.voidable(rollout, sd.spec.engine.chunked_prefill_size)))):
+        in_flight = rollout is not None and rollout.phase != "Idle"
+        if poll <= 0 or poll >= left or (in_flight and not voidable_now(current, rollout)):
             await deps.sleep(left)
             return False
         await deps.sleep(poll)
@@ -570,11 +573,18 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
         log.debug("%s/%s mix poll: %s (distance %s from the decided mix)", sd.metadata.namespace, sd.metadata.name,
                   mixjump.describe(mix) if mix else "none",
                   f"{mixjump.distance(mix, before.decided):.2f}" if mix and before.decided else "-")  # fmt: skip
-        if fired and mix is not None and before.decided is not None:
-            memory.jump_retry = before.retries > 0
-            memory.jumped, memory.moved = jump_message(mix, before, f"stepping now, {end - now:.0f} s before the timer")
+        if fired and mix is not None:
+            memory.fired(mix, before, f"stepping now, {end - now:.0f} s before the timer")
             return True
     return False
+
+
+def voidable_now(current: Callable[[], models.ServingDeployment | None],
+                 rollout: models.RolloutStatus | None) -> bool:
+    """Whether a jump would void the rollout in flight (the deployment read only then: a
+    poll of an idle loop reads it once, after its sleep)."""
+    sd = current()
+    return sd is not None and machine.voidable(rollout, sd.spec.engine.chunked_prefill_size)
 
 
 def jump_message(mix: mixjump.Mix, watch: mixjump.MixWatch, then: str) -> tuple[str, str]:

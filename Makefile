@@ -56,7 +56,7 @@ test: venv kube-bins prometheus engine-test
 # Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
 # the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine, side by side.
 engine-test:
-	bash tests/engine/run-all.sh
+	bash tests/engine/run-all.sh --durations=10
 
 test-unit: venv
 	$(PY) -m pytest tests/unit -n $(WORKERS)

@@ -220,3 +220,30 @@ def deep_size(obj: object, seen: set[int] | None = None) -> int:
     if fields:
         return size + sum(deep_size(getattr(obj, f), seen) for f in fields)
     return size
+
+
+# -- a step the queue mix brought forward ranks ceilings only (tuner.JUMP_MODES) ------------
+
+
+def test_a_step_the_mix_brought_forward_ranks_ceilings_only_and_never_reuses_a_timer_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    modes: list[tuple[str, ...]] = []
+    real = recommend.recommend
+
+    def seen(snapshot, current, spec, profile, config, settings):  # type: ignore[no-untyped-def]
+        modes.append(settings.modes)
+        return real(snapshot, current, spec, profile, config, settings)
+
+    monkeypatch.setattr(recommend, "recommend", seen)
+    m = memo.Memo(max_age_s=600)
+    timer = tuner.tune_once(heterogeneous(), TunerState(current=OFF), SETTINGS, PROFILE, None, 1000.0, m)
+    jumped = tuner.tune_once(heterogeneous(), TunerState(current=OFF, mix_jumped=True), SETTINGS, PROFILE, None,
+                             1000.0, m)  # fmt: skip
+    # The same workload a moment later: the timer's run is not reused for the jump's step.
+    assert modes == [("ceiling", "floor"), ("ceiling",)], modes
+    assert timer.recommendation is not None and jumped.recommendation is not None
+    assert jumped.recommendation.best.setting.mode == "ceiling", jumped.recommendation.best.setting
+    # Its own run is reused by the next jump step on the same workload.
+    tuner.tune_once(heterogeneous(), TunerState(current=OFF, mix_jumped=True), SETTINGS, PROFILE, None, 1060.0, m)
+    assert len(modes) == 2, modes

@@ -53,7 +53,8 @@ A step the queue mix brought forward moves only to a setting that caps harder: a
 else (another order or mode alone, less concurrency) is held ``JumpNotHarder`` until the
 timer's step. Its window is the short one since the jump, and a change of order on it
 would start a canary that keeps the fleet uncapped for an analysis window while the
-giants that brought the step queue behind each other.
+giants that brought the step queue behind each other. For the same reason its twin run
+ranks the ceiling mode only (``tune.tuner.JUMP_MODES``).
 
 A move by gain that keeps the concurrency (another order or mode alone) is held
 ``WorseP99TTFT`` when it predicts a worse worst-tenant p99 TTFT (beyond

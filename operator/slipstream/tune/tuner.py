@@ -6,7 +6,7 @@ interval, so the closed loop in a cluster and in the twin run the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from slipstream.api.snapshot import WorkloadSnapshot
 from slipstream.sim.policies import EngineConfig
@@ -27,6 +27,26 @@ class TunerSettings:
     recommender: RecommenderSettings = field(default_factory=RecommenderSettings)
 
 
+JUMP_MODES = ("ceiling",)
+"""The modes a step the queue mix brought forward may choose (``TunerState.mix_jumped``).
+Its window is the short one since the jump: it holds the first few of the larger prompts
+that fired it, too few to tell the modes apart. A floor gives the partial prefills a pass's
+idle budget, which on such a window reads as a gain; over the phase it lets the giants take
+the passes the short requests behind them wait for. The ceiling bounds what they take, the
+safe side of the unequal costs (tune.guardrails: a jump moves only to a harder cap). The
+timer's step, on a full window, may refine the mode."""
+
+
+def for_step(state: TunerState, settings: TunerSettings) -> TunerSettings:
+    """The settings this step's twin run is made under: on a step the mix brought forward,
+    only the ceiling modes (`JUMP_MODES`); a reused run must have been made the same way,
+    so the memo's key (the recommender's settings) tells the two apart."""
+    if not state.mix_jumped:
+        return settings
+    modes = tuple(m for m in settings.recommender.modes if m in JUMP_MODES) or settings.recommender.modes
+    return replace(settings, recommender=replace(settings.recommender, modes=modes))
+
+
 def without_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSettings,
                  profile: Profile | None, config: EngineConfig | None, now: float,
                  memo: Memo | None = None) -> Decision | None:
@@ -41,6 +61,7 @@ def without_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerS
         return held
     if memo is None or profile is None:
         return None
+    settings = for_step(state, settings)
     rec = memo.get(snapshot.deployment, _key(state, settings, profile, config),
                    fingerprint(snapshot, settings.recommender.calibration_min_samples), now)
     if rec is None:
@@ -56,6 +77,7 @@ def with_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSett
     held = guardrails.gate(snapshot, state, settings.guardrails, now)
     if held is not None:
         return held
+    settings = for_step(state, settings)
     # Kept whole only until judged: a decision carries what the guardrails read
     # (`Ranking.kept`), the same whether it was computed now or reused later.
     rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,

@@ -54,7 +54,7 @@ PEERING_LIFETIME_S = 10
 OPERATOR_ENV = {
     "SLIPSTREAM_OBSERVE_MIN_SAMPLES": "10",
     "SLIPSTREAM_CANARY_MIN_SAMPLES": "5",
-    "SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS": "3",  # the fault holds 30 s; a loaded machine's read may take 1
+    "SLIPSTREAM_PROMETHEUS_TIMEOUT_SECONDS": "3",  # the timeout fault holds 30 s; a read on a loaded machine can take over 1 s
     "SLIPSTREAM_ADMIN_TIMEOUT_SECONDS": "1",
     "SLIPSTREAM_ROLLOUT_POLL_SECONDS": "0.5",
     "SLIPSTREAM_ADMIN_ATTEMPTS": "3",

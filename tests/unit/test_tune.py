@@ -26,7 +26,7 @@ from slipstream.api.snapshot import (
 )
 from slipstream.sim import engine, policies, profiles
 from slipstream.sim.policies import EngineConfig, Setting
-from slipstream.tune import codec, deployment, guardrails, modelcheck, recommend
+from slipstream.tune import codec, deployment, guardrails, modelcheck, recommend, robust
 from slipstream.tune.candidates import TuningSpec, concurrency, enumerate_candidates
 from slipstream.tune.guardrails import GuardrailSettings, Hold, Infeasible, Move, TunerState
 from slipstream.tune.heterogeneity import heterogeneity
@@ -367,6 +367,44 @@ def test_a_step_back_is_not_held_for_a_gain_it_does_not_rest_on():
     harder = replace(back, best=replace(back.best, setting=busy), current=replace(back.current, setting=OFF))
     d = decide(uniform(), harder, TunerState(OFF))
     assert isinstance(d, Hold) and d.reason == guardrails.NOT_ON_RESAMPLE, d
+
+
+def test_a_same_concurrency_near_tie_does_not_keep_a_cap_uniform_traffic_no_longer_needs():
+    # Calm uniform traffic under a cap: another mode at the same concurrency wins the point
+    # choice by 2% (below the margin) and off is 8% behind on the confirming sample, but
+    # every draw scores off within the tolerance of the current setting. The step back is to
+    # off, and the Move's recommendation is restated about off (what status and the
+    # canary's risk rule read): no predicted gain, so its canary runs.
+    busy = HET_REC.best.setting
+    rec = recommend.recommend(uniform(), busy, SPEC, PROFILE)
+    variant = replace(busy, mode="floor")
+    by = {p.setting: p for p in rec.confirmed}
+    cur = replace(rec.current, worst_tenant_slowdown_p99=5.3)
+    best = replace(rec.current, setting=variant, worst_tenant_slowdown_p99=5.2)
+    off = replace(by[Setting(0, "ceiling", "srpt")], worst_tenant_slowdown_p99=5.7)
+    scored = (robust.Scored(variant, (1.0, 1.0, 1.0), 1.0), robust.Scored(busy, (1.02, 1.03, 1.0), 1.03),
+              robust.Scored(off.setting, (1.08, 1.0, 1.06), 1.08))
+    tie = replace(rec, best=best, current=cur, confirmed=(best, cur, off), regrets=scored, predictions=(),
+                  resample_gain=0.03)
+    assert concurrency(variant, SPEC.chunked_prefill_size) == concurrency(busy, SPEC.chunked_prefill_size)
+    d = decide(uniform(), tie, TunerState(busy))
+    assert isinstance(d, Move) and d.to == off.setting and "less concurrency predicts as well" in d.reason, d
+    assert d.recommendation.best.setting == off.setting and "5.3 -> 5.7" in d.recommendation.reason
+    assert d.recommendation.sure_gain < 0
+    # Kept for the memo, the run decides the same.
+    kept = decide(uniform(), tie.kept(), TunerState(busy))
+    assert isinstance(kept, Move) and kept.to == off.setting
+    # Off scoring beyond the tolerance on some draw: no step back, the near-tie holds.
+    far = replace(tie, regrets=(*scored[:2], robust.Scored(off.setting, (1.2, 1.0, 1.0), 1.2)))
+    assert not isinstance(decide(uniform(), far, TunerState(busy)), Move)
+    # A mixed window, or a step the queue mix brought forward: no step back either.
+    mixed = replace(tie, heterogeneity=GUARD.step_back_max_heterogeneity + 0.05)
+    assert not isinstance(decide(uniform(), mixed, TunerState(busy)), Move)
+    d = decide(uniform(), tie, TunerState(busy, mix_jumped=True))
+    assert isinstance(d, Hold) and d.reason == guardrails.JUMP_NOT_HARDER, d
+    # The calm holds it like any other loosening, naming off.
+    d = decide(uniform(), tie, TunerState(busy, mixed_at=9_800.0))
+    assert isinstance(d, Hold) and d.reason == guardrails.CALM and d.message.startswith("off"), d
 
 
 def test_a_cap_is_loosened_only_after_a_cooldown_of_near_uniform_traffic():

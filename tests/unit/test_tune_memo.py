@@ -7,7 +7,7 @@ import dataclasses
 import sys
 
 import pytest
-from test_tune import OFF, PROFILE, SPEC, heterogeneous
+from test_tune import OFF, PROFILE, SPEC, heterogeneous, uniform
 
 from slipstream.sim.policies import Setting
 from slipstream.tune import guardrails, memo, recommend, tuner
@@ -192,7 +192,10 @@ def test_what_a_decision_keeps_of_a_run_decides_the_same_and_is_a_fraction_of_it
     and the same decision under each guardrail as the whole run."""
     full = recommend.recommend(heterogeneous(), OFF, SPEC, PROFILE, None, SETTINGS.recommender)
     kept = full.kept()
-    assert len(full.predictions) > 5 and len(kept.predictions) <= 2 and kept.confirmed == ()
+    assert len(full.predictions) > 5 and len(kept.predictions) <= 2
+    # Of the confirming shortlist, only the candidates the resamples scored (the step back's).
+    assert {p.setting for p in kept.confirmed} <= {s.candidate for s in full.regrets}
+    assert len(kept.confirmed) < len(full.confirmed)
     for figure in ("gain", "screen_gain", "gain_spread", "gain_abs"):
         assert getattr(kept, figure) == getattr(full, figure), figure
     assert (kept.best, kept.current, kept.heterogeneity, kept.feasible, kept.reason) == (
@@ -203,6 +206,12 @@ def test_what_a_decision_keeps_of_a_run_decides_the_same_and_is_a_fraction_of_it
         b = guardrails.decide(heterogeneous(), kept, state, SPEC, SETTINGS.guardrails, 1000.0)
         assert (type(a), a.reason) == (type(b), b.reason)
     assert deep_size(kept) < deep_size(full) / 2, (deep_size(kept), deep_size(full))
+    # Near-uniform traffic under a cap: the step back reads the kept figures the same.
+    busy = full.best.setting
+    calm = recommend.recommend(uniform(), busy, SPEC, PROFILE, None, SETTINGS.recommender)
+    a = guardrails.decide(uniform(), calm, TunerState(current=busy), SPEC, SETTINGS.guardrails, 1000.0)
+    b = guardrails.decide(uniform(), calm.kept(), TunerState(current=busy), SPEC, SETTINGS.guardrails, 1000.0)
+    assert isinstance(a, Move) and (type(a), a.to, a.reason) == (type(b), b.to, b.reason)
 
 
 def deep_size(obj: object, seen: set[int] | None = None) -> int:

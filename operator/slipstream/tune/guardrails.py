@@ -33,9 +33,13 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    ``Dwell``: A -> B -> A within a few cooldowns is flapping): Move, with the recommendation's
    one-line reason. This holds even when no candidate meets every target: the best effort
    still serves the tenants better, and the reason says which targets it misses. Also a
-   Move: the best has less concurrency than the current setting,
-   predicts within ``step_back_tolerance`` of it and the mix is near-uniform (heterogeneity
-   at most ``step_back_max_heterogeneity``): uniform traffic returns to off;
+   Move, when no move by gain is made: the *step back* (``step_back_to``). On a
+   near-uniform mix (heterogeneity at most ``step_back_max_heterogeneity``) a setting with
+   less concurrency than the current one that predicts as well (within
+   ``step_back_tolerance``): the best itself, on the confirming sample, or else the least
+   concurrent of the candidates the resamples scored, on its robust score against the
+   current's. Uniform traffic returns to off even when another mode or order at the
+   current concurrency wins the point choice by a hair;
 7b. a Move by gain that is not also a step back (which rests on the mix, not on a gain:
    a larger predicted gain must not make it less likely) whose gain does not hold across
    independent resamples (other seeds,
@@ -82,9 +86,10 @@ from dataclasses import dataclass, replace
 
 from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
-from slipstream.tune.candidates import TuningSpec, concurrency
+from slipstream.tune import robust
+from slipstream.tune.candidates import TuningSpec, concurrency, preference
 from slipstream.tune.modelcheck import MODEL_MISMATCH
-from slipstream.tune.recommend import Ranking, describe
+from slipstream.tune.recommend import Prediction, Ranking, describe, reason_line
 
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 INTERVAL = "Interval"
@@ -289,12 +294,14 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     by_gain = best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= margin
     fewer = concurrency(best, c) < concurrency(state.current, c)
     harder = concurrency(best, c) > concurrency(state.current, c)
-    step_back = (best != state.current and new <= cur * (1 + settings.step_back_tolerance)
-                 and rec.heterogeneity <= settings.step_back_max_heterogeneity and fewer)
+    back = None if state.mix_jumped else step_back_to(rec, state.current, c, settings)
+    step_back = back is not None and back.setting == best
     if by_gain and not step_back and math.isfinite(rec.resample_gain) and rec.resample_gain < settings.min_gain:
-        return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
-                    f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
-                    f"{rec.reason}", rec)
+        if back is None:
+            return Hold(NOT_ON_RESAMPLE, f"predicted gain {rec.gain:.0%} of {describe(best, c)} is "
+                        f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
+                        f"{rec.reason}", rec)  # fmt: skip
+        by_gain = False  # not a gain: the step back below judges the move
     if cooling(state, settings, now):  # only a step the mix brought forward gets here
         if by_gain and left_at is None and harder and rec.sure_gain >= settings.jump_gain:
             return Move(state.current, best, f"{rec.reason}; the queue mix jumped, so it does not wait out "
@@ -307,22 +314,26 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
         return Hold(JUMP_NOT_HARDER, f"{describe(best, c)} does not cap harder than {describe(state.current, c)}: "
                     "a step the queue mix brought forward moves only to a harder cap, and anything else waits "
                     f"for the timer's step: {rec.reason}", rec)  # fmt: skip
-    if fewer and (by_gain or step_back):
+    same_cap = best != state.current and concurrency(best, c) == concurrency(state.current, c)
+    ttft_now, ttft_best = rec.current.worst_tenant_ttft_p99_s, rec.best.worst_tenant_ttft_p99_s
+    worse = by_gain and same_cap and ttft_best > ttft_now * (1 + settings.step_back_tolerance)
+    by_gain_now = by_gain and left_at is None and not worse
+    loosen = best if fewer and by_gain else None
+    loosen = loosen or (None if by_gain_now or back is None else back.setting)
+    if loosen is not None:
         mixed = now if rec.heterogeneity > settings.step_back_max_heterogeneity else state.mixed_at
         calm_s = settings.calm_cooldowns * settings.cooldown_s
         if mixed is not None and now - mixed < calm_s:
-            return Hold(CALM, f"{describe(best, c)} would run fewer prefills at once, but the traffic was "
+            return Hold(CALM, f"{describe(loosen, c)} would run fewer prefills at once, but the traffic was "
                         f"heterogeneous {now - mixed:.0f} s ago: a cap is loosened only after {calm_s:.0f} s of "
                         f"near-uniform traffic: {rec.reason}", rec)  # fmt: skip
-    same_cap = best != state.current and concurrency(best, c) == concurrency(state.current, c)
-    ttft_now, ttft_best = rec.current.worst_tenant_ttft_p99_s, rec.best.worst_tenant_ttft_p99_s
-    if by_gain and same_cap and ttft_best > ttft_now * (1 + settings.step_back_tolerance):
+    if by_gain_now:
+        return Move(state.current, best, rec.reason, rec)
+    if back is not None:
+        return stepping_back(rec, back, state.current, c)
+    if worse:
         return Hold(WORSE_TTFT, f"{describe(best, c)} changes only the order or mode and predicts a worse "
                     f"worst-tenant p99 TTFT ({ttft_now:.2f} s -> {ttft_best:.2f} s): {rec.reason}", rec)  # fmt: skip
-    if by_gain and left_at is None:
-        return Move(state.current, best, rec.reason, rec)
-    if step_back:
-        return Move(state.current, best, f"{rec.reason}; less concurrency predicts as well", rec)
     if by_gain:
         return Hold(DWELL, f"{describe(best, c)} was left {now - left_at:.0f} s ago: no return within "
                     f"{dwell_s:.0f} s ({settings.dwell_cooldowns:g} cooldowns): {rec.reason}", rec)
@@ -334,3 +345,53 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     return Hold(BELOW_MARGIN, f"predicted gain {rec.gain:.0%} ({cur:.2f} -> {new:.2f}) is below the "
                 f"margin ({margin:.0%}: {settings.min_gain:.0%}, or {settings.noise_factor:g} x the samples' "
                 f"spread {spread:.0%}; and {settings.min_gain_abs:g}): {rec.reason}", rec)
+
+
+def step_back_to(rec: Ranking, current: Setting, chunked_prefill_size: int,
+                 settings: GuardrailSettings) -> Prediction | None:
+    """The setting with less concurrency that predicts as well as the current one, on a
+    near-uniform mix (heterogeneity at most ``step_back_max_heterogeneity``); None if none.
+
+    The best itself when it has less concurrency and its confirming figure is within
+    ``step_back_tolerance`` of the current's. Otherwise, of the candidates the resamples
+    scored (``Ranking.regrets``; the recommender runs the least-concurrency one there,
+    ``recommend.least_concurrency``) the least concurrent (``candidates.preference``) that
+    is allowed, within the long-prompt bound, and whose robust score is within the
+    tolerance of the current's. Why the second: on calm traffic every candidate predicts
+    about the same, and a variant with the current's concurrency (another mode or order)
+    often wins the point choice by a percent or two; the way back to off then never
+    counts as a step back, and the fleet keeps a cap the traffic no longer needs for as
+    long as those near-ties last (in the closed loop, seven steps in a row). Scores are
+    worst-draw regrets, so "within the tolerance of the current's" reads every draw, not
+    the one sample the point figure comes from (which put off 8% behind on one window and
+    level on the next)."""
+    c = chunked_prefill_size
+    if not rec.heterogeneity <= settings.step_back_max_heterogeneity:
+        return None
+    tol = 1 + settings.step_back_tolerance
+    cur_c = concurrency(current, c)
+    best = rec.best
+    if best.setting != current and concurrency(best.setting, c) < cur_c \
+            and best.objective(rec.objective) <= rec.current.objective(rec.objective) * tol:
+        return best
+    scores = {s.candidate: s.score for s in rec.regrets}
+    at = scores.get(current, math.nan)
+    if math.isnan(at):
+        return None
+    by = {p.setting: p for p in rec.confirmed}
+    options = [p for s, score in scores.items() if (p := by.get(s)) is not None
+               and concurrency(s, c) < cur_c and p.allowed and p.within_long_bound and score <= at * tol]
+    return min(options, key=lambda p: preference(p.setting, c)) if options else None
+
+
+def stepping_back(rec: Ranking, back: Prediction, current: Setting, chunked_prefill_size: int) -> Move:
+    """The Move of a step back to ``back``: when it is not the recommendation's best, the
+    recommendation is restated with ``back`` as its best (gain, reason and the robust gain
+    about ``back``), so status, Events and the canary's risk rule read what is rolled out."""
+    if back.setting != rec.best.setting:
+        scores = {s.candidate: s for s in rec.regrets}
+        again = robust.gain(scores[back.setting], scores[current]) \
+            if back.setting in scores and current in scores else math.nan
+        rec = replace(rec, best=back, resample_gain=again,
+                      reason=reason_line(rec.heterogeneity, rec.current, back, rec.feasible))
+    return Move(current, back.setting, f"{rec.reason}; less concurrency predicts as well", rec)

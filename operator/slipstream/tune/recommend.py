@@ -34,7 +34,9 @@ Steps (each a function below, plain data between them):
    short run from an empty engine cannot see a backlog or a full KV pool building up,
    and a second sample takes the winner's curse out of the gain;
 5. ``robust_choice``: the few best confirmed candidates (``robust_top``), the point
-   choice of step 3 and the current setting run again on ``robust_draws`` independent
+   choice of step 3, the current setting and the best of those with the least
+   concurrency, when less than the current's (``least_concurrency``: the guardrails'
+   step back is judged on these draws), run again on ``robust_draws`` independent
    resamples (other seeds, the fitted burst size's neighbours on the ladder), and the
    choice is the one whose worst regret across the draws (its objective over that draw's
    best) is least (``tune.robust``, which states the rule): one window is consistent with
@@ -283,12 +285,15 @@ class Ranking:
 
     def kept(self) -> Ranking:
         """What the guardrails and the controller read of it, and nothing else: ``best``,
-        ``current`` and, of the screen, the same two settings (``screen_gain``); the other
-        candidates' figures and the confirming shortlist dropped. Every property above gives
-        the same; what the tuner memo keeps per deployment between intervals (a full one, 45
-        candidates' per-tenant figures, would be most of an entry)."""
+        ``current``, of the screen the same two settings (``screen_gain``), and of the
+        confirming shortlist the few candidates the resamples scored (``regrets``: the step
+        back's, ``guardrails.step_back_to``); the other candidates' figures dropped. Every
+        property above gives the same; what the tuner memo keeps per deployment between
+        intervals (a full one, 45 candidates' per-tenant figures, would be most of an entry)."""
         two = {self.best.setting, self.current.setting}
-        return replace(self, predictions=tuple(p for p in self.predictions if p.setting in two), confirmed=())
+        scored = {s.candidate for s in self.regrets}
+        return replace(self, predictions=tuple(p for p in self.predictions if p.setting in two),
+                       confirmed=tuple(p for p in self.confirmed if p.setting in scored))
 
     @property
     def sure_gain(self) -> float:
@@ -444,7 +449,8 @@ def robust_choice(snapshot: WorkloadSnapshot, confirmed: Sequence[Prediction], c
     c = spec.chunked_prefill_size
     pool = eligible(confirmed)
     top = sorted(pool, key=lambda p: (p.objective(settings.objective), preference(p.setting, c)))
-    runs = list(dict.fromkeys([p.setting for p in top[: settings.robust_top]] + [point.setting, cur.setting]))
+    runs = list(dict.fromkeys([p.setting for p in top[: settings.robust_top]] + [point.setting, cur.setting]
+                              + [p.setting for p in least_concurrency(pool, cur.setting, c, settings)]))
     by = {p.setting: p for p in confirmed}
     figures = {s: [by[s].objective(settings.objective)] for s in runs}
     for k, size in enumerate(draw_bursts(burst, settings.bursts, settings.robust_draws)):
@@ -459,6 +465,23 @@ def robust_choice(snapshot: WorkloadSnapshot, confirmed: Sequence[Prediction], c
     at = next(x for x in scored if x.candidate == cur.setting)
     again = math.nan if chosen.candidate == cur.setting else robust.gain(chosen, at)
     return by[chosen.candidate], again, tuple(scored)
+
+
+def least_concurrency(pool: Sequence[Prediction], current: Setting, chunked_prefill_size: int,
+                      settings: RecommenderSettings) -> list[Prediction]:
+    """The best (by the confirming objective) of ``pool``'s candidates with the least
+    concurrency, when that is less than the current setting's; else nothing. It runs on the
+    resamples beside the top few, so that the guardrails' step back
+    (``guardrails.step_back_to``) judges the way back on the same draws as the current
+    setting: on calm traffic a same-concurrency variant often wins the point choice by a
+    hair, and then off would have no score to step back on."""
+    c = chunked_prefill_size
+    fewer = [p for p in pool if concurrency(p.setting, c) < concurrency(current, c)]
+    if not fewer:
+        return []
+    least = min(concurrency(p.setting, c) for p in fewer)
+    return [min((p for p in fewer if concurrency(p.setting, c) == least),
+                key=lambda p: (p.objective(settings.objective), preference(p.setting, c)))]
 
 
 def checked(snapshot: WorkloadSnapshot, fit: Fit, current: Setting, spec: TuningSpec, profile: Profile,

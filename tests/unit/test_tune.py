@@ -394,6 +394,12 @@ def test_a_same_concurrency_near_tie_does_not_keep_a_cap_uniform_traffic_no_long
     # Kept for the memo, the run decides the same.
     kept = decide(uniform(), tie.kept(), TunerState(busy))
     assert isinstance(kept, Move) and kept.to == off.setting
+    # A gain of the same-concurrency variant that the resamples do not confirm is set
+    # aside for the step back (it would otherwise hold NotOnResample and keep the cap).
+    unsure = replace(tie, best=replace(best, worst_tenant_slowdown_p99=4.0))
+    assert unsure.gain >= GUARD.min_gain and unsure.resample_gain < GUARD.min_gain
+    d = decide(uniform(), unsure, TunerState(busy))
+    assert isinstance(d, Move) and d.to == off.setting, d
     # Off scoring beyond the tolerance on some draw: no step back, the near-tie holds.
     far = replace(tie, regrets=(*scored[:2], robust.Scored(off.setting, (1.2, 1.0, 1.0), 1.2)))
     assert not isinstance(decide(uniform(), far, TunerState(busy)), Move)

@@ -46,7 +46,8 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    the neighbouring burst sizes: ``Ranking.resample_gain``, the robust gain of
    ``tune.robust``, below ``min_gain``): Hold ``NotOnResample``: the screen and the
    confirmation share the snapshot's synthesis and burst, so a bias they share would pass
-   both, and a gain on one draw that the current setting wins back on another is noise;
+   both, and a gain on one draw that the current setting wins back on another is noise
+   (when another candidate is a step back, that gain is set aside and the step back made);
 8. no allowed candidate meets the targets and the long-prompt bound: ``Infeasible`` (the
    user's targets are out of reach of any setting; status says so);
 9. the best is the current setting: Hold ``AtBest``;

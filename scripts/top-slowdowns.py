@@ -5,8 +5,8 @@ A whole run's worst-tenant p99 slowdown (what ``slipstream bench`` ranks setting
 on each tenant's top 1% of requests. When those all arrive in one episode (a few giant
 prompts prefilling together), the ranking of static settings is the ranking on that
 episode, and a tuner is judged by the setting it ran then. This prints, per setting and
-tenant, the requests with the largest slowdown (arrival second, slowdown, prompt
-tokens), the tenant's p99, and the workload's giant prompts, so a gap between ``auto`` and
+tenant, the requests with the largest slowdown (arrival second, slowdown, uncached
+prompt tokens), the tenant's p99, and the workload's giant prompts, so a gap between ``auto`` and
 the best static setting can be traced to the moment it came from.
 
     .venv/bin/python scripts/top-slowdowns.py --workload builtin:multi-tenant \\
@@ -16,9 +16,9 @@ the best static setting can be traced to the moment it came from.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from slipstream.sim import engine, policies, profiles, spec
-from slipstream.sim.metrics import percentile
+from slipstream.sim import engine, metrics, policies, profiles, spec
 
 
 def main() -> int:
@@ -33,18 +33,17 @@ def main() -> int:
     profile = profiles.load(loaded.profile or "kimi-k3-8xh200")
     for name in args.policy:
         result = engine.simulate(loaded.workload, policies.parse(name, loaded.engine), profile, loaded.engine)
-        rows: dict[str, list[tuple[float, float, int]]] = {}
-        for job in result.jobs:
-            if job.first_token_s is None or job.solo_s <= 0:
-                continue
-            slowdown = (job.first_token_s - job.arrival_s) / job.solo_s
-            rows.setdefault(job.req.tenant, []).append((job.arrival_s, slowdown, job.req.prompt_tokens))
+        per_tenant = metrics.summarize(result)["per_tenant"]
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for row in metrics.request_rows(result):
+            if row["slowdown"] is not None:
+                rows.setdefault(row["tenant"], []).append(row)
         print(name)
         for tenant, got in sorted(rows.items()):
-            p99 = percentile([s for _, s, _ in got], 99)
-            top = sorted(got, key=lambda r: -r[1])[: args.top]
-            shown = ", ".join(f"{a:.0f} s: {s:.0f} ({p} tok)" for a, s, p in top)
-            print(f"  {tenant:8s} {len(got):5d} requests, p99 slowdown {p99:7.1f}; largest at {shown}")
+            top = sorted(got, key=lambda r: -r["slowdown"])[: args.top]
+            shown = ", ".join(f"{r['arrival_s']:.0f} s: {r['slowdown']:.0f} ({r['uncached_tokens']} tok)" for r in top)
+            print(f"  {tenant:8s} {len(got):5d} requests, p99 slowdown {per_tenant[tenant]['slowdown_p99']:7.1f}; "
+                  f"largest at {shown}")
     giants = [(r.arrival_s, r.prompt_tokens, r.tenant) for r in loaded.workload.requests
               if r.prompt_tokens >= args.giant_tokens]
     print("giants (arrival s, prompt tokens, tenant): " + ", ".join(f"{a:.0f} {p} {t}" for a, p, t in giants))

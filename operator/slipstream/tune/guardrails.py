@@ -319,8 +319,7 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     ttft_now, ttft_best = rec.current.worst_tenant_ttft_p99_s, rec.best.worst_tenant_ttft_p99_s
     worse = by_gain and same_cap and ttft_best > ttft_now * (1 + settings.step_back_tolerance)
     by_gain_now = by_gain and left_at is None and not worse
-    loosen = best if fewer and by_gain else None
-    loosen = loosen or (None if by_gain_now or back is None else back.setting)
+    loosen = best if fewer and by_gain else back.setting if back is not None and not by_gain_now else None
     if loosen is not None:
         mixed = now if rec.heterogeneity > settings.step_back_max_heterogeneity else state.mixed_at
         calm_s = settings.calm_cooldowns * settings.cooldown_s
@@ -360,12 +359,11 @@ def step_back_to(rec: Ranking, current: Setting, chunked_prefill_size: int,
     is allowed, within the long-prompt bound, and whose robust score is within the
     tolerance of the current's. Why the second: on calm traffic every candidate predicts
     about the same, and a variant with the current's concurrency (another mode or order)
-    often wins the point choice by a percent or two; the way back to off then never
-    counts as a step back, and the fleet keeps a cap the traffic no longer needs for as
-    long as those near-ties last (in the closed loop, seven steps in a row). Scores are
-    worst-draw regrets, so "within the tolerance of the current's" reads every draw, not
-    the one sample the point figure comes from (which put off 8% behind on one window and
-    level on the next)."""
+    often wins the point choice by a percent or two; the way back to off would then not
+    count as a step back, and the fleet would keep a cap the traffic no longer needs for
+    as long as those near-ties last. Scores are worst-draw regrets, so "within the
+    tolerance of the current's" reads every draw, not only the one sample the point
+    figure comes from, whose noise alone can put off several percent behind."""
     c = chunked_prefill_size
     if not rec.heterogeneity <= settings.step_back_max_heterogeneity:
         return None

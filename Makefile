@@ -42,10 +42,11 @@ prometheus:
 
 # Everything CI runs: set-up of every tier, then all tests. The unit and integration tiers
 # run on one pytest worker per core (pytest-xdist; WORKERS=0 runs them in pytest's own
-# process). The cluster tier's tests mostly wait on controllers and timers: they run on
+# process). The cluster tier's tests wait on controllers and timers: they run on
 # CLUSTER_WORKERS workers, each with its own control plane, a test file per worker. The
-# tests marked `alone` (the closed loop, the live loopbench) keep a time scale and prove
-# it held from the simulators' lag: they run last, with nothing else on the machine.
+# tests marked `alone` (the closed loop, the live loopbench, the fault tests that send
+# traffic) keep a time scale and prove it held from the simulators' lag: they run last,
+# with nothing else on the machine.
 WORKERS ?= auto
 CLUSTER_WORKERS ?= 2
 test: venv kube-bins prometheus engine-test

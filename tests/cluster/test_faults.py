@@ -10,6 +10,12 @@ come from `FakePrometheus`, a small server on 127.0.0.1 that proxies to the real
 misbehaves per path on the test's word: each ServingDeployment's spec.prometheus.url names
 its own path. Time is scaled: simulators run TIME_SCALE twin seconds per wall second and
 the operator divides spec.tuning's durations by TIME_SCALE, so a 50 s interval is 5 s.
+
+The two tests that send traffic end by reading the simulators' release lag
+(`Traffic.kept_time_scale`) and run in the `alone` tier: beside the other cluster tests the
+machine did not keep time scale 10 (p99 lag 2 twin s against the bound of 1). The others
+send no requests, so their simulators release nothing to measure; what is timed there is
+the operator's, and they bound it directly (retries, rollback, takeover).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from test_rollout import Engine, condition_of, engines, in_sync, reasons, sd_doc
 
 from conftest import eventually
 from slipstream import localkube
+from slipstream.demo import loopbench
 from slipstream.engine import metrics as engine_metrics
 from slipstream.localkube import components, ports
 from slipstream.localkube import stack as stack_mod
@@ -164,16 +171,19 @@ class Traffic:
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
 
+    def targets(self) -> list[str]:
+        """Base URLs of the ready engine pods of the ServingDeployments in `to`."""
+        runner = self.stack.runner
+        if runner is None or not self.to:
+            return []
+        return [sim["url"] for sim in runner.simulators()
+                if sim["ready"] and sim["pod"].startswith(f"{NS}/")
+                and sim["pod"].split("/", 1)[1].rsplit("-", 2)[0] in self.to]  # fmt: skip
+
     def run(self) -> None:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             while not self.stopped.wait(0.1):
-                runner = self.stack.runner
-                if runner is None or not self.to:
-                    continue
-                urls = [sim["url"] for sim in runner.simulators()
-                        if sim["ready"] and sim["pod"].startswith(f"{NS}/")
-                        and sim["pod"].split("/", 1)[1].rsplit("-", 2)[0] in self.to]  # fmt: skip
-                list(pool.map(self.send, urls))  # one request to each pod, all at once
+                list(pool.map(self.send, self.targets()))  # one request to each pod, all at once
 
     def send(self, url: str) -> None:
         headers = {"Content-Type": "application/json",
@@ -187,6 +197,20 @@ class Traffic:
     def stop(self) -> None:
         self.stopped.set()
         self.thread.join(timeout=10)
+
+    def kept_time_scale(self) -> None:
+        """Fail loudly unless every engine simulator the traffic reaches released its first
+        tokens and completions on the scaled clock: the p99 release lag (twin s, each pod's
+        whole life) within loopbench's bound. A machine too loaded for TIME_SCALE shows
+        here, not as a fault test misreading what the operator did with late metrics."""
+        urls = self.targets()
+        lag = loopbench.sim_lag_p99(urls)
+        print(f"time scale {TIME_SCALE:g} kept: p99 release lag {lag:.2f} twin s over {len(urls)} simulator(s)")
+        assert lag <= loopbench.DEFAULT_MAX_LAG_S, (  # NaN (no release measured): no proof, fails
+            f"the machine did not keep time scale {TIME_SCALE:g}: the engine simulators' p99 release lag "
+            f"is {lag} twin s (bound {loopbench.DEFAULT_MAX_LAG_S:g}); lower TIME_SCALE in tests/cluster/test_faults.py or free the "
+            "machine"
+        )
 
 
 # -- the module's stack ----------------------------------------------------------------------
@@ -318,6 +342,7 @@ PROMETHEUS_FAULTS = {
 }
 
 
+@pytest.mark.alone  # sends traffic: the simulators' lag proves time scale 10 held (kept_time_scale)
 def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(faults: Faults) -> None:
     """Each fault on its own ServingDeployment (Auto, one engine under traffic), beside a
     healthy one read through the same fake Prometheus: no setting moves, MetricsAvailable is
@@ -358,6 +383,7 @@ def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(fault
     print(f"healthy loop's read gaps while the others fail: max {max(gaps):.2f} s (interval {WALL_INTERVAL_S} s)")
     assert max(gaps) <= WALL_INTERVAL_S + 2.5, gaps
     eventually(lambda: metrics_condition(cluster, "prom-healthy", True), deadline_s=DEADLINE_S, what="healthy: True")
+    faults.traffic.kept_time_scale()
 
     # Prometheus answers again: every deployment recovers, and its loop acts on the data.
     for sd in names.values():
@@ -374,6 +400,7 @@ def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(fault
     cluster.kubectl("delete", "sd", *names.values(), "prom-healthy", f"--namespace={NS}", "--wait=false")
 
 
+@pytest.mark.alone  # sends traffic: the simulators' lag proves time scale 10 held (kept_time_scale)
 def test_prometheus_stopped_and_traffic_at_zero_move_nothing_and_recover(faults: Faults) -> None:
     """A deployment reading the real Prometheus: no traffic (no action on empty data), then
     traffic (the loop acts), then Prometheus stopped (unreachable: one Warning, nothing
@@ -417,6 +444,7 @@ def test_prometheus_stopped_and_traffic_at_zero_move_nothing_and_recover(faults:
     t_back = time.monotonic()
     eventually(acting, deadline_s=DEADLINE_S, what="quiet recovered after Prometheus restarted")
     print(f"recovered {time.monotonic() - t_back:.1f} s after Prometheus was back")
+    faults.traffic.kept_time_scale()
 
     # Traffic to zero: nothing moves on empty data.
     faults.traffic.to.discard("quiet")

@@ -12,10 +12,10 @@ its own path. Time is scaled: simulators run TIME_SCALE twin seconds per wall se
 the operator divides spec.tuning's durations by TIME_SCALE, so a 50 s interval is 5 s.
 
 The two tests that send traffic end by reading the simulators' release lag
-(`Traffic.kept_time_scale`) and run in the `alone` tier: beside the other cluster tests the
-machine did not keep time scale 10 (p99 lag 2 twin s against the bound of 1). The others
-send no requests, so their simulators release nothing to measure; what is timed there is
-the operator's, and they bound it directly (retries, rollback, takeover).
+(`Traffic.kept_time_scale`) and run in the `alone` tier: beside the other cluster tests
+this project's 2-core machine did not keep time scale 10 (docs/reliability.md, "Faults").
+The others send no requests, so their simulators release nothing to measure; what is timed
+there is the operator's, and they bound it directly (retries, rollback, takeover).
 """
 
 from __future__ import annotations
@@ -293,9 +293,10 @@ def one_warning(cluster: localkube.Cluster, name: str, reason: str, before: Sequ
     """Exactly one Warning of ``reason``, posted once, besides those of ``before`` (the
     Warnings of an earlier, separate fault: a fault's Warning is judged on its own)."""
     seen = {e["metadata"]["uid"] for e in before}
-    found = [e for e in warnings(cluster, name, reason) if e["metadata"]["uid"] not in seen]
+    every = events(cluster, NS, name)  # one read: the story printed is the one judged
+    found = [e for e in every if e["type"] == "Warning" and e["reason"] == reason and e["metadata"]["uid"] not in seen]
     story = [(e.get("lastTimestamp") or e.get("eventTime"), e["type"], e["reason"], e.get("count", 1),
-              e.get("message", "")[:160]) for e in events(cluster, NS, name)]  # fmt: skip
+              e.get("message", "")[:160]) for e in every]  # fmt: skip
     assert len(found) == 1 and found[0].get("count", 1) == 1, "\n".join(map(str, story))
 
 
@@ -383,7 +384,6 @@ def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(fault
     print(f"healthy loop's read gaps while the others fail: max {max(gaps):.2f} s (interval {WALL_INTERVAL_S} s)")
     assert max(gaps) <= WALL_INTERVAL_S + 2.5, gaps
     eventually(lambda: metrics_condition(cluster, "prom-healthy", True), deadline_s=DEADLINE_S, what="healthy: True")
-    faults.traffic.kept_time_scale()
 
     # Prometheus answers again: every deployment recovers, and its loop acts on the data.
     for sd in names.values():
@@ -396,6 +396,7 @@ def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(fault
 
     for sd in names.values():
         eventually(lambda sd=sd: recovered(sd), deadline_s=DEADLINE_S + 300 * 0.1, what=f"{sd} recovered")
+    faults.traffic.kept_time_scale()
     faults.traffic.to -= {*names.values(), "prom-healthy"}
     cluster.kubectl("delete", "sd", *names.values(), "prom-healthy", f"--namespace={NS}", "--wait=false")
 

@@ -238,10 +238,11 @@ ANALYSING = {
 one pod (which runs it)."""
 
 
-def voided_run(rollout_poll_s: float) -> tuple[list[float], list[loop.StepOutcome], list[dict[str, Any]]]:
+def voided_run(rollout_poll_s: float, recommender: Any = None,
+               ) -> tuple[list[float], list[loop.StepOutcome], list[dict[str, Any]]]:  # fmt: skip
     """Steps and waits as the tuning loop takes them, from T0 in the canary's analysis
     until two steps after the canary was voided: (when each step ran, the outcomes, what
-    the engine was sent)."""
+    the engine was sent). The recommender holds unless one is given."""
 
     async def go() -> tuple[list[float], list[loop.StepOutcome], list[dict[str, Any]]]:
         engine = Engine()
@@ -252,8 +253,8 @@ def voided_run(rollout_poll_s: float) -> tuple[list[float], list[loop.StepOutcom
             config = settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0,
                                                   rollout_poll_seconds=rollout_poll_s)  # fmt: skip
             deps = loop.Deps(kube=PodsAndConfigMaps(port), config=config, keys=Key(),  # type: ignore[arg-type]
-                             observer=Phases(JUMP_AT), recommender=Holds(), clock=clock,  # type: ignore[arg-type]
-                             sleep=clock.sleep)  # fmt: skip
+                             observer=Phases(JUMP_AT), recommender=recommender or Holds(),  # type: ignore[arg-type]
+                             clock=clock, sleep=clock.sleep)  # fmt: skip
             dep, memory = sd(port, ANALYSING, rollout={"analysisWindowSeconds": 300}), loop.Memory()
             at, outcomes = [], []
             while len(outcomes) < 40 and (not outcomes or "CanaryVoided" not in reasons(outcomes[-2 if len(outcomes) > 1 else -1])):
@@ -284,6 +285,52 @@ def test_a_mix_jump_voids_a_canary_chosen_for_the_mix_before() -> None:
     assert not outcomes[voiding].decision.in_flight and outcomes[voiding].decision.fleet.schedule_policy == "fcfs"
     assert at[voiding + 1] == JUMP_AT + 10.0 and "QueueMixChanged" not in reasons(outcomes[voiding + 1])
     assert all("CanaryVoided" not in reasons(o) for o in outcomes[:voiding])
+
+
+CAP = models.EngineSetting(threshold=4096, mode="ceiling", schedule_policy="srpt")
+
+
+class CapsOnJump:
+    """A recommender that moves to a harder cap (`CAP`) on a step a jump brought, and holds
+    otherwise; it keeps the rollout phase each step showed it."""
+
+    def __init__(self) -> None:
+        self.phases: list[tuple[float, bool, str]] = []
+
+    def without_twin(self, sd: models.ServingDeployment, snap: Any, fleet: models.EngineSetting, now: float,
+                     jumped: bool = False) -> tuning.Recommendation:  # fmt: skip
+        rollout = sd.status.rollout
+        self.phases.append((now, jumped, rollout.phase if rollout is not None else "-"))
+        if jumped:
+            return tuning.Recommendation(CAP, True, "giants: cap", gain=0.8)
+        return tuning.Recommendation(fleet, False, "AtBest: hold")
+
+    def recommend(self, *args: Any) -> tuning.Recommendation:
+        raise AssertionError("no twin run expected")
+
+
+def test_the_step_that_voids_a_canary_decides_on_the_new_mix() -> None:
+    # The voiding step's tuner sees the canary as voided (not a rollout in flight), and its
+    # harder cap skips a canary of its own: it goes to every pod in that same step, the
+    # voided canary with it, and the fleet runs it when the step ends.
+    caps = CapsOnJump()
+    at, outcomes, sent = voided_run(5.0, caps)
+    voiding = next(i for i, o in enumerate(outcomes) if "CanaryVoided" in reasons(o))
+    assert at[voiding] == JUMP_AT, at
+    assert (JUMP_AT, True, "Idle") in caps.phases, caps.phases
+    assert all(phase == "Analysis" for t, jumped, phase in caps.phases if not jumped), caps.phases
+    got = reasons(outcomes[voiding])
+    assert got[:3] == ["CanaryVoided", "CanarySkipped", "QueueMixChanged"] and "ThresholdChanged" in got, got
+    voided = outcomes[voiding].events[0].message
+    assert "threshold=4096" in voided and "every pod" in voided and "gt300k" in voided, voided
+    assert sent == [{"long_prefill_token_threshold": 4096, "long_prefill_mode": "ceiling", "schedule_policy": "srpt"}]
+    decision = outcomes[voiding].decision
+    assert decision.fleet == CAP and not decision.in_flight and decision.action == "Promoted", decision
+    assert decision.state.result == "Promoted" and decision.state.baseline is not None
+    assert decision.state.baseline.schedule_policy == "fcfs" and outcomes[voiding].patch["threshold"] == 4096
+    assert outcomes[voiding].patch["lastDecision"]["to"]["threshold"] == 4096
+    # The jump was answered: no retry brings another early step.
+    assert "QueueMixChanged" not in reasons(outcomes[voiding + 1]) and at[voiding + 1] - at[voiding] == 60.0, at
 
 
 def test_the_mix_polls_watch_a_canary_a_jump_would_void() -> None:

@@ -236,13 +236,37 @@ def voiding_auto(candidate: policies.Setting) -> tuple[auto.TwinAuto, list[polic
 
 
 def test_a_mix_jump_voids_a_rollout_that_does_not_cap_harder_as_the_operator_does():
-    # An order-only candidate: the giants' first poll returns the engine to stock, the
-    # cooldown runs from then, and the next poll that still sees them steps early.
+    # An order-only candidate: the giants' first poll voids it and steps at once, on the
+    # rollout as voided; that step holds (a window of chat turns alone), so the engine
+    # goes back to stock, the cooldown runs from then, and the next poll that still sees
+    # the giants steps early again (the jump is retried).
     tuner, said = voiding_auto(policies.Setting(0, "ceiling", "srpt"))
     assert said[:2] == [None, policies.Setting(0, "ceiling", "fcfs")], said
     assert tuner.voided == 1 and tuner._rollout is None and not tuner.state.rollout_in_progress
     assert tuner.state.last_step_at == 10.0 and tuner.state.current == policies.Setting(0, "ceiling", "fcfs")
-    assert tuner.early_steps == 1 and tuner.decisions[-1][0] == 20.0, tuner.decisions
+    assert tuner.early_steps == 2 and [t for t, _ in tuner.decisions[1:]] == [10.0, 20.0], tuner.decisions
+    assert all(d.reason != guardrails.ROLLOUT_IN_PROGRESS for _, d in tuner.decisions), tuner.decisions
     # A harder cap goes on: the way a jump to giants needs.
     harder, said = voiding_auto(policies.Setting(4096, "ceiling", "srpt"))
     assert harder.voided == 0 and harder._rollout is not None and said[1:] == [None, None]
+
+
+def test_the_step_that_voids_a_rollout_may_move_at_once(monkeypatch):
+    # The voiding step's decision goes out in the same call: a harder cap reaches the
+    # engine at the poll that saw the jump, not a poll later.
+    cap = policies.Setting(4096, "ceiling", "srpt")
+    real = auto.tune_once
+
+    def capping(snapshot, state, *args, **kwargs):
+        decision = real(snapshot, state, *args, **kwargs)
+        assert not state.rollout_in_progress, "the voiding step judges the rollout as over"
+        if state.mix_jumped and decision.recommendation is not None:
+            return guardrails.Move(state.current, cap, "giants: cap", decision.recommendation)
+        return decision
+
+    monkeypatch.setattr(auto, "tune_once", capping)
+    tuner, said = voiding_auto(policies.Setting(0, "ceiling", "srpt"))
+    assert said[1] == cap and tuner.voided == 1, said
+    assert tuner._rollout is not None and tuner._rollout[1] == cap and tuner.state.rollout_in_progress
+    assert said[2] is None  # the cap's rollout is in flight and not voidable: no second step
+

@@ -243,6 +243,34 @@ def test_a_mix_jump_voids_a_canary_that_does_not_cap_harder(analysing: bool) -> 
     assert f.step(None, T0 + 42, mix_jump=JUMP).action == "Hold"
 
 
+@pytest.mark.parametrize("analysing", [False, True])
+def test_a_voiding_step_with_a_harder_cap_sends_it_to_every_pod(analysing: bool) -> None:
+    # The step the jump brings judged the new mix: its harder cap skips a canary of its
+    # own (skip_canary), so it goes to every pod in that step, the voided canary with it.
+    f = fleet()
+    f.step(ORDER_ONLY, T0)
+    if analysing:
+        f.step(ORDER_ONLY, T0 + 5)
+    cap = machine.RolloutTarget(S(threshold=2048, schedule_policy="srpt"), "giants: cap", canary=True, gain=0.8)
+    d = f.step(cap, T0 + 40, mix_jump=JUMP)
+    assert d.action == "Promote" and d.apply == {f"engine-{i}": cap.setting for i in range(3)}, d
+    assert [(e.type, e.reason) for e in d.events] == [("Normal", "CanaryVoided"), ("Normal", "CanarySkipped")]
+    assert machine.VOIDED in d.events[0].message and "every pod" in d.events[0].message
+    assert d.configmap == cap.setting and d.state.phase == "Promoting" and d.state.baseline == OLD
+    assert d.state.candidate == cap.setting and d.state.canary_pods == []
+    d = f.step(cap, T0 + 41)
+    assert d.action == "Promoted" and f.fleet == cap.setting and set(f.settings.values()) == {cap.setting}
+    # A target that needs its own canary (no predicted gain: skip_canary says no), or the
+    # voided candidate itself, is not started by the void: the canary goes back.
+    for target in (machine.RolloutTarget(S(threshold=2048), "cap", canary=True),
+                   machine.RolloutTarget(ORDER_ONLY.setting, "same", canary=True, gain=0.9)):  # fmt: skip
+        g = fleet()
+        g.step(ORDER_ONLY, T0)
+        d = g.step(target, T0 + 40, mix_jump=JUMP)
+        assert d.action == "RollBack" and d.apply == {"engine-0": OLD}, d
+        assert [(e.type, e.reason) for e in d.events] == [("Normal", "CanaryVoided")]
+
+
 def test_a_mix_jump_leaves_a_harder_cap_and_other_phases_alone() -> None:
     # 4096 -> 2048 runs more prefills at once: the way a jump to giants needs; it goes on.
     f = fleet_in_analysis()

@@ -440,19 +440,24 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     config, now = deps.config, deps.clock()
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
-    snap, recommendation = await observe(deps, sd, fleet, now, memory.pools, bool(memory.jumped))
+    voidable = machine.voidable(state, sd.spec.engine.chunked_prefill_size)
+    # A jump voids a voidable canary in this step (`machine.decide`), so the tuner judges
+    # the new mix as if the rollout were over, and a harder cap goes out in this same step.
+    tuned = tuning.as_voided(sd, state, now) if memory.jumped and voidable and state is not None else sd
+    snap, recommendation = await observe(deps, tuned, fleet, now, memory.pools, bool(memory.jumped))
     mix = mixjump.mix_of(snap)
-    if not memory.jumped and machine.voidable(state, sd.spec.engine.chunked_prefill_size):
+    if not memory.jumped and voidable and state is not None:
         # Steps come every rollout poll while a canary runs, sooner than the mix polls
         # (which also watch a canary a jump would void: `until_mix_jump`): each is a look.
         before = memory.mix
         memory.mix, fired = memory.mix.see(mix)
         if fired and mix is not None:
             memory.fired(mix, before, "voiding the canary")
-    # A step that judged nothing leaves the mix watch alone; one on a jump that held (or
-    # that voided a canary, and so could not move) is retried at the next poll (tune.mixjump).
-    memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
-                                    recommendation is not None and recommendation.move, bool(memory.jumped))
+            # This step is the jump's: judged on the window since the jump, as a step the
+            # polls bring forward, with the canary seen as voided.
+            snap, recommendation = await observe(deps, tuning.as_voided(sd, state, now), fleet, now, memory.pools,
+                                                 True)  # fmt: skip
+            mix = mixjump.mix_of(snap) or mix
     if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
                  "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),
@@ -470,7 +475,15 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     if state is not None and machine.analysis_due(state, pol, now):
         verdict = await analyse(deps, sd, state, read.pods, now)
     decision = machine.decide(state, fleet, target, views, pol, now, verdict, memory.moved if memory.jumped else "")
-    started = decision.state.phase != "Idle" and (state is None or state.phase == "Idle")
+    # A step that judged nothing leaves the mix watch alone; one on a jump that did not move
+    # (it held, or it voided a canary and its move needs a canary of its own: the canary
+    # pods went back instead) is retried at the next poll (tune.mixjump).
+    void_only = bool(memory.jumped) and voidable and decision.action == "RollBack"
+    memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
+                                    recommendation is not None and recommendation.move and not void_only,
+                                    bool(memory.jumped))  # fmt: skip
+    started = decision.state.phase != "Idle" and (
+        state is None or state.phase == "Idle" or decision.state.candidate != state.candidate)
     events = list(decision.events)
     if memory.jumped and not memory.jump_retry:
         events.append(machine.Event("Normal", "QueueMixChanged", memory.jumped))

@@ -118,6 +118,16 @@ def target(sd: models.ServingDeployment, recommendation: Recommendation | None,
     return machine.RolloutTarget(spec_setting(sd), reasons[tuning.mode], canary=False)
 
 
+def as_voided(sd: models.ServingDeployment, state: models.RolloutStatus, now: float) -> models.ServingDeployment:
+    """``sd`` as the tuner must judge it on a step whose queue-mix jump voids the canary in
+    flight (`machine.voidable`): the rollout over (rolled back now, so the cooldown runs
+    from the void, as from any rollback), so the step decides on the new mix instead of
+    holding for a rollout that this same step ends (`machine.decide` voids it)."""
+    rollout = state.model_copy(update={"phase": "Idle", "result": "RolledBack", "finished_at": machine.stamp(now),
+                                       "canary_pods": [], "attempts": 0})  # fmt: skip
+    return sd.model_copy(update={"status": sd.status.model_copy(update={"rollout": rollout})})
+
+
 def scale(seconds: float, config: settings_.ControllerSettings) -> float:
     return seconds * config.tuning_time_scale
 

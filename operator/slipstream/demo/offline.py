@@ -13,8 +13,9 @@ the window's first tokens and of the requests waiting then, by size class), and 
 canary runs that does not cap harder voids it, as the operator's rollout machine does
 (``rollout.machine.voidable``): the canary engine goes back to the fleet's setting at the
 poll, the promotion never comes, the cooldown runs from then, the candidate is not tried
-again for a cooldown, and the step the jump brings comes one poll later (the operator's
-voiding step cannot move: its rollout was still in flight).
+again for a cooldown, and the step the jump brings comes at that same poll, on the
+rollout as voided (the operator's voiding step decides on the new mix too: a harder cap,
+which skips its canary, reaches every engine at that moment).
 
 Used by ``scripts/closed-loop-offline.py`` (the timer-offset sweep) and by the demo's
 closing comparison (Auto beside Off and the best static setting, on the same traffic,
@@ -243,8 +244,7 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             state = replace(state, current=voids.current, left=voids.left, last_step_at=now)
             rollout_until, canarying = now, None
             jobs = run_engines(per_engine, schedules, profile, cfg)
-            watch = watch.stepped(mix_at(jobs, now, lset.interval_s), False, False, True)
-            now += lset.mix_poll_s
+            # The jump's step comes now, on the rollout as voided (the next turn of the loop).
     return Run(results_of(jobs, workload), moves, schedules)
 
 

@@ -31,8 +31,10 @@ The rollout, step by step:
    A queue-mix jump during phases Canary or Analysis voids a canary that does not cap
    harder than the fleet (`voidable`): its candidate was chosen for the mix before the
    jump, and the fleet would serve the new mix on the old setting for the rest of the
-   window. The canary pods go back (a Normal CanaryVoided Event, not a failed analysis),
-   and the next step decides on the new mix.
+   window (a Normal CanaryVoided Event, not a failed analysis). The voiding step's target
+   is the tuner's judgement of the new mix: one that may skip its canary (a harder cap)
+   goes to every pod at once, in the same step; otherwise the canary pods go back and the
+   next step decides.
 4. Promoting. The ConfigMap takes the candidate first (a pod starting now gets it), then
    every pod is set to it. When every pod reports it, the candidate is the fleet's setting
    (phase Idle, result Promoted). A pod that keeps failing rolls the whole fleet back.
@@ -46,6 +48,7 @@ asked: a pod whose read failed counts as not on any setting.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -501,10 +504,29 @@ class _Step:
                              events=(Event(*event, message),), fleet=self.baseline, message=message)  # fmt: skip
 
     def void(self, mix_jump: str) -> RolloutDecision:
-        """A canary the queue mix jumped under (`voidable`): back to the baseline, with a
-        Normal Event: nothing was found wrong with the candidate."""
-        return self.roll_back(f"{VOIDED} ({mix_jump}), and the candidate was chosen for the mix before it: the "
-                              "next step decides on the new mix", ("Normal", "CanaryVoided"))  # fmt: skip
+        """A canary the queue mix jumped under (`voidable`), with a Normal Event: nothing
+        was found wrong with the candidate, it was chosen for the mix before the jump.
+
+        The step that voids it has judged the new mix (the loop's tuner sees the rollout
+        as voided, `tuning.as_voided`). When its target may skip a canary (`skip_canary`:
+        a harder cap, the only move a jump's step may make), that target goes to every pod
+        in this same step, the voided canaries with them; otherwise the canaries go back
+        to the baseline and the next step decides (the mix watch retries the jump)."""
+        target = self.target
+        voided = dataclasses.replace(self, state=self.state.model_copy(update={
+            "phase": "Idle", "result": "RolledBack", "finished_at": stamp(self.now), "canary_pods": [],
+            "attempts": 0,
+        }), fleet=self.baseline)  # fmt: skip
+        skipped = "" if target is None or target.setting == self.baseline else skip_canary(
+            target, voided.state, self.baseline, self.policy.chunked_prefill_size)
+        if target is None or not skipped:
+            return self.roll_back(f"{VOIDED} ({mix_jump}), and the candidate was chosen for the mix before it: the "
+                                  "next step decides on the new mix", ("Normal", "CanaryVoided"))  # fmt: skip
+        started = voided.start(target)
+        message = (f"voided the canary of {show(self.candidate)}: {VOIDED} ({mix_jump}), and the candidate was "
+                   f"chosen for the mix before it; this step decided on the new mix: {show(target.setting)} goes "
+                   "to every pod instead (CanarySkipped)")  # fmt: skip
+        return dataclasses.replace(started, events=(Event("Normal", "CanaryVoided", message), *started.events))
 
     def voided(self) -> bool:
         return VOIDED in (self.state.message or "")

@@ -17,10 +17,10 @@ The timing is the operator's (``controller/loop.py``, ``rollout/machine.py``):
   taken to pass): the tuner holds meanwhile, and its cooldown runs from the promotion
   (``tune.deployment.last_step_at``), not from the decision;
 - a mix jump while a rollout that does not cap harder is in flight voids it
-  (``rollout.machine.voidable``): the engine goes back to the setting before it, the
-  cooldown runs from then, the candidate is not tried again for ``max(cooldown,
-  analysis)`` (the machine's ``retry_after_s``), and the next poll that still sees the jump
-  steps (the operator's voiding step cannot move: its rollout was still in flight);
+  (``rollout.machine.voidable``): the cooldown runs from then, the candidate is not tried
+  again for ``max(cooldown, analysis)`` (the machine's ``retry_after_s``), and the jump's
+  step comes at once, on the rollout as voided: it moves (a harder cap) or the engine goes
+  back to the setting before the rollout, as the operator's voiding step does;
 - the twin runs again only when it must (``reuse_s`` > 0: the tuner memo, ``tune.memo``,
   as the operator's ``tuner_reuse_seconds``): a step whose workload has not moved beyond
   sampling noise, under the same setting, within the last run's lifetime (``reuse_s``
@@ -97,16 +97,25 @@ class TwinAuto:
         self._promote(now)
         assert self._next_step is not None
         due = now >= self._next_step - 1e-9
-        jumped = False
+        jumped = voided = False
         if not due and self.mix_poll_s > 0 and (self._rollout is None or self._voidable()):
             mix = self._mix(view)
             self._watch, jumped = self._watch.see(mix)
             if jumped and self._rollout is not None:
-                return self._void(now, mix)
+                self._void(now)
+                voided = True
             self.early_steps += jumped
             due = jumped
         if not due:
             return None
+        setting = self._step_now(view, now, jumped)
+        # A void puts the engine back on the setting before the rollout, unless this same
+        # step moved on from it.
+        return setting if setting is not None or not voided else self.state.current
+
+    def _step_now(self, view: RoundView, now: float, jumped: bool) -> Setting | None:
+        """One step of the tuner at ``now`` (``jumped``: the queue mix brought it forward):
+        the setting it moves to, or None."""
         self._next_step = now + self.interval_s
         # A window reaching back before the first call would count the time before any
         # traffic as idle and halve the rates (as increase() over a younger series would).
@@ -147,17 +156,18 @@ class TwinAuto:
         c = self.config.chunked_prefill_size
         return concurrency(self._rollout[1], c) <= concurrency(self.state.current, c)
 
-    def _void(self, now: float, mix: mixjump.Mix | None) -> Setting:
-        """The rollout in flight voided by a mix jump: the engine back on the setting before it."""
+    def _void(self, now: float) -> None:
+        """The rollout in flight voided by a mix jump: over, as a rollback at ``now`` (the
+        cooldown runs from here, the candidate is not tried again for a while); the step
+        the jump brings comes at once and decides on the new mix, as the operator's
+        voiding step does (``rollout.machine``: a harder cap goes out in that step)."""
         assert self._rollout is not None
         _, candidate = self._rollout
         self._rollout = None
         guard = self.settings.guardrails
         self._blocked = (candidate, now + max(guard.cooldown_s, self.analysis_s))
         self.state = replace(self.state, rollout_in_progress=False, last_step_at=now)
-        self._watch = self._watch.stepped(mix, False, False, True)  # retried at the next poll
         self.voided += 1
-        return self.state.current
 
     def _promote(self, now: float) -> None:
         """The rollout in flight promotes once its analysis window has passed."""

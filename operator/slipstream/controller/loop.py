@@ -435,29 +435,39 @@ async def read_fleet(deps: Deps, sd: models.ServingDeployment, memory: Memory) -
     return PodsRead(items, pods, blocked, views, client)
 
 
+async def observe_step(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting,
+                       voidable: models.RolloutStatus | None, now: float, memory: Memory,
+                       ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None, mixjump.Mix | None]:  # fmt: skip
+    """Stages 1-2 of a step (`observe`), and the mix it saw: (snapshot, recommendation, mix).
+
+    ``voidable`` is the rollout in flight when a queue-mix jump would void its canary
+    (`machine.voidable`), else None. A jump voids it in this step (`machine.decide`), so
+    the tuner then judges the new mix as if the rollout were over (`tuning.as_voided`), and
+    a harder cap goes out in this same step rather than a poll later. While such a canary
+    runs, each step is also a look for the mix watch (steps come every rollout poll, sooner
+    than the mix polls, which watch it too: `until_mix_jump`); a step that sees the jump
+    itself becomes the jump's step, judged again on the window since the jump."""
+    tuned = tuning.as_voided(sd, voidable, now) if memory.jumped and voidable is not None else sd
+    snap, recommendation = await observe(deps, tuned, fleet, now, memory.pools, bool(memory.jumped))
+    mix = mixjump.mix_of(snap)
+    if not memory.jumped and voidable is not None:
+        before = memory.mix
+        memory.mix, fired = memory.mix.see(mix)
+        if fired and mix is not None:
+            memory.fired(mix, before, "voiding the canary")
+            snap, recommendation = await observe(deps, tuning.as_voided(sd, voidable, now), fleet, now, memory.pools,
+                                                 True)  # fmt: skip
+            mix = mixjump.mix_of(snap) or mix
+    return snap, recommendation, mix
+
+
 async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> StepOutcome:
     """One observe -> tune -> rollout step of one ServingDeployment."""
     config, now = deps.config, deps.clock()
     fleet = memory.fleet or tuning.fleet_setting(sd)
     state = memory.rollout or sd.status.rollout
     voidable = machine.voidable(state, sd.spec.engine.chunked_prefill_size)
-    # A jump voids a voidable canary in this step (`machine.decide`), so the tuner judges
-    # the new mix as if the rollout were over, and a harder cap goes out in this same step.
-    tuned = tuning.as_voided(sd, state, now) if memory.jumped and voidable and state is not None else sd
-    snap, recommendation = await observe(deps, tuned, fleet, now, memory.pools, bool(memory.jumped))
-    mix = mixjump.mix_of(snap)
-    if not memory.jumped and voidable and state is not None:
-        # Steps come every rollout poll while a canary runs, sooner than the mix polls
-        # (which also watch a canary a jump would void: `until_mix_jump`): each is a look.
-        before = memory.mix
-        memory.mix, fired = memory.mix.see(mix)
-        if fired and mix is not None:
-            memory.fired(mix, before, "voiding the canary")
-            # This step is the jump's: judged on the window since the jump, as a step the
-            # polls bring forward, with the canary seen as voided.
-            snap, recommendation = await observe(deps, tuning.as_voided(sd, state, now), fleet, now, memory.pools,
-                                                 True)  # fmt: skip
-            mix = mixjump.mix_of(snap) or mix
+    snap, recommendation, mix = await observe_step(deps, sd, fleet, state if voidable else None, now, memory)
     if recommendation is not None:  # one line a step: what the tuner saw and why it moved or held
         log.info("%s/%s step: %s %s (%s)", sd.metadata.namespace, sd.metadata.name,
                  "move to" if recommendation.move else "hold on", machine.show(recommendation.setting),

@@ -272,7 +272,7 @@ def test_a_mix_jump_voids_a_canary_chosen_for_the_mix_before() -> None:
     # Steps every rollout poll (5 s) during the analysis; the first one after the giants
     # arrive (T0 + 25) sees them and voids the canary: the pod goes back to the fleet's
     # setting in that step, with Normal Events, and the watch steps again at its next poll
-    # (the jump is retried: the voiding step could not move) without announcing it twice.
+    # (the jump is retried: the voiding step held) without announcing it twice.
     at, outcomes, sent = voided_run(5.0)
     voiding = next(i for i, o in enumerate(outcomes) if "CanaryVoided" in reasons(o))
     assert at[voiding] == JUMP_AT, at

@@ -53,3 +53,38 @@ def test_demo_comparison_prints_auto_off_and_the_best_static_settings(plan, caps
 def test_the_static_settings_are_every_setting_auto_may_choose():
     assert set(offline.STATIC) == {"stock", "stock/srpt", "stock/lpm"} | {
         f"{mode}:4096{order}" for mode in ("ceiling", "floor") for order in ("", "/srpt", "/lpm")}
+
+
+def test_a_jump_that_voids_a_canary_caps_at_the_same_poll(plan, monkeypatch):
+    # An order-only move 60 s before the giants (its canary runs for the analysis window,
+    # 120 s) is voided by the phase's jump, and the jump's step, at that same poll, caps:
+    # the offline loop models the operator's voiding step (rollout.machine: the void and
+    # the new mix's decision in one step).
+    from slipstream.sim import policies
+    from slipstream.tune import guardrails, tuner
+
+    workload, spans = plan
+    het = spans[1]
+    real = tuner.tune_once
+    srpt = policies.Setting(0, "ceiling", "srpt")
+
+    def order_first(snapshot, state, *args, **kwargs):
+        decision = real(snapshot, state, *args, **kwargs)
+        at = args[-1]
+        if het.start_s - 90 <= at < het.start_s and decision.recommendation is not None and state.current != srpt:
+            return guardrails.Move(state.current, srpt, "test: order only", decision.recommendation)
+        return decision
+
+    monkeypatch.setattr(offline.tuner, "tune_once", order_first)
+    lines: list[str] = []
+    run = offline.closed_loop(workload, spans, 0.0, log=lines.append)
+    voided = [line for line in lines if "voided: back to" in line]
+    assert len(voided) == 1, lines
+    at = float(voided[0].split()[0])
+    assert het.start_s <= at <= het.start_s + 60, voided
+    capped = [(t, to) for t, _, to, _ in run.moves if to.split("/")[0] != "stock"]
+    assert capped and capped[0][0] == at, (at, run.moves)
+    # Both engines run the cap from that poll (a harder cap skips its canary), the canary
+    # engine's voided order with them.
+    for schedule in run.schedules:
+        assert [s for t, s in schedule if t == at][-1].threshold > 0, schedule

@@ -123,8 +123,7 @@ def as_voided(sd: models.ServingDeployment, state: models.RolloutStatus, now: fl
     flight (`machine.voidable`): the rollout over (rolled back now, so the cooldown runs
     from the void, as from any rollback), so the step decides on the new mix instead of
     holding for a rollout that this same step ends (`machine.decide` voids it)."""
-    rollout = state.model_copy(update={"phase": "Idle", "result": "RolledBack", "finished_at": machine.stamp(now),
-                                       "canary_pods": [], "attempts": 0})  # fmt: skip
+    rollout = machine.finished(state, "RolledBack", now)
     return sd.model_copy(update={"status": sd.status.model_copy(update={"rollout": rollout})})
 
 

@@ -160,6 +160,13 @@ def seconds(text: str | None) -> float | None:
     return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def finished(state: models.RolloutStatus, result: Literal["Promoted", "RolledBack"], now: float) -> models.RolloutStatus:
+    """``state`` as a rollout that ended at ``now`` with ``result``: phase Idle, no canaries.
+    The tuner's cooldown runs from ``finishedAt`` (`tune.deployment.last_step_at`)."""
+    return state.model_copy(update={"phase": "Idle", "result": result, "finished_at": stamp(now), "canary_pods": [],
+                                    "attempts": 0})  # fmt: skip
+
+
 # -- wording ---------------------------------------------------------------------------------
 
 
@@ -476,10 +483,7 @@ class _Step:
         waiting = self.off(self.pods, self.candidate)
         if not waiting:
             change = self.change(self.baseline, self.candidate)
-            state = self.state.model_copy(update={
-                "phase": "Idle", "result": "Promoted", "finished_at": stamp(self.now), "canary_pods": [],
-                "attempts": 0,
-            })  # fmt: skip
+            state = finished(self.state, "Promoted", self.now)
             message = f"{change}: every pod runs {show(self.candidate)}"
             return self.decision("Promoted", state, self.candidate, fleet=self.candidate,
                                  events=(Event("Normal", "ThresholdChanged", f"{change}: {self.reason()}"),),
@@ -513,10 +517,7 @@ class _Step:
         in this same step, the voided canaries with them; otherwise the canaries go back
         to the baseline and the next step decides (the mix watch retries the jump)."""
         target = self.target
-        voided = dataclasses.replace(self, state=self.state.model_copy(update={
-            "phase": "Idle", "result": "RolledBack", "finished_at": stamp(self.now), "canary_pods": [],
-            "attempts": 0,
-        }), fleet=self.baseline)  # fmt: skip
+        voided = dataclasses.replace(self, state=finished(self.state, "RolledBack", self.now), fleet=self.baseline)
         skipped = "" if target is None or target.setting == self.baseline else skip_canary(
             target, voided.state, self.baseline, self.policy.chunked_prefill_size)
         if target is None or not skipped:
@@ -534,10 +535,7 @@ class _Step:
     def rolling_back(self) -> RolloutDecision:
         waiting = self.off(self.pods, self.baseline)
         if not waiting:
-            state = self.state.model_copy(update={
-                "phase": "Idle", "result": "RolledBack", "finished_at": stamp(self.now), "canary_pods": [],
-                "attempts": 0,
-            })  # fmt: skip
+            state = finished(self.state, "RolledBack", self.now)
             message = f"rolled back: every pod runs {show(self.baseline)}; {self.state.message or ''}".rstrip("; ")
             kind: Literal["Normal", "Warning"] = "Normal" if self.voided() else "Warning"
             return self.decision("RolledBack", state, self.baseline, fleet=self.baseline,

@@ -37,9 +37,11 @@ fails.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import re
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -209,6 +211,27 @@ def tell(capsys: pytest.CaptureFixture[str], text: str) -> None:
         print(text, flush=True)
 
 
+LOG_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\].*?\[(\w+)\s*\] (.*)$")
+"""kopf's log format: ``[2026-12-06 03:40:00,123] logger [INFO    ] message`` (local time)."""
+
+
+def operator_story(lp: Loop, name: str, wall0: float, since_s: float, until_s: float) -> str:
+    """The operator's own lines about `name` between two twin times (one line per step: what
+    the tuner saw and why it moved or held; warnings): a failure's post-mortem from the CI
+    log alone, since the cluster's log folder goes with the machine."""
+    assert lp.stack.operator is not None
+    lines = []
+    for raw in lp.stack.operator.log_path.read_text(errors="replace").splitlines():
+        match = LOG_LINE.match(raw)
+        if match is None or f"{NAMESPACE}/{name}" not in match.group(3):
+            continue
+        stamp = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        twin_s = (stamp - wall0) * TIME_SCALE
+        if since_s <= twin_s <= until_s:
+            lines.append(f"  {twin_s:7.0f}  {match.group(2)[:4]} {match.group(3)[:400]}")
+    return "\n".join(lines) or "  (no operator line about it)"
+
+
 def uncapped(s: loop.StatusSample) -> bool:
     return s.threshold == 0 or (s.concurrency or 1) <= MIN_CONCURRENCY
 
@@ -254,6 +277,8 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
     deploy(lp, "auto", "Auto")
     pods_before = pod_identity(lp, "auto")
     watcher, results, spans = run_phases(lp, "auto", phases.DEMO)
+    assert watcher.t0 is not None
+    wall0 = time.time() - (time.monotonic() - watcher.t0)  # the load's start on the log's clock
     samples, events = watcher.samples, watcher.events
     workload, _ = phases.plan(PHASE_S, replicas=REPLICAS)
     auto = offline.figures(offline.Run(results), spans)
@@ -274,57 +299,63 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
         f"Auto per tenant, whole run: {loop.tenant_p99(results, 0, spans[-1].end_s)}",
         f"{len(results)} requests in the Auto run, {sum(not r.ok for r in results)} failed",
     ]))  # fmt: skip
-    assert samples, "no status was read"
-    for span in spans:
-        after = [s for s in samples if span.start_s + SETTLE_S <= s.twin_s < span.end_s]
-        assert after, f"{span.name}: no status sample after the settling time"
-        decided = [e for e in events if e.get("reason") in DECISIONS and span.start_s <= e["_twin_s"] < span.end_s]
-        if span.kind != het and span.start_s == 0:
-            # Documents from the start: never capped.
-            within = [s for s in samples if span.holds(s.twin_s) and s.threshold is not None]
-            assert within and all(uncapped(s) for s in within), (
-                f"{span.name}: capped: {[setting(s) for s in within]}\n{story(events)}")
-        elif span.kind != het:
-            # Back to documents: the cap is loosened on purpose only after a cooldown of calm
-            # traffic, then the step back's canary (tune.guardrails, "Calm"); by the phase's
-            # end the fleet is uncapped, and stays so.
-            within = [s for s in samples if span.holds(s.twin_s) and s.threshold is not None]
-            back = next((i for i, s in enumerate(within) if uncapped(s)), None)
-            assert back is not None and all(uncapped(s) for s in within[back:]), (
-                f"{span.name}: not back to off / least concurrency: {[setting(s) for s in within]}\n{story(events)}")
-        else:
-            # The tuner decided a capped setting within 3 intervals, the engines run it from
-            # then to the end of the phase, and no later decision in the phase named another
-            # T (at most one refinement of order or mode, never back to a setting it left).
-            early = [e for e in decided if e["_twin_s"] <= span.start_s + DECIDE_S]
-            assert early, f"{span.name}: no decision within {DECIDE_S:.0f} twin s\n{story(events)}"
-            run = [setting(s) for s in after]
-            held = [a for i, a in enumerate(run) if i == 0 or a != run[i - 1]]
-            assert all((s.threshold or 0) > 0 for s in after), f"{span.name}: not capped: {run}\n{story(events)}"
-            assert len(held) <= 2 and len(set(held)) == len(held), (
-                f"{span.name}: not settled: {held}\n{story(events)}")
-            assert all(h[0] == held[0][0] for h in held), f"{span.name}: T moved again: {held}\n{story(events)}"
-            assert named(early[-1]) == (after[0].threshold, after[0].schedule_policy), (
-                early[-1]["message"], setting(after[0]))
+    try:
+        assert samples, "no status was read"
+        for span in spans:
+            after = [s for s in samples if span.start_s + SETTLE_S <= s.twin_s < span.end_s]
+            assert after, f"{span.name}: no status sample after the settling time"
+            decided = [e for e in events if e.get("reason") in DECISIONS and span.start_s <= e["_twin_s"] < span.end_s]
+            if span.kind != het and span.start_s == 0:
+                # Documents from the start: never capped.
+                within = [s for s in samples if span.holds(s.twin_s) and s.threshold is not None]
+                assert within and all(uncapped(s) for s in within), (
+                    f"{span.name}: capped: {[setting(s) for s in within]}\n{story(events)}")
+            elif span.kind != het:
+                # Back to documents: the cap is loosened on purpose only after a cooldown of calm
+                # traffic, then the step back's canary (tune.guardrails, "Calm"); by the phase's
+                # end the fleet is uncapped, and stays so.
+                within = [s for s in samples if span.holds(s.twin_s) and s.threshold is not None]
+                back = next((i for i, s in enumerate(within) if uncapped(s)), None)
+                assert back is not None and all(uncapped(s) for s in within[back:]), (
+                    f"{span.name}: not back to off / least concurrency: {[setting(s) for s in within]}\n{story(events)}")
+            else:
+                # The tuner decided a capped setting within 3 intervals, the engines run it from
+                # then to the end of the phase, and no later decision in the phase named another
+                # T (at most one refinement of order or mode, never back to a setting it left).
+                early = [e for e in decided if e["_twin_s"] <= span.start_s + DECIDE_S]
+                assert early, f"{span.name}: no decision within {DECIDE_S:.0f} twin s\n{story(events)}"
+                run = [setting(s) for s in after]
+                held = [a for i, a in enumerate(run) if i == 0 or a != run[i - 1]]
+                assert all((s.threshold or 0) > 0 for s in after), f"{span.name}: not capped: {run}\n{story(events)}"
+                assert len(held) <= 2 and len(set(held)) == len(held), (
+                    f"{span.name}: not settled: {held}\n{story(events)}")
+                assert all(h[0] == held[0][0] for h in held), f"{span.name}: T moved again: {held}\n{story(events)}"
+                assert named(early[-1]) == (after[0].threshold, after[0].schedule_policy), (
+                    early[-1]["message"], setting(after[0]))
 
-    # At most one change per cooldown, each with an Event carrying its reason; no rollback
-    # but of a canary a queue-mix jump voided (rollout.machine.voidable: its candidate was
-    # chosen for the mix before, and the fleet's setting never changed).
-    moved = changes(samples)
-    gaps = [b - a for (a, _), (b, _) in zip(moved, moved[1:], strict=False)]
-    # Samples are a second of wall time apart: allow one sample's worth of twin time.
-    assert all(g >= COOLDOWN_S - 2 * TIME_SCALE for g in gaps), f"changes closer than the cooldown: {gaps}"
-    messages = [f"{e.get('reason')}: {e.get('message')}" for e in events]
-    for _, s in moved:
-        assert any(str(s.threshold) in m and "->" in m for m in messages), (
-            f"no Event for the change to {setting(s)}; events: {messages}")
-    assert all(e.get("reason") and e.get("message") for e in events), events
-    assert not [e for e in events if e.get("reason") in ("RolledBack", "RollingBack")
-                and machine.VOIDED not in e.get("message", "")], story(events)
+        # At most one change per cooldown, each with an Event carrying its reason; no rollback
+        # but of a canary a queue-mix jump voided (rollout.machine.voidable: its candidate was
+        # chosen for the mix before, and the fleet's setting never changed).
+        moved = changes(samples)
+        gaps = [b - a for (a, _), (b, _) in zip(moved, moved[1:], strict=False)]
+        # Samples are a second of wall time apart: allow one sample's worth of twin time.
+        assert all(g >= COOLDOWN_S - 2 * TIME_SCALE for g in gaps), f"changes closer than the cooldown: {gaps}"
+        messages = [f"{e.get('reason')}: {e.get('message')}" for e in events]
+        for _, s in moved:
+            assert any(str(s.threshold) in m and "->" in m for m in messages), (
+                f"no Event for the change to {setting(s)}; events: {messages}")
+        assert all(e.get("reason") and e.get("message") for e in events), events
+        assert not [e for e in events if e.get("reason") in ("RolledBack", "RollingBack")
+                    and machine.VOIDED not in e.get("message", "")], story(events)
 
-    # Whole phases, the whole run: Auto against the best static setting in hindsight and Off.
-    assert auto["whole"] <= TARGET_VS_BEST * best, f"Auto {auto['whole']:.2f} s vs {best_name} {best:.2f} s"
-    assert auto["whole"] <= TARGET_VS_OFF * off["whole"], f"Auto {auto['whole']:.2f} s vs Off {off['whole']:.2f} s"
+        # Whole phases, the whole run: Auto against the best static setting in hindsight and Off.
+        assert auto["whole"] <= TARGET_VS_BEST * best, f"Auto {auto['whole']:.2f} s vs {best_name} {best:.2f} s"
+        assert auto["whole"] <= TARGET_VS_OFF * off["whole"], f"Auto {auto['whole']:.2f} s vs Off {off['whole']:.2f} s"
+    except AssertionError:
+        het_span = next(p for p in spans if p.kind == het)
+        tell(capsys, f"the operator on auto from {het_span.start_s - INTERVAL_S:.0f} twin s to the end:\n"
+             + operator_story(lp, "auto", wall0, het_span.start_s - INTERVAL_S, spans[-1].end_s))
+        raise
 
     # 2. Metrics withheld: heterogeneous traffic from a settled fleet on documents, and no change.
     key = admin_key(lp, "auto")

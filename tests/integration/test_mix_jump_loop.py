@@ -10,6 +10,7 @@ large predicted gain (tune.guardrails). And the handler's `pause` ends when the 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from loop_helpers import Engine, Key, PodsAndConfigMaps
@@ -132,31 +133,53 @@ def test_a_mix_jump_makes_the_step_happen_before_the_timer() -> None:
     assert "gt300k" in event.message and "30 s before the timer" in event.message
 
 
-def test_a_retried_jump_steps_again_without_another_event() -> None:
-    # The step the jump brought held (its window could not settle the jump), so the next
-    # poll that still sees the jump brings another step (tune.mixjump.RETRIES); the jump
-    # was announced once, and the retry is logged, not posted again.
-    async def go() -> tuple[list[float], list[loop.StepOutcome]]:
+def held_steps(jump_at: float, waits: int) -> tuple[list[float], list[bool], list[loop.StepOutcome]]:
+    """A step, then `waits` times the wait and the next step, all holding: (when the
+    recommender was asked, whether each wait ended on a jump, every step's outcome)."""
+
+    async def go() -> tuple[list[float], list[bool], list[loop.StepOutcome]]:
         engine = Engine()
         port = int((await engine.start()).rsplit(":", 1)[1])
         try:
             clock, holds = Clock(), Holds()
             deps = loop.Deps(kube=PodsAndConfigMaps(port),  # type: ignore[arg-type]
                              config=settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0),
-                             keys=Key(), observer=Phases(JUMP_AT), recommender=holds, clock=clock,  # type: ignore[arg-type]
+                             keys=Key(), observer=Phases(jump_at), recommender=holds, clock=clock,  # type: ignore[arg-type]
                              sleep=clock.sleep)  # fmt: skip
             dep, memory = sd(port), loop.Memory()
-            outcomes = [await loop.step(deps, dep, memory)]
-            for _ in range(2):
-                assert await loop.until_mix_jump(deps, lambda: dep, memory, outcomes[-1].delay_s)
+            outcomes, fired = [await loop.step(deps, dep, memory)], []
+            for _ in range(waits):
+                fired.append(await loop.until_mix_jump(deps, lambda: dep, memory, outcomes[-1].delay_s))
                 outcomes.append(await loop.step(deps, dep, memory))
-            return holds.asked, outcomes
+            return holds.asked, fired, outcomes
         finally:
             await engine.runner.cleanup()
 
-    asked, outcomes = asyncio.run(go())
-    assert asked == [T0, T0 + 30.0, T0 + 40.0]
+    return asyncio.run(go())
+
+
+def test_a_retried_jump_steps_again_without_another_event() -> None:
+    # The step the jump brought held (its window could not settle the jump), so the next
+    # poll that still sees the jump brings another step (tune.mixjump.RETRIES); the jump
+    # was announced once, and the retry is logged, not posted again.
+    asked, fired, outcomes = held_steps(JUMP_AT, 2)
+    assert asked == [T0, T0 + 30.0, T0 + 40.0] and fired == [True, True]
     assert [reasons(o).count("QueueMixChanged") for o in outcomes] == [0, 1, 0]
+
+
+def test_a_jump_a_timer_step_saw_first_is_announced_once_at_its_first_firing(caplog: Any) -> None:
+    # The giants come after the interval's last poll: the timer's step sees them first and
+    # holds (a jump it did not settle: the next look fires, tune.mixjump). That firing is
+    # the jump's first announcement, so its step posts the Event; the retry after it does not.
+    with caplog.at_level(logging.INFO, logger=loop.log.name):
+        asked, fired, outcomes = held_steps(T0 + 55.0, 3)
+    assert asked == [T0, T0 + 60.0, T0 + 70.0, T0 + 80.0] and fired == [False, True, True]
+    assert [reasons(o).count("QueueMixChanged") for o in outcomes] == [0, 0, 1, 0]
+    # The watch's turns are in the operator's log (what explains a late jump): the timer
+    # step's hold grants the retry, the polls fire, the steps they brought grant more.
+    turns = [r.getMessage() for r in caplog.records if "mix watch" in r.getMessage()]
+    assert turns and "after a step: armed, 1 look(s) at a jump, 1 retry(ies); reference le8k 100%" in turns[0], turns
+    assert any("after a poll: disarmed" in t for t in turns), turns
 
 
 def test_a_steady_mix_waits_for_the_timer() -> None:

@@ -262,3 +262,19 @@ def test_a_step_a_jump_brought_that_moved_disarms_though_its_own_window_lacks_th
     assert not watch.see(first)[1]
     # Held instead of moved, the same step leaves the jump to fire at the next look.
     assert fired.stepped(step, moved=False, brought=True).see(first)[1]
+
+
+def test_only_a_step_the_jump_brought_announces_it() -> None:
+    rng = random.Random(12)
+    before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
+    # A timer step saw the jump first and held: the next look fires, unannounced so far.
+    timer = mixjump.MixWatch().stepped(before).stepped(after, moved=False)
+    assert not timer.announced
+    watch, fired = timer.see(after)
+    assert fired and not watch.announced
+    # The step that firing brought held too: the next firing is a retry of an announced jump.
+    retried = watch.stepped(after, moved=False, brought=True)
+    assert retried.announced and retried.see(after)[1]
+    # A step that moved takes a new reference, and the next jump is a new one.
+    assert not retried.stepped(after, brought=True).announced
+

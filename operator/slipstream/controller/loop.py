@@ -210,7 +210,7 @@ class Memory:
 
     def fired(self, mix: mixjump.Mix, before: mixjump.MixWatch, then: str) -> None:
         """The watch (as it was, ``before``) fired on ``mix``: the next step is a jump's."""
-        self.jump_retry = before.retries > 0
+        self.jump_retry = before.announced
         self.jumped, self.moved = jump_message(mix, before, then)
 
 
@@ -453,6 +453,7 @@ async def observe_step(deps: Deps, sd: models.ServingDeployment, fleet: models.E
     if not memory.jumped and voidable is not None:
         before = memory.mix
         memory.mix, fired = memory.mix.see(mix)
+        log_watch(sd, before, memory.mix, "step")
         if fired and mix is not None:
             memory.fired(mix, before, "voiding the canary")
             snap, recommendation = await observe(deps, tuning.as_voided(sd, voidable, now), fleet, now, memory.pools,
@@ -489,9 +490,11 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     # (it held, or it voided a canary and its move needs a canary of its own: the canary
     # pods went back instead) is retried at the next poll (tune.mixjump).
     void_only = bool(memory.jumped) and voidable and decision.action == "RollBack"
+    watch = memory.mix
     memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
                                     recommendation is not None and recommendation.move and not void_only,
                                     bool(memory.jumped))  # fmt: skip
+    log_watch(sd, watch, memory.mix, "step")
     started = decision.state.phase != "Idle" and (
         state is None or state.phase == "Idle" or decision.state.candidate != state.candidate)
     events = list(decision.events)
@@ -593,6 +596,7 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
         mix = mixjump.mix_of(snap)
         before = memory.mix
         memory.mix, fired = memory.mix.see(mix)
+        log_watch(sd, before, memory.mix, "poll")
         log.debug("%s/%s mix poll: %s (distance %s from the decided mix)", sd.metadata.namespace, sd.metadata.name,
                   mixjump.describe(mix) if mix else "none",
                   f"{mixjump.distance(mix, before.decided):.2f}" if mix and before.decided else "-")  # fmt: skip
@@ -600,6 +604,18 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
             memory.fired(mix, before, f"stepping now, {end - now:.0f} s before the timer")
             return True
     return False
+
+
+def log_watch(sd: models.ServingDeployment, before: mixjump.MixWatch, after: mixjump.MixWatch, look: str) -> None:
+    """One line when a look changed whether the mix watch may fire, or how close it is to
+    firing (a jump seen once, a retry granted): rare, and what explains a jump that fired
+    late or not at all (every poll's mix is a debug line)."""
+    if (before.armed, before.seen, before.retries) == (after.armed, after.seen, after.retries):
+        return
+    reference = mixjump.describe(after.decided) if after.decided else "none"
+    log.info("%s/%s mix watch after a %s: %s, %d look(s) at a jump, %d retry(ies); reference %s",
+             sd.metadata.namespace, sd.metadata.name, look, "armed" if after.armed else "disarmed",
+             after.seen, after.retries, reference)  # fmt: skip
 
 
 def voidable_now(current: Callable[[], models.ServingDeployment | None],

@@ -174,6 +174,10 @@ class MixWatch:
     seen: int = 0
     retries: int = 0
     """Steps of the current jump that could not judge their window (``stepped``)."""
+    announced: bool = False
+    """A step this jump brought has run (and the loop posted its Event): a later firing on
+    the same reference is a retry. A timer step that saw the jump first and held is not
+    one: the firing after it is the jump's first announcement."""
     tops: tuple[int, ...] = ()
     """The largest class held by each of the last ``TOP_MEMORY`` references (``larger``
     compares with the largest of them)."""
@@ -212,7 +216,8 @@ class MixWatch:
         held = max(self.tops, default=-1)
         jump = self.decided is not None and jumped(mix, self.decided, held)
         if jump and not moved and (brought or self.armed) and self.retries < RETRIES:
-            return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1)
+            return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1,
+                           announced=self.announced or brought)  # fmt: skip
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
         if watch.seen > 0:
             return watch

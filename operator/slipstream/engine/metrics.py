@@ -45,10 +45,12 @@ REQUEST_ARRIVALS_TOTAL = "sglang:request_arrivals_total"
 """Counter: requests arrived, by tenant; counted on arrival, before any prefill."""
 QUEUE_REQS_BY_SIZE_CLASS = "sglang:queue_reqs_by_size_class"
 """Gauge: requests with no first token
-yet (waiting, or part-way through their prefill), by tenant and ``size_class`` of the
-uncached tokens they still need."""
+yet (waiting, or part-way through their prefill), by tenant and ``size_class`` of their
+prompt (the patched engine: prompt tokens, since its tokenizer manager does not know the
+cached part before the first token; the simulator: uncached tokens), whole from arrival to
+the first output."""
 QUEUE_TOKENS_BY_SIZE_CLASS = "sglang:queue_tokens_by_size_class"
-"""Gauge: the uncached tokens those requests still need, same labels."""
+"""Gauge: the tokens of those requests (as classed above), same labels."""
 TTFT_BY_SIZE_CLASS_SECONDS = "sglang:ttft_by_size_class_seconds"
 """Histogram: time to first token by tenant and ``size_class`` (TTFT buckets), so
 same-size requests can be compared."""

@@ -140,8 +140,9 @@ class EngineMetrics:
                 self.class_tokens.labels(**cls, cache=cache)
 
     def queue_mix(self, waiting: list[tuple[dict[str, str], int]]) -> None:
-        """The queue now: (tenant labels, uncached tokens still to prefill) per request with
-        no first token yet (waiting, or part-way through its prefill).
+        """The queue now: (tenant labels, uncached tokens) per request with no first token
+        yet (waiting, or part-way through its prefill), each whole, as the patched engine
+        counts a request's prompt from its arrival to its first output.
 
         Every class and tenant seen before is reset to 0 first, so a drained queue reads 0
         rather than its last value."""

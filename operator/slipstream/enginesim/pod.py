@@ -181,8 +181,7 @@ class SimPod:
                                self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills,
                                usage)
         labels = {t.rid: t.labels for t in self._pending}
-        queued = d.waiting_needs() + d.partial_needs()
-        self.metrics.queue_mix([(labels[rid], need) for rid, need in queued if rid in labels])
+        self.metrics.queue_mix([(labels[rid], size) for rid, size in d.unserved() if rid in labels])
         return self.metrics.exposition()
 
     def step(self) -> float:

@@ -350,9 +350,16 @@ class Engine:
 
     def partial_needs(self) -> list[tuple[str, int]]:
         """(request id, uncached tokens still to prefill) of each request part-way through
-        its prefill: no first token yet either, and the queue-mix gauges count them (a
-        giant prompt shows for the whole of its prefill, when it blocks the others)."""
+        its prefill."""
         return [(j.rid, j.need) for j in self._partials]
+
+    def unserved(self) -> list[tuple[str, int]]:
+        """(request id, uncached tokens) of every request with no first token yet, waiting
+        or part-way through its prefill, each whole (a partial's as at its admission): what
+        the queue-mix gauges hold. The patched engine counts a request's whole prompt from
+        its arrival to its first output, so a giant shows at its full size for the whole
+        of its prefill, when it blocks the others, not shrinking as its chunks run."""
+        return [(j.rid, j.need) for j in self.queue.items] + [(j.rid, j.uncached) for j in self._partials]
 
     @property
     def partials(self) -> int:
@@ -470,7 +477,7 @@ class Engine:
         observed = self._observed
         assert observed is not None
         view = RoundView(self.now_s, tuple(j.need for j in self.queue.items),
-                         tuple(j.need for j in self._partials), self.decoding, tuple(observed))
+                         tuple(j.uncached for j in self._partials), self.decoding, tuple(observed))
         observed.clear()
         setting = policy.controller(view)
         policy.next_control_s = self.now_s + policy.interval_s

@@ -178,14 +178,18 @@ class RoundView:
     """What a controller sees at the start of a round (plain data).
 
     ``first_tokens`` are the requests whose first token came since the controller's last
-    call (what Prometheus's histograms would have gained); the other fields are the
-    engine's internal state, which no real controller can see: ``auto`` uses only
-    ``now_s`` and ``first_tokens``.
+    call (what Prometheus's histograms would have gained); ``waiting_needs`` and
+    ``partial_sizes`` are what the engine's queue-mix gauges show of the requests with no
+    first token yet; ``decoding`` is the engine's internal state, which no real controller
+    can see.
     """
 
     now_s: float
     waiting_needs: tuple[int, ...]
-    partial_needs: tuple[int, ...]
+    """Uncached tokens of each waiting request (re-matched against the cache while it waits)."""
+    partial_sizes: tuple[int, ...]
+    """Uncached tokens of each request part-way through its prefill, whole (as at its
+    admission, as the engine's queue gauges count it), not what it still needs."""
     decoding: int
     first_tokens: tuple[FirstToken, ...] = ()
 

@@ -187,7 +187,7 @@ class TwinAuto:
         work: dict[str, float] = {}
         since = view.now_s - self.interval_s  # the operator's mix is one interval's
         needs = [float(f.uncached_tokens) for f in self._seen if f.first_token_s > since]
-        needs += [float(n) for n in view.waiting_needs + view.partial_needs]
+        needs += [float(n) for n in view.waiting_needs + view.partial_sizes]
         for tokens in needs:
             name = buckets.size_class(tokens)
             work[name] = work.get(name, 0.0) + tokens

@@ -133,7 +133,18 @@ def test_a_mix_jump_makes_the_step_happen_before_the_timer() -> None:
     assert "gt300k" in event.message and "30 s before the timer" in event.message
 
 
-def held_steps(jump_at: float, waits: int) -> tuple[list[float], list[bool], list[loop.StepOutcome]]:
+class HoldsTheOtherWay(Holds):
+    """Holds every step; a step a jump brought finds it going the other way (its best a
+    looser cap: `tune.guardrails.other_way`)."""
+
+    def without_twin(self, sd: Any, snap: Any, fleet: models.EngineSetting, now: float,
+                     jumped: bool = False) -> tuning.Recommendation:
+        self.asked.append(now)
+        return tuning.Recommendation(fleet, False, "JumpNotHarder: hold", other_way=jumped)
+
+
+def held_steps(jump_at: float, waits: int, holds: Holds | None = None,
+               ) -> tuple[list[float], list[bool], list[loop.StepOutcome]]:  # fmt: skip
     """A step, then `waits` times the wait and the next step, all holding: (when the
     recommender was asked, whether each wait ended on a jump, every step's outcome)."""
 
@@ -141,17 +152,17 @@ def held_steps(jump_at: float, waits: int) -> tuple[list[float], list[bool], lis
         engine = Engine()
         port = int((await engine.start()).rsplit(":", 1)[1])
         try:
-            clock, holds = Clock(), Holds()
+            clock, recommender = Clock(), holds or Holds()
             deps = loop.Deps(kube=PodsAndConfigMaps(port),  # type: ignore[arg-type]
                              config=settings_.ControllerSettings(engine_networks="127.0.0.0/8", mix_poll_seconds=10.0),
-                             keys=Key(), observer=Phases(jump_at), recommender=holds, clock=clock,  # type: ignore[arg-type]
+                             keys=Key(), observer=Phases(jump_at), recommender=recommender, clock=clock,  # type: ignore[arg-type]
                              sleep=clock.sleep)  # fmt: skip
             dep, memory = sd(port), loop.Memory()
             outcomes, fired = [await loop.step(deps, dep, memory)], []
             for _ in range(waits):
                 fired.append(await loop.until_mix_jump(deps, lambda: dep, memory, outcomes[-1].delay_s))
                 outcomes.append(await loop.step(deps, dep, memory))
-            return holds.asked, fired, outcomes
+            return recommender.asked, fired, outcomes
         finally:
             await engine.runner.cleanup()
 
@@ -164,6 +175,15 @@ def test_a_retried_jump_steps_again_without_another_event() -> None:
     # was announced once, and the retry is logged, not posted again.
     asked, fired, outcomes = held_steps(JUMP_AT, 2)
     assert asked == [T0, T0 + 30.0, T0 + 40.0] and fired == [True, True]
+    assert [reasons(o).count("QueueMixChanged") for o in outcomes] == [0, 1, 0]
+
+
+def test_a_jump_its_step_found_going_the_other_way_is_not_retried() -> None:
+    # The jump's step held on a looser cap (the giants are gone: only the timer's step may
+    # loosen, after the calm): no later look at the same jump would move, so the next wait
+    # runs to the timer instead of bringing another step 10 s later.
+    asked, fired, outcomes = held_steps(JUMP_AT, 2, HoldsTheOtherWay())
+    assert asked == [T0, T0 + 30.0, T0 + 90.0] and fired == [True, False]
     assert [reasons(o).count("QueueMixChanged") for o in outcomes] == [0, 1, 0]
 
 

@@ -278,3 +278,21 @@ def test_only_a_step_the_jump_brought_announces_it() -> None:
     # A step that moved takes a new reference, and the next jump is a new one.
     assert not retried.stepped(after, brought=True).announced
 
+
+def test_a_jump_the_other_way_is_settled_without_a_retry() -> None:
+    rng = random.Random(13)
+    capped, calm = mixjump.mix_of(snap_of(giants(rng, 200))), mixjump.mix_of(snap_of(uniform(rng, 200)))
+    watch = mixjump.MixWatch().stepped(capped)  # a step decided on giants
+    for _ in range(mixjump.CONFIRM - 1):
+        watch, fired = watch.see(calm)
+        assert not fired
+    watch, fired = watch.see(calm)
+    assert fired  # the giants are gone
+    # Its step held on a looser cap (tune.guardrails.other_way): settled as a move would be.
+    settled = watch.stepped(calm, moved=False, brought=True, other_way=True)
+    assert settled.decided == calm and settled.retries == 0 and not settled.armed
+    assert not settled.see(calm)[1]
+    # Held for another reason, the jump is retried at the next look.
+    retried = watch.stepped(calm, moved=False, brought=True)
+    assert retried.decided == capped and retried.retries == 1 and retried.see(calm)[1]
+

@@ -467,6 +467,14 @@ def test_a_jump_step_moves_only_to_a_harder_cap():
     assert decide(heterogeneous(), HET_REC, TunerState(other)).reason != guardrails.JUMP_NOT_HARDER
     d = decide(heterogeneous(), HET_REC, TunerState(other, mix_jumped=True))
     assert isinstance(d, Hold) and d.reason == guardrails.JUMP_NOT_HARDER and "timer" in d.message, d
+    assert not guardrails.other_way(d, SPEC.chunked_prefill_size)  # an order: a later look may still cap
+    # Giants gone: on a near-uniform window the best is a looser cap, which the jump's step
+    # holds; the jump went the other way and is not retried (tune.mixjump).
+    back = recommend.recommend(uniform(), best, SPEC, PROFILE)
+    d = decide(uniform(), back, TunerState(best, mix_jumped=True))
+    assert isinstance(d, Hold) and d.reason == guardrails.JUMP_NOT_HARDER, d
+    assert guardrails.other_way(d, SPEC.chunked_prefill_size)
+    assert not guardrails.other_way(decide(uniform(), back, TunerState(best)), SPEC.chunked_prefill_size)
 
 
 def test_bounds_hold_when_the_spec_narrowed_after_the_recommendation():

@@ -493,7 +493,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     watch = memory.mix
     memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
                                     recommendation is not None and recommendation.move and not void_only,
-                                    bool(memory.jumped))  # fmt: skip
+                                    bool(memory.jumped), recommendation is not None and recommendation.other_way)  # fmt: skip
     log_watch(sd, watch, memory.mix, "step")
     started = decision.state.phase != "Idle" and (
         state is None or state.phase == "Idle" or decision.state.candidate != state.candidate)

@@ -269,8 +269,9 @@ class TwinRecommender:
             return tuning.Recommendation(engine_setting(decision.to), True, with_note(decision.reason, pool), mix,
                                          prediction, gain=rec.sure_gain if rec is not None else 0.0)  # fmt: skip
         best = engine_setting(rec.best.setting) if rec is not None else fleet
+        other_way = sd is not None and guardrails.other_way(decision, sd.spec.engine.chunked_prefill_size)
         return tuning.Recommendation(best, False, with_note(f"{decision.reason}: {decision.message}", pool), mix,
-                                     prediction, mismatch, judged=rec is not None)  # fmt: skip
+                                     prediction, mismatch, judged=rec is not None, other_way=other_way)  # fmt: skip
 
 
 def log_mismatch(sd: models.ServingDeployment, snap: snapshot.WorkloadSnapshot, current: policies.Setting,

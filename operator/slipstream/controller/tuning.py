@@ -70,6 +70,9 @@ class Recommendation:
     judged: bool = True
     """The twin judged the window (a fresh or a reused run); False when a guardrail held
     before it (a rollout in flight, the cooldown, too few samples)."""
+    other_way: bool = False
+    """A step a queue-mix jump brought found it going the other way (`tune.guardrails.other_way`):
+    the jump is not retried."""
 
     @property
     def prediction_error_ratio(self) -> float | None:

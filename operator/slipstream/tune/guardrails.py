@@ -243,6 +243,18 @@ class Infeasible:
 Decision = Move | Hold | Infeasible
 
 
+def other_way(decision: Decision, chunked_prefill_size: int) -> bool:
+    """Whether a step the queue mix brought forward found the jump going the other way: it
+    held ``JumpNotHarder`` and its best runs fewer prefills at once than the current setting
+    (the giants are gone: a looser cap, which only the timer's step may make, after the
+    calm). No later look at the same jump would move, so it is not retried
+    (``tune.mixjump.MixWatch.stepped``)."""
+    rec = decision.recommendation
+    return (isinstance(decision, Hold) and decision.reason == JUMP_NOT_HARDER and rec is not None
+            and concurrency(rec.best.setting, chunked_prefill_size)
+            < concurrency(rec.current.setting, chunked_prefill_size))
+
+
 def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSettings,
          now: float) -> Hold | None:
     """Checks 1-5 of the module doc: the Hold that applies before any twin run, or None."""

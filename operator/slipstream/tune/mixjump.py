@@ -50,7 +50,10 @@ The rule, with hysteresis so that it cannot flap:
   traffic, or straddles the change, half old traffic and half new, so the twin cannot
   explain it: ``ModelMismatch``) does not take the jump's mix as its reference: the
   watch fires again at the next look that still sees the jump, up to ``RETRIES`` times a
-  jump, instead of leaving the new phase to the timer a whole interval later.
+  jump, instead of leaving the new phase to the timer a whole interval later; except a
+  step that found the jump going the other way (``tune.guardrails.other_way``: the giants
+  are gone, its best a looser cap, which waits for the timer and the calm), which settles
+  it as a move would: no later look at the same jump would move.
 
 ``ENTER`` and ``CONFIRM`` are in-sample: chosen on the demo's phases
 (``scripts/closed-loop-offline.py --mix-poll 10``, and ``slipstream loopbench``'s live
@@ -195,7 +198,8 @@ class MixWatch:
             return replace(self, armed=True, seen=0), False
         return replace(self, seen=0), False
 
-    def stepped(self, mix: Mix | None, judged: bool = True, moved: bool = True, brought: bool = False) -> MixWatch:
+    def stepped(self, mix: Mix | None, judged: bool = True, moved: bool = True, brought: bool = False,
+                other_way: bool = False) -> MixWatch:
         """After a step on `mix`: it counts as a look, and becomes the new reference unless
         it is the first look at a jump not yet confirmed (the step was on a window that
         the new phase has barely entered; its reference would hide the jump), or the step
@@ -206,7 +210,10 @@ class MixWatch:
         nothing (``judged`` False: a guardrail held before the twin ran, a rollout in
         flight) leaves the watch as it was unless a jump brought it (``brought``), so a jump
         during a rollout fires once the rollout is over; with no reference yet, its mix
-        becomes the reference. A step on no mix keeps the watch as it was."""
+        becomes the reference. A step that found the jump going the other way (``other_way``:
+        giants gone, its best a looser cap, which waits for the timer and the calm:
+        ``tune.guardrails.other_way``) settles it as a move would, without a retry. A step
+        on no mix keeps the watch as it was."""
         if mix is None:
             return self
         if not judged and not brought:
@@ -215,7 +222,7 @@ class MixWatch:
             return self if self.decided is not None else MixWatch(mix, tops=(top(mix),))
         held = max(self.tops, default=-1)
         jump = self.decided is not None and jumped(mix, self.decided, held)
-        if jump and not moved and (brought or self.armed) and self.retries < RETRIES:
+        if jump and not moved and not other_way and (brought or self.armed) and self.retries < RETRIES:
             return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1,
                            announced=self.announced or brought)  # fmt: skip
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
@@ -225,7 +232,8 @@ class MixWatch:
         # that brought it: the step's window may not show the giant the poll saw waiting); a
         # window still filling with the new traffic would read as a jump from it until it
         # settles (EXIT re-arms it).
-        return MixWatch(mix, watch.armed and not (moved and (jump or brought)), tops=(*self.tops, top(mix))[-TOP_MEMORY:])
+        settled = (moved or other_way) and (jump or brought)
+        return MixWatch(mix, watch.armed and not settled, tops=(*self.tops, top(mix))[-TOP_MEMORY:])
 
 
 def describe(mix: Mix) -> str:

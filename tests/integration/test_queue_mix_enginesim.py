@@ -63,7 +63,7 @@ def prom(prometheus_binary, tmp_path_factory) -> Iterator[tuple[localprom.Promet
         client = PromClient(server.url)
         # Ten scrapes of every tenant's series before the load: increase() extrapolates
         # toward the window's end by up to 1.1 scrape intervals, which on a series scraped
-        # only a few times is a large share of what it spans (1.26x seen on a young series).
+        # only a few times is a large share of what it spans.
         arrivals = 'count_over_time({__name__=~"sglang.request_arrivals_total"}[60s])'
         wait_for(lambda: [x.value for x in client.query(arrivals, time.time())],
                  lambda v: len(v) == 3 and min(v) >= 10, deadline_s=30, what="every tenant's arrival series scraped ten times")

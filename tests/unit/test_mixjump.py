@@ -174,11 +174,11 @@ def test_a_step_that_cannot_judge_its_window_is_retried_at_the_next_look() -> No
     # The step the jump asked for held ModelMismatch (a window straddling the change): the old
     # reference stays and the next look fires again, RETRIES times at most.
     for k in range(mixjump.RETRIES):
-        watch = watch.stepped(after, moved=False, brought=True)
+        watch = watch.stepped(after, settled=False, brought=True)
         assert watch.decided == before and watch.retries == k + 1
         watch, fired = watch.see(after)
         assert fired, k
-    watch = watch.stepped(after, moved=False, brought=True)  # retries spent: the step's window is the reference
+    watch = watch.stepped(after, settled=False, brought=True)  # retries spent: the step's window is the reference
     assert watch.decided == after and not watch.see(after)[1]
     # A judged step ends the retries as before.
     judged = mixjump.MixWatch().stepped(before).see(after)[0].stepped(after)
@@ -215,7 +215,7 @@ def test_random_giants_with_quiet_windows_between_are_one_regime() -> None:
 def test_a_timer_step_that_holds_on_a_jump_leaves_it_to_the_next_look() -> None:
     rng = random.Random(11)
     before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
-    watch = mixjump.MixWatch().stepped(before).stepped(after, moved=False)
+    watch = mixjump.MixWatch().stepped(before).stepped(after, settled=False)
     assert watch.decided == before and watch.retries == 1
     assert watch.see(after)[1]
     # The same step had it moved: its window is the reference, nothing left to fire.
@@ -239,7 +239,7 @@ def test_a_step_that_moved_on_a_jump_does_not_fire_again_while_the_window_fills(
     watch, first = fired_on_the_first_giant(rng)
     filled = mixjump.mix_of(snap_of(giants(rng, 200)))  # a minute later: short turns and giants
     assert filled is not None
-    watch = watch.stepped(first, moved=True, brought=True)
+    watch = watch.stepped(first, settled=True, brought=True)
     assert watch.decided == first and not watch.armed
     assert mixjump.distance(filled, first) >= mixjump.ENTER
     assert not watch.see(filled)[1] and not watch.see(filled)[0].see(filled)[1]
@@ -257,23 +257,23 @@ def test_a_step_a_jump_brought_that_moved_disarms_though_its_own_window_lacks_th
     fired, first = fired_on_the_first_giant(rng)
     step = mixjump.mix_of(snap_of(documents(rng, 96)))
     assert step is not None
-    watch = fired.stepped(step, moved=True, brought=True)
+    watch = fired.stepped(step, settled=True, brought=True)
     assert watch.decided == step and not watch.armed
     assert not watch.see(first)[1]
     # Held instead of moved, the same step leaves the jump to fire at the next look.
-    assert fired.stepped(step, moved=False, brought=True).see(first)[1]
+    assert fired.stepped(step, settled=False, brought=True).see(first)[1]
 
 
 def test_only_a_step_the_jump_brought_announces_it() -> None:
     rng = random.Random(12)
     before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
     # A timer step saw the jump first and held: the next look fires, unannounced so far.
-    timer = mixjump.MixWatch().stepped(before).stepped(after, moved=False)
+    timer = mixjump.MixWatch().stepped(before).stepped(after, settled=False)
     assert not timer.announced
     watch, fired = timer.see(after)
     assert fired and not watch.announced
     # The step that firing brought held too: the next firing is a retry of an announced jump.
-    retried = watch.stepped(after, moved=False, brought=True)
+    retried = watch.stepped(after, settled=False, brought=True)
     assert retried.announced and retried.see(after)[1]
     # A step that moved takes a new reference, and the next jump is a new one.
     assert not retried.stepped(after, brought=True).announced
@@ -288,11 +288,11 @@ def test_a_jump_the_other_way_is_settled_without_a_retry() -> None:
         assert not fired
     watch, fired = watch.see(calm)
     assert fired  # the giants are gone
-    # Its step held on a looser cap (tune.guardrails.other_way): settled as a move would be.
-    settled = watch.stepped(calm, moved=False, brought=True, other_way=True)
+    # Its step held on a looser cap (tune.guardrails.other_way): that settles it, as a move would.
+    settled = watch.stepped(calm, settled=True, brought=True)
     assert settled.decided == calm and settled.retries == 0 and not settled.armed
     assert not settled.see(calm)[1]
     # Held for another reason, the jump is retried at the next look.
-    retried = watch.stepped(calm, moved=False, brought=True)
+    retried = watch.stepped(calm, settled=False, brought=True)
     assert retried.decided == capped and retried.retries == 1 and retried.see(calm)[1]
 

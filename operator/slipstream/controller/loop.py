@@ -491,9 +491,9 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     # pods went back instead) is retried at the next poll (tune.mixjump).
     void_only = bool(memory.jumped) and voidable and decision.action == "RollBack"
     watch = memory.mix
-    memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged,
-                                    recommendation is not None and recommendation.move and not void_only,
-                                    bool(memory.jumped), recommendation is not None and recommendation.other_way)  # fmt: skip
+    settled = recommendation is not None and ((recommendation.move and not void_only) or recommendation.other_way)
+    memory.mix = memory.mix.stepped(mix, recommendation is not None and recommendation.judged, settled,
+                                    bool(memory.jumped))  # fmt: skip
     log_watch(sd, watch, memory.mix, "step")
     started = decision.state.phase != "Idle" and (
         state is None or state.phase == "Idle" or decision.state.candidate != state.candidate)

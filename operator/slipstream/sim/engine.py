@@ -343,11 +343,6 @@ class Engine:
         """Requests arrived and not yet given any prefill tokens (sglang:num_queue_reqs)."""
         return len(self.queue.items)
 
-    def waiting_needs(self) -> list[tuple[str, int]]:
-        """(request id, uncached tokens still to prefill) of each waiting request: the
-        queue's composition, as the engine's queue-mix gauges export it."""
-        return [(j.rid, j.need) for j in self.queue.items]
-
     def partial_needs(self) -> list[tuple[str, int]]:
         """(request id, uncached tokens still to prefill) of each request part-way through
         its prefill."""

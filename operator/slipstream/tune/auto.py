@@ -132,9 +132,8 @@ class TwinAuto:
                                     now, self.settings.guardrails)
         self.decisions.append((now, decision))
         if self.mix_poll_s > 0:
-            self._watch = self._watch.stepped(self._mix(view), decision.recommendation is not None,
-                                              isinstance(decision, Move), jumped,
-                                              other_way(decision, self.settings.spec.chunked_prefill_size))
+            settled = isinstance(decision, Move) or other_way(decision, self.settings.spec.chunked_prefill_size)
+            self._watch = self._watch.stepped(self._mix(view), decision.recommendation is not None, settled, jumped)
         if isinstance(decision, Move) and self._blocked is not None and decision.to == self._blocked[0] \
                 and now < self._blocked[1]:
             self.decisions[-1] = (now, Hold("RolledBack", "the candidate was voided; not tried again yet",

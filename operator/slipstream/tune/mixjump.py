@@ -198,22 +198,21 @@ class MixWatch:
             return replace(self, armed=True, seen=0), False
         return replace(self, seen=0), False
 
-    def stepped(self, mix: Mix | None, judged: bool = True, moved: bool = True, brought: bool = False,
-                other_way: bool = False) -> MixWatch:
+    def stepped(self, mix: Mix | None, judged: bool = True, settled: bool = True, brought: bool = False) -> MixWatch:
         """After a step on `mix`: it counts as a look, and becomes the new reference unless
         it is the first look at a jump not yet confirmed (the step was on a window that
         the new phase has barely entered; its reference would hide the jump), or the step
-        did not settle a jump its window shows (it did not move, ``moved`` False): then the
+        did not settle a jump its window shows (``settled`` False): then the
         old reference stays and the next look that sees the jump fires, ``RETRIES`` times at
         most (a window a poll later holds more of the new traffic); one that moved on a jump
         leaves the watch disarmed until the mix settles near its window. A step that judged
         nothing (``judged`` False: a guardrail held before the twin ran, a rollout in
         flight) leaves the watch as it was unless a jump brought it (``brought``), so a jump
         during a rollout fires once the rollout is over; with no reference yet, its mix
-        becomes the reference. A step that found the jump going the other way (``other_way``:
-        giants gone, its best a looser cap, which waits for the timer and the calm:
-        ``tune.guardrails.other_way``) settles it as a move would, without a retry. A step
-        on no mix keeps the watch as it was."""
+        becomes the reference. A step settles a jump when it moves, or when it finds the jump
+        going the other way (giants gone, its best a looser cap, which waits for the timer
+        and the calm: ``tune.guardrails.other_way``). A step on no mix keeps the watch as it
+        was."""
         if mix is None:
             return self
         if not judged and not brought:
@@ -222,18 +221,18 @@ class MixWatch:
             return self if self.decided is not None else MixWatch(mix, tops=(top(mix),))
         held = max(self.tops, default=-1)
         jump = self.decided is not None and jumped(mix, self.decided, held)
-        if jump and not moved and not other_way and (brought or self.armed) and self.retries < RETRIES:
+        if jump and not settled and (brought or self.armed) and self.retries < RETRIES:
             return replace(self, armed=True, seen=CONFIRM - 1, retries=self.retries + 1,
                            announced=self.announced or brought)  # fmt: skip
         watch, _ = self.see(mix)  # a jump the step confirms is the step's: no firing after it
         if watch.seen > 0:
             return watch
-        # A step that moved answered the change it saw (in its own window, or in the poll's
+        # A step that settled answered the change it saw (in its own window, or in the poll's
         # that brought it: the step's window may not show the giant the poll saw waiting); a
         # window still filling with the new traffic would read as a jump from it until it
         # settles (EXIT re-arms it).
-        settled = (moved or other_way) and (jump or brought)
-        return MixWatch(mix, watch.armed and not settled, tops=(*self.tops, top(mix))[-TOP_MEMORY:])
+        answered = settled and (jump or brought)
+        return MixWatch(mix, watch.armed and not answered, tops=(*self.tops, top(mix))[-TOP_MEMORY:])
 
 
 def describe(mix: Mix) -> str:

@@ -468,12 +468,14 @@ def test_a_jump_step_moves_only_to_a_harder_cap():
     d = decide(heterogeneous(), HET_REC, TunerState(other, mix_jumped=True))
     assert isinstance(d, Hold) and d.reason == guardrails.JUMP_NOT_HARDER and "timer" in d.message, d
     assert not guardrails.other_way(d, SPEC.chunked_prefill_size)  # an order: a later look may still cap
+    assert not guardrails.settles(d, SPEC.chunked_prefill_size)
     # Giants gone: on a near-uniform window the best is a looser cap, which the jump's step
     # holds; the jump went the other way and is not retried (tune.mixjump).
     back = recommend.recommend(uniform(), best, SPEC, PROFILE)
     d = decide(uniform(), back, TunerState(best, mix_jumped=True))
     assert isinstance(d, Hold) and d.reason == guardrails.JUMP_NOT_HARDER, d
     assert guardrails.other_way(d, SPEC.chunked_prefill_size)
+    assert guardrails.settles(d, SPEC.chunked_prefill_size)  # settled as a move would be
     assert not guardrails.other_way(decide(uniform(), back, TunerState(best)), SPEC.chunked_prefill_size)
 
 

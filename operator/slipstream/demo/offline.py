@@ -230,8 +230,8 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             jobs = run_engines(per_engine, schedules, profile, cfg)
         elif log:
             log(f"{now:7.0f} [{phase}] {decision.reason}: {getattr(decision, 'message', '')[:160]}")
-        settled = isinstance(decision, guardrails.Move) or guardrails.other_way(decision, cfg.chunked_prefill_size)
-        watch = watch.stepped(mix_at(jobs, now, lset.interval_s), decision.recommendation is not None, settled, jumped)
+        watch = watch.stepped(mix_at(jobs, now, lset.interval_s), decision.recommendation is not None,
+                              guardrails.settles(decision, cfg.chunked_prefill_size), jumped)
         voids = canarying if canarying is not None and now < rollout_until else None
         now, watch, jumped = next_step(jobs, now, rollout_until, watch, lset, log, voids is not None)
         if voids is not None and jumped and now < rollout_until:  # the jump voided the canary (module doc)

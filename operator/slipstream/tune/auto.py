@@ -39,7 +39,7 @@ from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView,
 from slipstream.sim.profiles import Profile
 from slipstream.tune import mixjump, observed
 from slipstream.tune.candidates import concurrency
-from slipstream.tune.guardrails import Decision, Hold, Move, TunerState, other_way
+from slipstream.tune.guardrails import Decision, Hold, Move, TunerState, settles
 from slipstream.tune.memo import Memo
 from slipstream.tune.recommend import window_heterogeneity
 from slipstream.tune.tuner import TunerSettings, tune_once
@@ -132,7 +132,7 @@ class TwinAuto:
                                     now, self.settings.guardrails)
         self.decisions.append((now, decision))
         if self.mix_poll_s > 0:
-            settled = isinstance(decision, Move) or other_way(decision, self.settings.spec.chunked_prefill_size)
+            settled = settles(decision, self.settings.spec.chunked_prefill_size)
             self._watch = self._watch.stepped(self._mix(view), decision.recommendation is not None, settled, jumped)
         if isinstance(decision, Move) and self._blocked is not None and decision.to == self._blocked[0] \
                 and now < self._blocked[1]:

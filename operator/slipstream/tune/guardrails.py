@@ -255,6 +255,13 @@ def other_way(decision: Decision, chunked_prefill_size: int) -> bool:
             < concurrency(rec.current.setting, chunked_prefill_size))
 
 
+def settles(decision: Decision, chunked_prefill_size: int) -> bool:
+    """Whether a step settles a queue-mix jump its window shows: it moved, or found the jump
+    going the other way (``other_way``); otherwise the jump is retried
+    (``tune.mixjump.MixWatch.stepped``'s ``settled``)."""
+    return isinstance(decision, Move) or other_way(decision, chunked_prefill_size)
+
+
 def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSettings,
          now: float) -> Hold | None:
     """Checks 1-5 of the module doc: the Hold that applies before any twin run, or None."""

@@ -609,7 +609,8 @@ def _model_json(model: modelcheck.ModelCheck | None) -> dict[str, object] | None
         return None
     return {"agrees": model.agrees, "band": model.band, "rate_factor": model.rate_factor, "runs": model.runs,
             "draws": model.draws, "waiting": model.waiting,
-            "tenants": [{"name": t.name, "predicted_p99_ttft_s": t.predicted_s, "observed_p99_ttft_s": t.observed_s}
+            "tenants": [{"name": t.name, "predicted_p99_ttft_s": t.predicted_s, "observed_p99_ttft_s": t.observed_s,
+                         "observed_range_s": [t.observed_low_s, t.observed_high_s], "ratio": t.ratio}
                         for t in model.tenants]}
 
 

@@ -189,11 +189,13 @@ def test_a_jump_its_step_found_going_the_other_way_is_not_retried() -> None:
 
 def test_a_jump_a_timer_step_saw_first_is_announced_once_at_its_first_firing(caplog: Any) -> None:
     # The giants come after the interval's last poll: the timer's step sees them first and
-    # holds (a jump it did not settle: the next look fires, tune.mixjump). That firing is
-    # the jump's first announcement, so its step posts the Event; the retry after it does not.
+    # holds on its interval-long window (a jump it did not settle: the next look fires,
+    # tune.mixjump), and that look comes at once, not a poll later (MixWatch.look_now): its
+    # step judges the jump's own window. That firing is the jump's first announcement, so
+    # its step posts the Event; the retry after that step held waits for the next poll.
     with caplog.at_level(logging.INFO, logger=loop.log.name):
         asked, fired, outcomes = held_steps(T0 + 55.0, 3)
-    assert asked == [T0, T0 + 60.0, T0 + 70.0, T0 + 80.0] and fired == [False, True, True]
+    assert asked == [T0, T0 + 60.0, T0 + 60.0, T0 + 70.0] and fired == [False, True, True]
     assert [reasons(o).count("QueueMixChanged") for o in outcomes] == [0, 0, 1, 0]
     # The watch's turns are in the operator's log (what explains a late jump): the timer
     # step's hold grants the retry, the polls fire, the steps they brought grant more.

@@ -217,7 +217,13 @@ def test_a_timer_step_that_holds_on_a_jump_leaves_it_to_the_next_look() -> None:
     before, after = mixjump.mix_of(snap_of(uniform(rng, 200))), mixjump.mix_of(snap_of(giants(rng, 200)))
     watch = mixjump.MixWatch().stepped(before).stepped(after, settled=False)
     assert watch.decided == before and watch.retries == 1
-    assert watch.see(after)[1]
+    assert watch.look_now  # at once: its step judges the jump's window, not the interval's
+    fired, now = watch.see(after)
+    assert now and not fired.look_now
+    # The step that look brought held too: the retry waits for a poll's newer traffic.
+    assert not fired.stepped(after, settled=False, brought=True).look_now
+    # Steady traffic, or a jump a step settled, asks for no early look.
+    assert not mixjump.MixWatch().stepped(before).stepped(before, settled=False).look_now
     # The same step had it moved: its window is the reference, nothing left to fire.
     moved = mixjump.MixWatch().stepped(before).stepped(after)
     assert moved.decided == after and not moved.see(after)[1]

@@ -708,6 +708,33 @@ def test_a_giant_rounded_up_into_the_replay_weighs_its_true_share_in_the_check()
     assert all(w == recommend.TAIL_WEIGHT_SCALE for w, j in zip(only_short, jobs, strict=True) if j.uncached <= 4000)
 
 
+def test_the_check_sets_the_replay_against_the_observed_p99s_rank_range():
+    """One giant among ~100 first tokens is 1% of them give or take: the engines' p99 lands
+    in the giant's bucket or the bulk's by that margin, and a correct replay holding it at
+    its share on either side. So the prediction is set against the observed quantiles one
+    standard deviation of the rank either side of the 99th; a model off by 10x still is not
+    inside it."""
+    assert modelcheck.rank_range(100) == pytest.approx((0.98, 1.0))
+    low, high = modelcheck.rank_range(10_000)
+    assert low == pytest.approx(0.99 - 0.000995, rel=1e-5) and high == pytest.approx(0.99 + 0.000995, rel=1e-5)
+    rng = random.Random(4)
+    ttft = [rng.uniform(0.3, 0.9) for _ in range(97)] + [0.95, 12.0]  # the giant: 1 in 99
+    lengths = [rng.uniform(200, 4000) for _ in range(112)] + [172_863.0]  # 1 in 113 arrived
+    chat = TenantWindow("chat", 99 / 60.0, histogram_of(ttft, buckets.TTFT_SECONDS), tokens(lengths), 0.0)
+    snap = WorkloadSnapshot("ns/sd", 1000.0, 60.0, (chat,))
+    st = recommend.RecommenderSettings()
+    point = recommend.observed_p99(snap, st)["chat"]
+    seen = recommend.observed_range(snap, st)["chat"]
+    assert point > 10 and seen.p99_s == point and seen.low_s < 1.0 and seen.high_s >= 12.0
+    assert not modelcheck.check({"chat": 0.8}, {"chat": point}, 4.0).agrees  # the point: 0.08x
+    both = modelcheck.check({"chat": 0.8}, {"chat": seen}, 4.0)
+    assert both.agrees and both.worst is not None and 0.25 < both.worst.ratio <= 1
+    assert "rank's range" in both.describe()
+    for wrong in (0.1, 200.0):
+        assert not modelcheck.check({"chat": wrong}, {"chat": seen}, 4.0).agrees
+    assert modelcheck.check({"chat": 5.0}, {"chat": seen}, 4.0).worst.ratio == 1.0  # type: ignore[union-attr]
+
+
 def test_calibration_fits_the_offered_load_when_the_first_check_disagrees():
     observed = {"chat": 1.0}
     runs = []

@@ -577,13 +577,16 @@ async def until_mix_jump(deps: Deps, current: Callable[[], models.ServingDeploym
     reads an invalid snapshot judges nothing (missing metrics never move the clock either)."""
     poll = tuning.scale(deps.config.mix_poll_seconds, deps.config)
     end = deps.clock() + delay
+    first = True
     while (left := end - deps.clock()) > 0:
         rollout = memory.rollout
         in_flight = rollout is not None and rollout.phase != "Idle"
         if poll <= 0 or poll >= left or (in_flight and not voidable_now(current, rollout)):
             await deps.sleep(left)
             return False
-        await deps.sleep(poll)
+        # The timer's step saw a jump and held on its long window: look again at once (once).
+        await deps.sleep(0 if first and memory.mix.look_now else poll)
+        first = False
         sd = current()
         if sd is None or not tuning.observes(sd):
             continue

@@ -275,7 +275,7 @@ def next_step(jobs: Sequence[Sequence[engine.Job]], now: float, rollout_until: f
     steps every few seconds anyway and takes no new decision: no polls, unless a jump would
     void its canary (``voidable``; a poll that fires before ``rollout_until`` voids it)."""
     step_at = now + lset.interval_s
-    poll = now + lset.mix_poll_s
+    poll = now if watch.look_now else now + lset.mix_poll_s  # tune.mixjump.MixWatch.look_now
     while lset.mix_poll_s > 0 and poll < step_at:
         if poll >= rollout_until or voidable:
             watch, fired = watch.see(mix_at(jobs, poll, lset.interval_s))

@@ -109,6 +109,11 @@ class TwinAuto:
         if not due:
             return None
         setting = self._step_now(view, now, jumped)
+        if setting is None and not jumped and self._rollout is None and self._watch.look_now:
+            # The timer's step saw a jump and held on its long window (tune.mixjump).
+            self._watch, jumped = self._watch.see(self._mix(view))
+            self.early_steps += jumped
+            setting = self._step_now(view, now, True) if jumped else None
         # A void puts the engine back on the setting before the rollout, unless this same
         # step moved on from it.
         return setting if setting is not None or not voided else self.state.current

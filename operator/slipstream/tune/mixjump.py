@@ -50,7 +50,9 @@ The rule, with hysteresis so that it cannot flap:
   traffic, or straddles the change, half old traffic and half new, so the twin cannot
   explain it: ``ModelMismatch``) does not take the jump's mix as its reference: the
   watch fires again at the next look that still sees the jump, up to ``RETRIES`` times a
-  jump, instead of leaving the new phase to the timer a whole interval later; except a
+  jump, instead of leaving the new phase to the timer a whole interval later; when that
+  step was the timer's (the jump's first sight), the next look is at once
+  (``MixWatch.look_now``), not a poll later; except a
   step that found the jump going the other way (``tune.guardrails.other_way``: the giants
   are gone, its best a looser cap, which waits for the timer and the calm), which settles
   it as a move would: no later look at the same jump would move.
@@ -184,6 +186,15 @@ class MixWatch:
     tops: tuple[int, ...] = ()
     """The largest class held by each of the last ``TOP_MEMORY`` references (``larger``
     compares with the largest of them)."""
+
+    @property
+    def look_now(self) -> bool:
+        """A regular step saw a jump first and did not settle it (``stepped``): its window
+        was the whole interval, mostly the old traffic. The next look comes at once, not a
+        poll later: it fires on the same jump, and the step it brings judges the jump's own
+        shorter window (``WINDOW_POLLS``). Only then: a step a jump brought that held
+        already judged that window, and its retry waits for a poll's newer traffic."""
+        return self.armed and self.retries > 0 and not self.announced and self.seen >= CONFIRM - 1
 
     def see(self, mix: Mix | None) -> tuple[MixWatch, bool]:
         """(the watch after this poll, whether to step now)."""

@@ -493,7 +493,7 @@ def checked(snapshot: WorkloadSnapshot, fit: Fit, current: Setting, spec: Tuning
     each with the requests waiting now, when some wait) are checked too and the closest
     kept; then, still outside the band, its offered load is refitted (at most
     ``model_calibration_runs`` more twin runs)."""
-    observed = observed_p99(snapshot, settings)
+    observed = observed_range(snapshot, settings)
     workload, current_run, waited = fit.workload, fit.run, fit.waiting
     first = replace(modelcheck.check(window_p99(snapshot, fit.result), observed, settings.model_band),
                     waiting=waited)
@@ -532,6 +532,17 @@ def other_draws(snapshot: WorkloadSnapshot, settings: RecommenderSettings,
     seeds = [settings.seed + 1000 + k for k in range(max(0, settings.model_draws))]
     pairs = [(s, w) for s in seeds for w in variants]
     return [(s, w, k + 1) for k, (s, w) in enumerate(pairs)]
+
+
+def observed_range(snapshot: WorkloadSnapshot, settings: RecommenderSettings) -> dict[str, modelcheck.Observed]:
+    """``observed_p99`` with each p99's rank range (``modelcheck.rank_range``): what the
+    model check sets the replay against."""
+    out, p99 = {}, observed_p99(snapshot, settings)
+    for t in snapshot.tenants:
+        if t.name in p99:
+            low, high = modelcheck.rank_range(t.ttft.total)
+            out[t.name] = modelcheck.Observed(p99[t.name], t.ttft.quantile(low), t.ttft.quantile(high))
+    return out
 
 
 def observed_p99(snapshot: WorkloadSnapshot, settings: RecommenderSettings) -> dict[str, float]:

@@ -11,6 +11,7 @@ from test_tune import OFF, PROFILE, SPEC, heterogeneous, uniform
 
 from slipstream.sim.policies import Setting
 from slipstream.tune import guardrails, memo, recommend, tuner
+from slipstream.tune.candidates import concurrency
 from slipstream.tune.guardrails import GuardrailSettings, Move, TunerState
 
 SETTINGS = tuner.TunerSettings(spec=SPEC, guardrails=GuardrailSettings(min_samples=20, cooldown_s=0, interval_s=1))
@@ -256,3 +257,34 @@ def test_a_step_the_mix_brought_forward_ranks_ceilings_only_and_never_reuses_a_t
     # Its own run is reused by the next jump step on the same workload.
     tuner.tune_once(heterogeneous(), TunerState(current=OFF, mix_jumped=True), SETTINGS, PROFILE, None, 1060.0, m)
     assert len(modes) == 2, modes
+
+
+def test_a_jump_step_ranks_only_the_harder_caps_it_may_move_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step the queue mix brought forward may move only to a harder cap (JumpNotHarder), so
+    from one prefill at a time it ranks only the caps, beside the current setting and the
+    baseline: a best it may not take would hold it while the giants queue. The timer's
+    step, and a jump step from a cap (a jump going the other way must still find its looser
+    best: guardrails.other_way), rank the whole spec."""
+    ranked: list[recommend.Ranking] = []
+    real = recommend.recommend
+
+    def seen(snapshot, current, spec, profile, config, settings):  # type: ignore[no-untyped-def]
+        ranked.append(real(snapshot, current, spec, profile, config, settings))
+        return ranked[-1]
+
+    monkeypatch.setattr(recommend, "recommend", seen)
+    c = SPEC.chunked_prefill_size
+    jumped = tuner.tune_once(heterogeneous(), TunerState(current=OFF, mix_jumped=True), SETTINGS, PROFILE, None, 1000.0)
+    others = {p.setting for p in ranked[-1].predictions} - {OFF, recommend.BASELINE}
+    assert others and all(concurrency(s, c) > concurrency(OFF, c) for s in others), others
+    assert isinstance(jumped, Move) and concurrency(jumped.to, c) > 1
+    tuner.tune_once(heterogeneous(), TunerState(current=OFF), SETTINGS, PROFILE, None, 1000.0)
+    assert any(concurrency(p.setting, c) == 1 and p.setting != OFF for p in ranked[-1].predictions)
+    top = Setting(c // SPEC.max_concurrency, "ceiling", "srpt")
+    assert concurrency(top, c) == SPEC.max_concurrency
+    assert tuner.ranked_spec(TunerState(current=top, mix_jumped=True), SPEC) == SPEC
+    capped = Setting(c // 2, "ceiling", "srpt")
+    assert tuner.ranked_spec(TunerState(current=capped, mix_jumped=True), SPEC) == SPEC
+    assert tuner.ranked_spec(TunerState(current=Setting(0, "ceiling", "srpt"), mix_jumped=True), SPEC).min_concurrency == 2
+    assert tuner.ranked_spec(TunerState(current=OFF, mix_jumped=True), SPEC).min_concurrency == 2
+    assert tuner.ranked_spec(TunerState(current=OFF), SPEC) == SPEC

@@ -59,7 +59,9 @@ else (another order or mode alone, less concurrency) is held ``JumpNotHarder`` u
 timer's step. Its window is the short one since the jump, and a change of order on it
 would start a canary that keeps the fleet uncapped for an analysis window while the
 giants that brought the step queue behind each other. For the same reason its twin run
-ranks the ceiling mode only (``tune.tuner.JUMP_MODES``).
+ranks the ceiling mode only (``tune.tuner.JUMP_MODES``), and, from one prefill at a time,
+only the caps (``tune.tuner.ranked_spec``): the best of what it may do, not a best it may
+not.
 
 A move by gain that keeps the concurrency (another order or mode alone) is held
 ``WorseP99TTFT`` when it predicts a worse worst-tenant p99 TTFT (beyond

@@ -12,7 +12,7 @@ from slipstream.api.snapshot import WorkloadSnapshot
 from slipstream.sim.policies import EngineConfig
 from slipstream.sim.profiles import Profile
 from slipstream.tune import guardrails, recommend
-from slipstream.tune.candidates import TuningSpec
+from slipstream.tune.candidates import TuningSpec, concurrency
 from slipstream.tune.guardrails import Decision, GuardrailSettings, TunerState
 from slipstream.tune.memo import Memo, fingerprint
 from slipstream.tune.recommend import RecommenderSettings
@@ -45,6 +45,25 @@ def for_step(state: TunerState, settings: TunerSettings) -> TunerSettings:
         return settings
     modes = tuple(m for m in settings.recommender.modes if m in JUMP_MODES) or settings.recommender.modes
     return replace(settings, recommender=replace(settings.recommender, modes=modes))
+
+
+def ranked_spec(state: TunerState, spec: TuningSpec) -> TuningSpec:
+    """The bounds the twin ranks candidates within: the spec's, except on a step the queue
+    mix brought forward while the fleet runs one prefill at a time and the spec allows a
+    cap: then only the caps (beside the current setting and the baseline, which every
+    ranking runs). Such a step may move only to a harder cap (``tune.guardrails``,
+    JumpNotHarder), and a best it may not take (another order alone, which can rank first
+    on a window holding only the first giant) would hold it while the giants queue, until
+    a retry or the timer. Ranking what it may do finds the best cap; the guardrails still
+    ask it to gain enough. Only from one prefill at a time: there is no looser setting for
+    the jump to be going towards, while from a cap a jump may be the giants going, and the
+    whole spec is ranked so that its looser best shows (``guardrails.other_way``) and the
+    jump is settled rather than retried."""
+    if not state.mix_jumped or concurrency(state.current, spec.chunked_prefill_size) > 1:
+        return spec
+    if spec.max_concurrency < 2:
+        return spec
+    return replace(spec, min_concurrency=max(spec.min_concurrency, 2))
 
 
 def without_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSettings,
@@ -80,7 +99,7 @@ def with_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSett
     settings = for_step(state, settings)
     # Kept whole only until judged: a decision carries what the guardrails read
     # (`Ranking.kept`), the same whether it was computed now or reused later.
-    rec = recommend.recommend(snapshot, state.current, settings.spec, profile, config,
+    rec = recommend.recommend(snapshot, state.current, ranked_spec(state, settings.spec), profile, config,
                               settings.recommender).kept()
     if memo is not None:
         memo.put(snapshot.deployment, _key(state, settings, profile, config),
@@ -102,6 +121,7 @@ def tune_once(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSett
 
 def _key(state: TunerState, settings: TunerSettings, profile: Profile,
          config: EngineConfig | None) -> tuple[object, ...]:
-    """What a reused run must have been made under, equal: the setting, the spec's bounds,
-    the recommender's settings, the twin's profile and engine config."""
-    return (state.current, settings.spec, settings.recommender, profile, config)
+    """What a reused run must have been made under, equal: the setting, the bounds it
+    ranked within (``ranked_spec``), the recommender's settings, the twin's profile and
+    engine config."""
+    return (state.current, ranked_spec(state, settings.spec), settings.recommender, profile, config)

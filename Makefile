@@ -40,19 +40,23 @@ kube-bins:
 prometheus:
 	bash scripts/install-prometheus.sh
 
-# Everything CI runs: set-up of every tier, then all tests. The unit and integration tiers
-# run on one pytest worker per core (pytest-xdist; WORKERS=0 runs them in pytest's own
-# process). The cluster tier's tests wait on controllers and timers: they run on
-# CLUSTER_WORKERS workers, each with its own control plane, a test file per worker. The
-# tests marked `alone` (the closed loop, the live loopbench, the fault tests that send
-# traffic) keep a time scale and prove it held from the simulators' lag: they run last,
-# with nothing else on the machine.
+# Everything CI runs: set-up of every tier, then all tests (tests/run-tiers.sh). First the
+# cluster tests that wait on controllers and timers, on CLUSTER_WORKERS workers, each with
+# its own control plane, a test file per worker. Then the tests marked `alone` (the closed
+# loop, the live loopbench, the fault tests that send traffic): they keep a time scale and
+# prove it held from the simulators' lag, and use a fraction of the CPU, so the engine tier
+# and then the unit and integration tiers (one pytest worker per core; WORKERS=0 runs them
+# in pytest's own process) run beside them at the idle scheduling class.
 WORKERS ?= auto
 CLUSTER_WORKERS ?= 2
-test: venv kube-bins prometheus engine-test
-	$(PY) -m pytest tests/unit tests/integration -n $(WORKERS) --durations=10
-	$(PY) -m pytest tests/cluster -m "not alone" -n $(CLUSTER_WORKERS) --dist loadfile --durations=25
-	$(PY) -m pytest tests/cluster -m alone --durations=5
+test: venv kube-bins prometheus engine-env
+	PY=$(PY) WORKERS=$(WORKERS) CLUSTER_WORKERS=$(CLUSTER_WORKERS) bash tests/run-tiers.sh
+
+# The engine tier's environments (sglang 0.5.18 and 0.5.23, patched and pristine), built
+# once into ~/.cache/slipstream and reused.
+.PHONY: engine-env
+engine-env:
+	@for v in 0.5.18 0.5.23; do SGLANG_VERSION=$$v bash engine_image/test-env/setup.sh >/dev/null || exit 1; done
 
 # Real sglang scheduler code on CPU (a separate cached env per version, ~/.cache/slipstream):
 # the whole engine tier on 0.5.18 and on 0.5.23, each patched and pristine, side by side.

@@ -40,7 +40,9 @@ timer's step, on a full window, may refine the mode."""
 def for_step(state: TunerState, settings: TunerSettings) -> TunerSettings:
     """The settings this step's twin run is made under: on a step the mix brought forward,
     only the ceiling modes (`JUMP_MODES`); a reused run must have been made the same way,
-    so the memo's key (the recommender's settings) tells the two apart."""
+    so the memo's key (the recommender's settings) tells the two apart. The bounds a jump
+    step ranks within are narrowed apart, by `ranked_spec`, because only the ranking may be
+    narrowed: the guardrails judge the step against the whole spec."""
     if not state.mix_jumped:
         return settings
     modes = tuple(m for m in settings.recommender.modes if m in JUMP_MODES) or settings.recommender.modes
@@ -59,9 +61,8 @@ def ranked_spec(state: TunerState, spec: TuningSpec) -> TuningSpec:
     the jump to be going towards, while from a cap a jump may be the giants going, and the
     whole spec is ranked so that its looser best shows (``guardrails.other_way``) and the
     jump is settled rather than retried."""
-    if not state.mix_jumped or concurrency(state.current, spec.chunked_prefill_size) > 1:
-        return spec
-    if spec.max_concurrency < 2:
+    uncapped = concurrency(state.current, spec.chunked_prefill_size) == 1
+    if not (state.mix_jumped and uncapped and spec.max_concurrency >= 2):
         return spec
     return replace(spec, min_concurrency=max(spec.min_concurrency, 2))
 

@@ -3,10 +3,11 @@
 #   tests/run-tiers.sh
 # In the foreground, one after the other:
 # 1. the cluster tests that wait on controllers and timers, on CLUSTER_WORKERS workers;
-# 2. the tests marked `alone` (the closed loop, the live loopbench, the fault tests that
-#    send traffic). They keep a time scale, and their own lag checks (the simulators'
-#    release lag and the load's send lag against loopbench's bound) fail them when it was
-#    not kept; their captured output (-rP) carries the lag each one measured.
+# 2. the tests marked `alone`, which keep a time scale: the closed loop, and beside it in a
+#    second pytest process the others (the live loopbench, the fault tests that send
+#    traffic; their output in a log file). Their own lag checks (the simulators' release
+#    lag and the load's send lag against loopbench's bound) fail them when the time scale
+#    was not kept; their captured output (-rP) carries the lag each one measured.
 # Neither keeps both cores busy (the cluster tests wait on controllers, the alone tests'
 # simulators on the scaled clock), so the CPU-bound tiers run beside them from the start
 # at the idle scheduling class (`chrt --idle 0`, SCHED_IDLE): the engine tier (real
@@ -50,12 +51,16 @@ t=$(clock)
     || failed+=("cluster")
 echo "==> [tiers] cluster tests (not alone): $(took "$t")"
 
-echo "==> [tiers] alone tests"
+echo "==> [tiers] alone tests: the closed loop here, the others beside it (log: $logs/alone.log)"
 t=$(clock)
-"$PY" -m pytest tests/cluster -m alone -rP --durations=5 || failed+=("alone")
+"$PY" -m pytest tests/cluster -m alone --ignore=tests/cluster/test_closed_loop.py -rP --durations=5 \
+    > "$logs/alone.log" 2>&1 &
+others=$!
+"$PY" -m pytest tests/cluster/test_closed_loop.py -m alone -rP --durations=5 || failed+=("closed loop")
+wait "$others" || failed+=("alone")
 echo "==> [tiers] alone tests: $(took "$t"); waiting for the background tiers"
 wait "$bg"
-for tier in engine unit; do
+for tier in alone engine unit; do
     echo "==> [tiers] ---- $tier log ----"
     cat "$logs/$tier.log" 2>/dev/null || echo "(no log: the tier did not start)"
 done

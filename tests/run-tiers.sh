@@ -26,24 +26,24 @@ failed=()
 clock() { date +%s; }
 took() { local s=$(( $(clock) - $1 )); printf '%d min %02d s' $((s / 60)) $((s % 60)); }
 
+tier() {  # NAME LOG COMMAND...: runs a background tier into $logs/LOG, noting a failure
+    local name=$1 log=$2 t
+    shift 2
+    t=$(clock)
+    "$@" > "$logs/$log" 2>&1 || echo "$name" >> "$logs/failed"
+    echo "==> [tiers] $name (background): $(took "$t")" >> "$logs/$log"
+}
+
 background() {  # the CPU-bound tiers, one after the other, at the idle scheduling class
-    local t
-    t=$(clock)
-    if ! bash tests/engine/run-all.sh --durations=10 > "$logs/engine.log" 2>&1; then
-        echo engine >> "$logs/failed"
-    fi
-    echo "==> [tiers] engine tier (background): $(took "$t")" >> "$logs/engine.log"
-    t=$(clock)
-    if ! "$PY" -m pytest tests/unit tests/integration -n "$WORKERS" --durations=10 > "$logs/unit.log" 2>&1; then
-        echo "unit+integration" >> "$logs/failed"
-    fi
-    echo "==> [tiers] unit and integration tiers (background): $(took "$t")" >> "$logs/unit.log"
+    tier engine engine.log bash tests/engine/run-all.sh --durations=10
+    tier "unit+integration" unit.log "$PY" -m pytest tests/unit tests/integration -n "$WORKERS" --durations=10
 }
 
 t0=$(clock)
 echo "==> [tiers] in the background at the idle class: the engine tier, then the unit and"
 echo "    integration tiers (logs: $logs/engine.log, $logs/unit.log)"
-chrt --idle 0 bash -c "$(declare -f clock took background); logs='$logs' PY='$PY' WORKERS='$WORKERS'; background" &
+export logs PY WORKERS
+chrt --idle 0 bash -c "$(declare -f clock took tier background); background" &
 bg=$!
 echo "==> [tiers] cluster tests (not alone) on $CLUSTER_WORKERS workers"
 t=$(clock)

@@ -434,6 +434,17 @@ def finish_decode_round(s: Scheduler, batch: ScheduleBatch) -> None:
             release_kv_cache(req, s.tree_cache)
 
 
+DEFAULT_LONGEST = 65_536
+"""The longest request (prompt and output) an engine's request table holds unless its
+caller says more: a longer one fails loudly (its token-index write does not fit the row)."""
+
+
+def context_for(longest: int) -> int:
+    """The request table's width for requests of at most `longest` tokens, prompt and
+    output, with 1,024 to spare."""
+    return longest + 1024
+
+
 def make_engine(
     chunked_prefill_size: int = 8192,
     threshold: int = 0,
@@ -446,7 +457,13 @@ def make_engine(
     aging: float = 4096.0,
     max_partials: int = 8,
     radix_cache: bool = True,
+    max_context_len: int | None = None,
 ) -> Engine:
+    """A scheduler on CPU. `max_context_len` is the request table's width: the longest
+    request (prompt and output) it holds, by default the pool's size up to
+    DEFAULT_LONGEST. The table is `max_reqs` x width int32, zeroed per engine, so its
+    width is what an engine costs to make (700K wide, 256 rows: 716 MB, 0.35 CPU-s):
+    callers with longer requests pass `context_for(longest)`."""
     extra: dict[str, Any] = {}
     if PATCHED:
         extra = dict(
@@ -471,8 +488,7 @@ def make_engine(
     )
     set_global_server_args_for_scheduler(args)
 
-    # A prompt never exceeds the pool; a smaller table keeps small-pool engines cheap.
-    max_ctx = min(700_000, kv_tokens + 1024)
+    max_ctx = max_context_len or context_for(min(kv_tokens, DEFAULT_LONGEST))
     req_pool = ReqToTokenPool(
         size=max_reqs, max_context_len=max_ctx, device="cpu", enable_memory_saver=False
     )
@@ -613,9 +629,23 @@ def set_internal_state(eng: Engine, **server_args: Any) -> Any:
 # ---- cases shared by the patched (in-process) and pristine (subprocess) runs -----------
 
 
+def case_engine(case: dict[str, Any]) -> Engine:
+    """The engine a harness case runs on: its `engine` kwargs, with a request table sized
+    to the case (the width of its longest request; 32 slots, or 4 per request when that
+    is more) unless the case sets them. The slots never bind: SGLang counts the round's
+    partials against the free slots although they hold theirs, so a table near full
+    would refuse admissions; 4 per request leaves room for that."""
+    requests = case["requests"]
+    longest = case.get("shared_prefix", 0) + max(
+        r["need"] + r.get("max_new", 1) for r in requests
+    )
+    sized = {"max_context_len": context_for(longest), "max_reqs": max(32, 4 * len(requests))}
+    return make_engine(**{**sized, **case.get("engine", {})})
+
+
 def run_case(case: dict[str, Any]) -> list[dict[str, int]]:
     """A case: engine kwargs, requests [{need, prefix_len?, rid}], rounds to record."""
-    eng = make_engine(**case.get("engine", {}))
+    eng = case_engine(case)
     prefix = list(range(1, 1 + case.get("shared_prefix", 0)))
     if case.get("warm_prefix"):
         # Put the shared prefix in the radix cache first, as a finished request would.
@@ -645,7 +675,7 @@ def run_pressure(case: dict[str, Any]) -> dict[str, Any]:
     every pass (write_and_check_kv), progress on every pass that has work, and no leak.
 
     Returns each request's output tokens, the retractions and the pass counts."""
-    eng = make_engine(**case.get("engine", {}))
+    eng = case_engine(case)
     eng.check_kv = True
     pending = sorted(case["requests"], key=lambda r: r.get("round", 0))
     reqs: dict[str, Req] = {}

@@ -117,7 +117,12 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
     # near full refuses admissions the rule (which has no slot limit) makes. Small
     # enough to keep each example cheap, so CI can afford a few hundred per property.
     eng = h.make_engine(
-        policy=order, aging=AGING, kv_tokens=kv_tokens, max_reqs=32, **engine_kwargs
+        policy=order,
+        aging=AGING,
+        kv_tokens=kv_tokens,
+        max_reqs=32,
+        max_context_len=h.context_for(prefix_len + max(need for _, need in mix) + 1),
+        **engine_kwargs,
     )
     # The twin gets the engine's own bound (--max-partial-prefills, 8 unless the case sets
     # it): with None it ran a ninth partial the engine refuses (found by a 5,000-example run).

@@ -43,6 +43,7 @@ def spf_prediction(eng, rule, max_partials):
 def check(t, mix, chunked_prefill_size=4096):
     rule = admission.AdmissionRule(chunked_prefill_size, t, "ceiling", 1, max_prefill_tokens=16384)
     eng = h.make_engine(policy="shortest-prefill-first", aging=AGING, kv_tokens=400_000, max_reqs=32,
+                        max_context_len=h.context_for(max(need for _, need in mix) + 1),
                         chunked_prefill_size=chunked_prefill_size, threshold=t)
     max_partials = eng.s.max_partial_prefills
     run_rounds(eng, mix, lambda: spf_prediction(eng, rule, max_partials))

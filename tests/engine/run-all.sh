@@ -3,9 +3,10 @@
 #   tests/engine/run-all.sh [pytest args]
 # Each version's environment is set up (or reused) first, one after the other (they share
 # pip's cache); then the two pytest runs go side by side, each line of their output
-# prefixed with its version. On this 2-core machine each run keeps about one core busy, so
-# side by side takes less wall time than one after the other (docs/testing.md gives
-# both figures). Exits non-zero when either run fails, after both have finished.
+# prefixed with its version. Each run keeps one core busy (one OpenMP thread, run.sh), so
+# on this 2-core machine side by side takes about half the wall time of one after the
+# other (docs/engine.md gives the figures). Exits non-zero when either run fails, after
+# both have finished.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 versions=(0.5.18 0.5.23)

@@ -15,8 +15,8 @@ export SLIPSTREAM_SGLANG_VERSION="$SGLANG_VERSION"
 export PYTHONDONTWRITEBYTECODE=1
 # One intra-op thread per run: torch's CPU work here is small tensor ops, and two runs side
 # by side (run-all.sh), or a run beside make test's other tiers, with two OpenMP threads
-# each on this 2-core machine spend the difference spinning in OpenMP's barriers (both
-# versions side by side: 7 min 41 s CPU with the default, 5 min 46 s with 1; docs/testing.md).
+# each on this 2-core machine spend the difference spinning in OpenMP's barriers
+# (docs/engine.md#engine-tests gives the figures).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 patch_file="$repo/engine_image/patches/sglang-$SGLANG_VERSION-long-prefill.patch"
 if [[ -f "$patch_file" ]]; then

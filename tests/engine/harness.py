@@ -462,7 +462,7 @@ def make_engine(
     """A scheduler on CPU. `max_context_len` is the request table's width: the longest
     request (prompt and output) it holds, by default the pool's size up to
     DEFAULT_LONGEST. The table is `max_reqs` x width int32, zeroed per engine, so its
-    width is what an engine costs to make (700K wide, 256 rows: 716 MB, 0.35 CPU-s):
+    width is what an engine costs to make (700K wide, 256 rows: 716 MB):
     callers with longer requests pass `context_for(longest)`."""
     extra: dict[str, Any] = {}
     if PATCHED:

@@ -41,6 +41,33 @@ round is refused (ending new admissions) while ``max_partials`` partials are unf
 With T = 0 this is exactly stock: one chunked request holds the whole budget until it
 finishes.
 
+Reflex mode (``reflex``): the cap applies only in the passes where it matters, so a giant
+prompt's arrival is handled by the next pass and uniform traffic pays nothing. Each round:
+
+1. The engine looks at the first ``REFLEX_SCAN`` (128) waiting requests in admission
+   order (partial prefills in progress are not waiting), each re-matched against the
+   prefix cache as at the round's start, for a *short* one: uncached need <= T.
+2. If one is found, the engine notes the round's start time as the last short sighting.
+3. The round is *capped* if a short request was found (step 1) or the last sighting was
+   less than H seconds ago (the hold, ``--long-prefill-reflex-hold-seconds``, default
+   ``DEFAULT_REFLEX_HOLD_S``; 0 = no hold). A capped round is allocated exactly as
+   ceiling mode with T (steps 1-2 above, and under srpt the merged order of partials and
+   waiting requests).
+4. Otherwise the round is *uncapped*: it is allocated as T = 0 (stock): partials in
+   progress oldest first, each taking what it needs up to the budget left, then waiting
+   requests whole, or truncated by the budget, after which the round is full.
+
+``reflex_round`` turns a reflex rule into the round's rule; ``allocate`` never sees a
+reflex rule (it raises). T = 0 in reflex mode is stock. A short request is never capped
+(need <= T), so in a capped round it is served whole; the line between short and long
+is T itself, which the operator tunes. The hold is why a stream of short requests among
+giants is served as ceiling serves it: without it, every gap in the stream lets a giant
+take a whole uncapped pass, and the next short arrival waits for that pass (on the demo's
+phases, twin, ``reflex:4096/srpt``: the heterogeneous phase's worst-tenant p99 TTFT 1.55 s
+at no hold, 1.25 s at 1 s, 1.00 s at 3 s, the ceiling's 1.00 s; the documents phases
+0.89 s and 0.94 s at every hold, stock's). The hold is in engine seconds, so an idle
+engine forgets it: a giant after a quiet spell takes whole passes.
+
 Precedence of partial prefills (``partials_first``): they are served before any waiting
 request under fcfs and lpm (they are the oldest), with T = 0 (stock's chunked request
 always goes first) and in floor mode (a partial keeps its guaranteed T, which is what
@@ -54,12 +81,24 @@ bound of ``srpt_key``), never because of memory.
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Protocol
 
-MODES = ("ceiling", "floor")
+MODES = ("ceiling", "floor", "reflex")
+
+DEFAULT_REFLEX_HOLD_S = 3.0
+"""Reflex mode's hold H (step 3): rounds stay capped this long after the last one that
+found a short request waiting. Chosen on the demo's phases (240 s and 720 s, the module
+docstring's figures): 1 s leaves the heterogeneous phase 1.25x the ceiling, 3 s matches it,
+10 s is no better there."""
+
+REFLEX_SCAN = 128
+"""How many waiting requests (in admission order) reflex mode looks at for a short one:
+the bound srpt's re-match has in the engine patch, so a pass's cost stays bounded."""
 
 DEFAULT_SRPT_AGING_TOKENS_PER_S = 1024.0
 """Aging rate of the ``srpt`` order, in uncached tokens per second of waiting.
@@ -83,7 +122,8 @@ class AdmissionRule:
     threshold: int = 0
     """T: most tokens one request may take per round; 0 = off (stock)."""
     mode: str = "ceiling"
-    """``ceiling`` (the seed's patch) or ``floor`` (T guaranteed, expands into idle budget)."""
+    """``ceiling`` (the seed's patch), ``floor`` (T guaranteed, expands into idle budget)
+    or ``reflex`` (ceiling while a short request waits, stock otherwise; ``reflex_round``)."""
     page_size: int = 1
     """KV page size: truncated chunks are floored to a multiple of it, as in SGLang."""
     max_prefill_tokens: int | None = 16384
@@ -132,6 +172,44 @@ class Candidate:
     need: int
 
 
+def reflex_round(rule: AdmissionRule, short_waiting: bool) -> AdmissionRule:
+    """The rule one round runs under: a reflex rule becomes ceiling with T when a short
+    request waits (step 2 of reflex mode) and stock (T = 0) when none does (step 3); any
+    other rule is returned as it is."""
+    if rule.mode != "reflex":
+        return rule
+    return _reflex_resolved(rule, short_waiting)
+
+
+@functools.lru_cache(maxsize=256)
+def _reflex_resolved(rule: AdmissionRule, short_waiting: bool) -> AdmissionRule:
+    return replace(rule, mode="ceiling", threshold=rule.threshold if short_waiting else 0)
+
+
+def short_waiting(needs: Iterable[int], threshold: int) -> bool:
+    """Reflex mode's step 1: one of the first ``REFLEX_SCAN`` waiting needs (admission
+    order, freshly matched) is at most T. T = 0 never finds one."""
+    if threshold <= 0:
+        return False
+    return any(n <= threshold for n in islice(needs, REFLEX_SCAN))
+
+
+@dataclass(slots=True)
+class ReflexClock:
+    """Reflex mode's steps 2-3: when a short request was last seen, and whether a round
+    starting at ``now_s`` is capped. One per engine; the engine patch keeps the same."""
+
+    hold_s: float = DEFAULT_REFLEX_HOLD_S
+    last_short_s: float | None = None
+
+    def capped(self, now_s: float, short: bool) -> bool:
+        if short:
+            self.last_short_s = now_s
+            return True
+        last = self.last_short_s
+        return last is not None and now_s - last < self.hold_s
+
+
 def partials_first(rule: AdmissionRule, order: str) -> bool:
     """Whether partial prefills in progress are served before waiting requests."""
     return order != "srpt" or rule.threshold == 0 or rule.mode == "floor"
@@ -173,6 +251,8 @@ def allocate(
     shortest-prefill-first cap, which the patch composes with T for each partial in turn
     (``policies.spf_allocate``); the floor mode's expansion is not capped by it.
     """
+    if rule.mode == "reflex":
+        raise ValueError("a reflex rule is resolved per round: pass reflex_round(rule, ...)")
     page = rule.page_size
     rem = rule.chunked_prefill_size if budget is None else budget
     rem_input = sys.maxsize if rule.max_prefill_tokens is None else rule.max_prefill_tokens

@@ -32,7 +32,7 @@ from functools import reduce
 from itertools import accumulate, islice, repeat
 from operator import add, sub
 
-from slipstream.sim.admission import allocate, partials_first, srpt_key
+from slipstream.sim.admission import REFLEX_SCAN, ReflexClock, allocate, partials_first, reflex_round, srpt_key
 from slipstream.sim.cache import PrefixCache
 from slipstream.sim.cost import DECODE, MIXED, PREFILL, CostModel, chunk_pairs
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
@@ -335,6 +335,8 @@ class Engine:
         self._clipped = 0
         self._clip_heap: list[tuple[int, int, int, Job]] = []
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.reflex = ReflexClock(cfg.reflex_hold_s)
+        """Reflex mode's last short sighting and hold (admission.py's reflex steps 2-3)."""
 
     # ---- the API ---------------------------------------------------------------------
 
@@ -485,6 +487,9 @@ class Engine:
         if not (queue.items or partials):
             return {}
         rule = policy.rule
+        if rule.mode == "reflex":
+            short = _short_waiting(queue, self.cache, rule.threshold)
+            rule = reflex_round(rule, self.reflex.capped(self.now_s, short))
         budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
         if budget <= 0:
             return {}
@@ -1002,6 +1007,22 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
         if room <= 0:
             break
     return n
+
+
+def _short_waiting(queue: WaitQueue[Job], cache: PrefixCache, threshold: int) -> bool:
+    """Reflex mode's step 1 (admission.py): one of the first ``REFLEX_SCAN`` waiting
+    requests, re-matched as ``_refresh_head`` matches them, needs at most T."""
+    if threshold <= 0:
+        return False
+    for job in queue.items[:REFLEX_SCAN]:
+        if not job.redo:
+            req = job.req
+            hit = cache.peek(req.blocks, req.block_sizes)
+            last = req.prompt_tokens - 1  # usable_hit, inlined
+            job.need = req.prompt_tokens - (hit if hit < last else last)
+        if job.need <= threshold:
+            return True
+    return False
 
 
 def _srpt_merge(queue: WaitQueue[Job], head: int, partials: list[Job]) -> list[Job]:

@@ -6,6 +6,8 @@
 |             | prefill rounds run before decode                                           |
 | ceiling:T   | the seed's patch: no request takes more than T a round (C // T at once)    |
 | floor:T     | T guaranteed per long request, idle budget to partial prefills (work-conserving) |
+| reflex:T    | ceiling:T in the passes where a short request (uncached need <= T) waits,   |
+|             | stock in the others: the engine's own reflex to a giant's arrival          |
 | sarathi:B   | stock's allocation with the decodes riding along: every pass carries all   |
 |             | running decodes plus up to B prefill tokens (partials first, then new       |
 |             | requests, one chunked request at a time). With B = C this is stock plus      |
@@ -67,6 +69,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from slipstream.sim.admission import (
+    DEFAULT_REFLEX_HOLD_S,
     DEFAULT_SRPT_AGING_TOKENS_PER_S,
     MODES,
     AdmissionRule,
@@ -105,6 +108,8 @@ class EngineConfig:
     """``--max-partial-prefills`` of the patched engine: most partial prefills at once."""
     srpt_aging_tokens_per_s: float = DEFAULT_SRPT_AGING_TOKENS_PER_S
     """Aging of the srpt order, uncached tokens per second of waiting (see admission)."""
+    reflex_hold_s: float = DEFAULT_REFLEX_HOLD_S
+    """Reflex mode's hold H, engine seconds (``--long-prefill-reflex-hold-seconds``)."""
 
     def __post_init__(self) -> None:
         # Messages start with the field's name: spec.py points at that field's line.
@@ -124,6 +129,9 @@ class EngineConfig:
         m = self.max_prefill_tokens
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= 0):
             raise ValueError(f"max_prefill_tokens must be an integer > 0, got {m!r}")
+        hold = self.reflex_hold_s
+        if isinstance(hold, bool) or not isinstance(hold, int | float) or not 0 <= hold < float("inf"):
+            raise ValueError(f"reflex_hold_s must be a finite number >= 0, got {hold!r}")
         aging = self.srpt_aging_tokens_per_s
         if not aging > 0 or aging == float("inf"):
             raise ValueError(f"srpt_aging_tokens_per_s must be a finite number > 0, got {aging!r}")
@@ -269,6 +277,10 @@ def _floor(arg: int | None, cfg: EngineConfig) -> Policy:
     return Policy(f"floor:{arg}", _rule(cfg, _need(arg, "floor"), "floor"))
 
 
+def _reflex(arg: int | None, cfg: EngineConfig) -> Policy:
+    return Policy(f"reflex:{arg}", _rule(cfg, _need(arg, "reflex"), "reflex"))
+
+
 def _sarathi(arg: int | None, cfg: EngineConfig) -> Policy:
     return Policy(f"sarathi:{arg}", _rule(cfg, budget=_need(arg, "sarathi"), max_prefill=False),
                   mixed=True, decodes_in_budget=False)
@@ -373,6 +385,7 @@ REGISTRY: dict[str, Factory] = {
     "stock": _stock,
     "ceiling": _ceiling,
     "floor": _floor,
+    "reflex": _reflex,
     "sarathi": _sarathi,
     "vllm": _vllm,
     "sglang-spf": _sglang_spf,

@@ -12,7 +12,7 @@ from slipstream.sim.workload import Request, build
 PROFILE = profiles.load("kimi-k3-8xh200")
 MEMORY_FLOOR_S = PROFILE.weight_bytes / PROFILE.mem_bandwidth
 CFG = EngineConfig(chunked_prefill_size=8192, cache_tokens=200_000)
-POLICIES = ["stock", "ceiling:4096", "floor:2048", "ceiling:2048/srpt", "floor:4096/srpt",
+POLICIES = ["stock", "ceiling:4096", "floor:2048", "ceiling:2048/srpt", "floor:4096/srpt", "reflex:4096/srpt", "reflex:2048",
             "stock/lpm", "sarathi:4096", "vllm:2048", "vllm:4096/srpt"]
 
 request = st.tuples(

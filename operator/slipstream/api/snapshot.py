@@ -204,7 +204,7 @@ class PodSetting:
     threshold: int | None
     """T in force; None when the pod exports no threshold gauge (a stock engine)."""
     mode: str
-    """``ceiling`` or ``floor``; "" when the pod exports no mode gauge."""
+    """``ceiling``, ``floor`` or ``reflex``; "" when the pod exports no mode gauge."""
     schedule_policy: str
     """``fcfs``, ``lpm`` or ``srpt``; "" when the pod exports no policy gauge."""
 

@@ -52,6 +52,7 @@ from slipstream.enginesim import metrics as sim_metrics
 from slipstream.localkube import podrunner
 from slipstream.sim import policies
 from slipstream.sim import spec as spec_mod
+from slipstream.sim.admission import MODES
 from slipstream.sim.workload import Request, Workload, build
 
 NAMESPACE_PREFIX = "loopbench"
@@ -117,8 +118,8 @@ def setting_fields(name: str) -> dict[str, Any]:
     if head == "stock":
         return {"threshold": 0, "engineMode": "ceiling", "schedulePolicy": order}
     mode, _, threshold = head.partition(":")
-    if mode not in ("ceiling", "floor") or not threshold.isdigit():
-        raise ValueError(f"setting {name!r}: expected stock[/ORDER] or ceiling|floor:T[/ORDER]")
+    if mode not in MODES or not threshold.isdigit():
+        raise ValueError(f"setting {name!r}: expected stock[/ORDER] or {'|'.join(MODES)}:T[/ORDER]")
     return {"threshold": int(threshold), "engineMode": mode, "schedulePolicy": order}
 
 

@@ -33,6 +33,7 @@ from slipstream.controller import settings as controller_settings
 from slipstream.demo import loop, phases
 from slipstream.rollout import machine
 from slipstream.sim import engine, policies, profiles
+from slipstream.sim.admission import MODES
 from slipstream.sim.workload import Request, Workload, build
 from slipstream.tune import (
     candidates,
@@ -46,13 +47,20 @@ from slipstream.tune import (
 from slipstream.tune.recommend import policy_name
 
 STOCK = policies.Setting(0, "ceiling", "fcfs")
+REFLEX_START = policies.Setting(4096, "reflex", "srpt")
+"""A reflex at T 4096 with srpt: stock on uniform traffic, ceiling:4096/srpt from the pass
+after a short request waits (``LoopSettings.start`` for a reflex Auto)."""
 REPLICAS = 2
 SPEC = candidates.TuningSpec(8192, 1, 1, 2)
 """The demo's tuning bounds (C 8192, page 1, concurrency 1-2: loop.serving_deployment's)."""
 STATIC = tuple(policy_name(s) for s in candidates.enumerate_candidates(SPEC))
-"""The static settings Auto is judged against: every setting it may choose within the
-demo's bounds (stock, and T 4096 in either mode, each in every order), so "the best
-static setting in hindsight" is the best of what Auto could have left on."""
+"""The static settings a ceiling/floor Auto is judged against: every setting it may choose
+within the demo's bounds (stock, and T 4096 in either mode, each in every order), so "the
+best static setting in hindsight" is the best of what Auto could have left on."""
+CONSTANTS = tuple(policy_name(s) for s in candidates.enumerate_candidates(replace(SPEC, modes=MODES)))
+"""Every constant a user could leave on within the demo's bounds, the reflex included
+(stock, and T 4096 as ceiling, floor or reflex, each in every order): what a reflex Auto,
+and any Auto in the randomized sweep, is judged against."""
 
 Schedule = list[tuple[float, policies.Setting]]
 
@@ -69,6 +77,9 @@ class LoopSettings:
     off: bool = False
     mix_poll_s: float = controller_settings.ControllerSettings().mix_poll_seconds
     """Twin seconds between queue-mix polls (the operator's default); 0: the timer only."""
+    start: policies.Setting = STOCK
+    """The setting every engine starts on (the ServingDeployment's tuning.threshold,
+    engineMode and schedulePolicy); its mode picks the modes tuned (``candidates.modes_for``)."""
 
 
 @dataclass
@@ -185,12 +196,14 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
     heterogeneous phase's tail an analysis window sooner than one on the other."""
     cfg = engine_config()
     profile = profiles.load(phases.PROFILE)
-    spec = candidates.TuningSpec(8192, 1, 1, lset.max_concurrency, 2.0)
+    spec = candidates.TuningSpec(8192, 1, 1, lset.max_concurrency, 2.0, modes=candidates.modes_for(lset.start.mode))
     settings = tuner.TunerSettings(spec, guardrails.GuardrailSettings(
         min_samples=50, cooldown_s=lset.cooldown_s, interval_s=lset.interval_s * 0.9, dwell_cooldowns=0))
     per_engine = split(workload)
     schedules: list[Schedule] = [[] for _ in range(REPLICAS)]
-    state = guardrails.TunerState(STOCK)
+    state = guardrails.TunerState(lset.start)
+    if lset.start != STOCK:
+        schedules = [[(0.0, lset.start)] for _ in range(REPLICAS)]
     rollout_until, now, jumped = -1.0, offset_s, False
     moves: list[tuple[float, str, str, str]] = []
     watch = mixjump.MixWatch()

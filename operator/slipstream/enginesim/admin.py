@@ -139,6 +139,7 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         "schedule_policy": live.schedule_policy,
         "max_partial_prefills": live.max_partial_prefills,
         "srpt_aging_tokens_per_s": cfg.srpt_aging_tokens_per_s,
+        "long_prefill_reflex_hold_seconds": cfg.reflex_hold_s,
         "num_partial_prefills": partials,
     }
     info: dict[str, Any] = {

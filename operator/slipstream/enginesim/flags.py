@@ -32,7 +32,7 @@ def policies_of(version: str) -> tuple[str, ...]:
     """The orders an engine of ``version`` runs: its patch's, or the newest release's for a
     release with no patch (the simulator still models the patched scheduler)."""
     return versions.PATCHED.get(versions.release(version), SCHEDULE_POLICIES)
-MODES = ("ceiling", "floor")
+MODES = admission.MODES
 DEFAULT_MAX_PARTIAL_PREFILLS = 8
 """The patch's ``--max-partial-prefills`` default (INTERFACES B)."""
 NAMED_NOT_IGNORED = ("--model-path", "--served-model-name")
@@ -56,7 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--page-size", type=int, default=1, help="KV page size (default %(default)s)")
     eng.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="T",
                      help="most prefill tokens one request takes per pass; 0 = off (stock)")
-    eng.add_argument("--long-prefill-mode", default="ceiling", help="ceiling | floor")
+    eng.add_argument("--long-prefill-mode", default="ceiling", help=" | ".join(MODES))
+    eng.add_argument("--long-prefill-reflex-hold-seconds", type=float,
+                     default=admission.DEFAULT_REFLEX_HOLD_S, metavar="H",
+                     help="reflex mode: passes stay capped H engine seconds after a short "
+                          "request was last seen waiting (default %(default)s)")
     eng.add_argument("--schedule-policy", default="fcfs", help="fcfs | lpm | srpt")
     eng.add_argument("--srpt-aging-tokens-per-s", type=float,
                      default=admission.DEFAULT_SRPT_AGING_TOKENS_PER_S,
@@ -103,6 +107,7 @@ class SimConfig:
     mode: str
     schedule_policy: str
     srpt_aging_tokens_per_s: float
+    reflex_hold_s: float
     max_partial_prefills: int
     labels_header: str
     allowed_labels: tuple[str, ...]
@@ -205,6 +210,9 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
                         f"{sglang_version}: use one of {', '.join(policies_of(sglang_version))}")
     if not (ns.srpt_aging_tokens_per_s > 0 and math.isfinite(ns.srpt_aging_tokens_per_s)):
         raise FlagError(f"srpt_aging_tokens_per_s must be > 0, got {ns.srpt_aging_tokens_per_s!r}")
+    if not (ns.long_prefill_reflex_hold_seconds >= 0 and math.isfinite(ns.long_prefill_reflex_hold_seconds)):
+        raise FlagError(f"--long-prefill-reflex-hold-seconds must be a finite number >= 0, "
+                        f"got {ns.long_prefill_reflex_hold_seconds!r}")
     if not (ns.time_scale > 0 and math.isfinite(ns.time_scale)):
         raise FlagError(f"--time-scale must be a number > 0 (twin seconds per wall second), "
                         f"got {ns.time_scale}")
@@ -229,6 +237,7 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
         mode=ns.long_prefill_mode,
         schedule_policy=ns.schedule_policy,
         srpt_aging_tokens_per_s=float(ns.srpt_aging_tokens_per_s),
+        reflex_hold_s=float(ns.long_prefill_reflex_hold_seconds),
         max_partial_prefills=int(ns.max_partial_prefills),
         labels_header=ns.tokenizer_metrics_custom_labels_header,
         allowed_labels=tuple(ns.tokenizer_metrics_allowed_custom_labels),

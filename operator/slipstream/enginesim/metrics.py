@@ -14,6 +14,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from slipstream.engine import metrics as names
+from slipstream.sim import admission
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
@@ -23,7 +24,7 @@ PROMPT_TOKEN_BUCKETS = (
     12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000,
     100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000,
 )
-MODES = ("ceiling", "floor")
+MODES = admission.MODES
 MAX_PARTIAL_PREFILLS = "sglang:max_partial_prefills"
 """Gauge (patch): the partials cap in force (--max-partial-prefills, settable in place)."""
 RELEASE_LAG_SECONDS = "slipstream_enginesim_release_lag_seconds"

@@ -79,6 +79,7 @@ def engine_config(cfg: flags.SimConfig) -> EngineConfig:
         page_size=cfg.page_size,
         cache_tokens=cfg.cache_tokens if cfg.cache_tokens is not None else base.cache_tokens,
         srpt_aging_tokens_per_s=cfg.srpt_aging_tokens_per_s,
+        reflex_hold_s=cfg.reflex_hold_s,
         max_partial_prefills=cfg.max_partial_prefills,
         kv_pool_tokens=cfg.max_total_tokens,
     )

@@ -1,11 +1,19 @@
 """The settings the tuner may choose from, and what the spec allows of them.
 
 A candidate is the engine's tuned triple (``sim.policies.Setting``): admission order
-(fcfs, lpm, srpt; on SGLang 0.5.23 also hrrn and spf, its shortest-prefill-first), mode (ceiling, floor) and threshold T. T is set through a concurrency
-K, the number of long prefills that share a round: ``T = C // K`` rounded down to whole
-pages. T = 0 is off (stock's whole-request admission): one long prefill at a time, so it
-counts as concurrency 1; its mode does not matter and it is listed once per order (as
-``ceiling``). K = 1 (T = C) behaves like off and is not listed separately.
+(fcfs, lpm, srpt; on SGLang 0.5.23 also hrrn and spf, its shortest-prefill-first), mode
+(ceiling, floor, reflex) and threshold T. T is set through a concurrency K, the number of
+long prefills that share a round: ``T = C // K`` rounded down to whole pages. T = 0 is off
+(stock's whole-request admission): one long prefill at a time, so it counts as concurrency
+1; its mode does not matter and it is listed once per order (as ``ceiling``). K = 1 (T = C)
+behaves like off and is not listed separately.
+
+The modes come from the spec (``TuningSpec.modes``): ``spec.tuning.engineMode: reflex``
+tunes T and the order with the reflex kept (``sim.admission``: the engine caps only in
+the passes where a request of at most T uncached tokens waits, or did in the last few
+seconds, and runs stock in the others), and lists no T = 0: a reflex is already off on
+uniform traffic, while T = 0 would serve the next giant's arrival uncapped until the
+tuner sees it, a tuning interval or more later. Otherwise ceiling and floor are tuned.
 """
 
 from __future__ import annotations
@@ -17,6 +25,9 @@ from slipstream.api import versions
 from slipstream.api.models import ServingDeploymentSpec
 from slipstream.sim.admission import MODES
 from slipstream.sim.policies import ORDERS, QUEUE_ORDERS, Setting, twin_order
+
+TUNED_MODES = ("ceiling", "floor")
+"""The modes tuned when the spec's engine mode is not the reflex (``modes_for``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +49,9 @@ class TuningSpec:
     orders: tuple[str, ...] = ORDERS
     """Orders the tuner may choose, twin names: ``spec.tuning.orders`` that the engine's
     release (``spec.engine.version``) runs."""
+    modes: tuple[str, ...] = TUNED_MODES
+    """Modes the tuner may choose (``modes_for``: reflex alone when
+    ``spec.tuning.engineMode`` is reflex, else ceiling and floor)."""
 
     def __post_init__(self) -> None:
         if self.chunked_prefill_size <= 0 or self.page_size <= 0:
@@ -51,6 +65,8 @@ class TuningSpec:
             raise ValueError("max_concurrency must be <= chunked_prefill_size / page_size")
         if not self.orders or any(o not in QUEUE_ORDERS for o in self.orders):
             raise ValueError(f"orders must be some of {QUEUE_ORDERS}, got {self.orders!r}")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes must be some of {MODES}, got {self.modes!r}")
 
     def target_for(self, tenant: str) -> float:
         return dict(self.tenant_targets).get(tenant, self.ttft_target_s)
@@ -61,7 +77,7 @@ class TuningSpec:
 
     def allows(self, setting: Setting) -> bool:
         """Inside the spec's bounds (order and mode known, concurrency in range, whole pages)."""
-        if setting.order not in self.orders or setting.mode not in MODES:
+        if setting.order not in self.orders or (setting.threshold and setting.mode not in self.modes):
             return False
         if setting.threshold % self.page_size or setting.threshold > self.chunked_prefill_size:
             return False
@@ -79,7 +95,14 @@ def from_spec(spec: ServingDeploymentSpec) -> TuningSpec:
         ttft_target_s=tuning.objective.ttft_p99_seconds,
         tenant_targets=tuple((t.name, t.ttft_p99_seconds) for t in tuning.objective.tenants),
         orders=twin_orders(spec.engine.version, spec.tuning.orders),
+        modes=modes_for(tuning.engine_mode),
     )
+
+
+def modes_for(engine_mode: str) -> tuple[str, ...]:
+    """The modes Auto tunes for a spec whose ``tuning.engineMode`` is ``engine_mode``: the
+    reflex alone (module doc), or ceiling and floor."""
+    return ("reflex",) if engine_mode == "reflex" else TUNED_MODES
 
 
 def twin_orders(version: str, wanted: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -114,8 +137,9 @@ def enumerate_candidates(spec: TuningSpec, orders: tuple[str, ...] = ORDERS,
     """Every candidate inside the spec's bounds (orders the release runs), preferred first,
     without duplicates."""
     orders = tuple(o for o in orders if o in spec.orders)
+    modes = tuple(m for m in modes if m in spec.modes)
     out: list[Setting] = []
-    if spec.min_concurrency <= 1:
+    if spec.min_concurrency <= 1 and any(m != "reflex" for m in spec.modes):
         out += [Setting(0, "ceiling", order) for order in orders]
     for k in range(max(2, spec.min_concurrency), spec.max_concurrency + 1):
         threshold = spec.threshold_for(k)

@@ -158,8 +158,9 @@ class RecommenderSettings:
     orders: tuple[str, ...] = policies.QUEUE_ORDERS
     """Admission orders tried, of those the spec allows (``TuningSpec.orders``: by default
     fcfs, lpm and srpt)."""
-    modes: tuple[str, ...] = ("ceiling", "floor")
-    """Engine modes tried."""
+    modes: tuple[str, ...] = ("ceiling", "floor", "reflex")
+    """Engine modes tried, of those the spec allows (``TuningSpec.modes``: ceiling and floor,
+    or the reflex alone for a reflex spec)."""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

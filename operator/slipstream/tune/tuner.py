@@ -27,14 +27,15 @@ class TunerSettings:
     recommender: RecommenderSettings = field(default_factory=RecommenderSettings)
 
 
-JUMP_MODES = ("ceiling",)
+JUMP_MODES = ("ceiling", "reflex")
 """The modes a step the queue mix brought forward may choose (``TunerState.mix_jumped``).
 Its window is the short one since the jump: it holds the first few of the larger prompts
 that fired it, too few to tell the modes apart. A floor gives the partial prefills a pass's
 idle budget, which on such a window reads as a gain; over the phase it lets the giants take
 the passes the short requests behind them wait for. The ceiling bounds what they take, the
 safe side of the unequal costs (tune.guardrails: a jump moves only to a harder cap). The
-timer's step, on a full window, may refine the mode."""
+timer's step, on a full window, may refine the mode. A reflex spec tunes the reflex alone
+(``candidates.modes_for``), so its jump steps rank it."""
 
 
 def for_step(state: TunerState, settings: TunerSettings) -> TunerSettings:

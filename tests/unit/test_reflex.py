@@ -1,0 +1,99 @@
+"""Reflex mode (sim.admission): the cap only in the passes where a short request waits,
+or did within the hold; stock in the others. The rule, then the twin running it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from slipstream.demo import phases
+from slipstream.sim import admission, engine, metrics, policies, profiles, spec
+from slipstream.sim.admission import AdmissionRule, ReflexClock, reflex_round, short_waiting
+from slipstream.sim.workload import Request, build
+from slipstream.tune import candidates
+
+PROFILE = profiles.load("kimi-k3-8xh200")
+C = 8192
+
+
+def test_a_round_with_a_short_request_waiting_is_ceiling_and_one_without_is_stock():
+    rule = AdmissionRule(C, 4096, "reflex")
+    assert reflex_round(rule, True) == replace(rule, mode="ceiling")
+    assert reflex_round(rule, False) == replace(rule, mode="ceiling", threshold=0)
+    other = AdmissionRule(C, 4096, "floor")
+    assert reflex_round(other, False) is other  # only a reflex rule is resolved
+    with pytest.raises(ValueError, match="reflex_round"):
+        admission.allocate(rule, [], [admission.Candidate("a", 10)])
+
+
+def test_short_means_at_most_t_uncached_tokens_among_the_first_128_waiting():
+    assert short_waiting([200_000, 4096], 4096)
+    assert not short_waiting([200_000, 4097], 4096)
+    assert not short_waiting([100], 0)  # T = 0: stock, never capped
+    assert not short_waiting([10**6] * admission.REFLEX_SCAN + [10], 4096)  # past the scan
+
+
+def test_the_hold_keeps_rounds_capped_for_h_seconds_after_the_last_short_sighting():
+    clock = ReflexClock(hold_s=3.0)
+    assert not clock.capped(0.0, False)  # never seen one
+    assert clock.capped(10.0, True)
+    assert clock.capped(12.9, False)
+    assert not clock.capped(13.0, False)
+    assert not ReflexClock(hold_s=0.0).capped(1.0, False) and ReflexClock(0.0).capped(1.0, True)
+
+
+def _run(policy: str, reqs: list[Request], hold_s: float = 3.0) -> dict[str, float]:
+    cfg = policies.EngineConfig(chunked_prefill_size=C, reflex_hold_s=hold_s)
+    result = engine.simulate(build("w", reqs), policies.parse(policy, cfg), PROFILE, cfg)
+    return {j.rid: j.first_token_s - j.arrival_s for j in result.jobs}
+
+
+def cold(rid: str, tenant: str, at: float, prompt: int, block: int) -> Request:
+    return Request(rid, tenant, at, prompt, 4, (block,), (prompt,))
+
+
+GIANT = cold("giant", "docs", 0.0, 200_000, 1)
+CHAT = cold("chat", "chat", 2.0, 1_000, 2)
+
+
+def test_a_lone_giant_takes_whole_passes_and_a_short_arrival_is_served_in_the_next_pass():
+    alone = {p: _run(p, [GIANT])["giant"] for p in ("stock", "reflex:4096/srpt", "ceiling:4096/srpt")}
+    assert alone["reflex:4096/srpt"] == pytest.approx(alone["stock"], rel=1e-9)
+    assert alone["ceiling:4096/srpt"] > 1.1 * alone["stock"]  # a ceiling idles half of each budget
+    chat = {p: _run(p, [GIANT, CHAT])["chat"] for p in ("stock", "reflex:4096/srpt", "ceiling:4096/srpt")}
+    assert chat["stock"] > 10 * chat["reflex:4096/srpt"]  # stock: the chat waits for the whole giant
+    assert chat["reflex:4096/srpt"] < 2.5 * chat["ceiling:4096/srpt"]  # one uncapped pass at most more
+
+
+def test_uniform_long_prompts_run_under_reflex_exactly_as_under_stock():
+    docs = [cold(f"d{k}", "docs", k * 0.7, 16_000, 10 + k) for k in range(40)]
+    assert _run("reflex:4096", docs) == _run("stock", docs)
+
+
+@pytest.mark.parametrize("hold_s", [0.0, 3.0])
+def test_demo_phases_reflex_is_stock_on_documents_and_near_the_ceiling_among_giants(hold_s):
+    # In-sample: the hold's default (3 s) was chosen on these phases (admission.DEFAULT_REFLEX_HOLD_S).
+    def p99(kind: str, policy: str) -> float:
+        loaded = spec.parse(phases.spec_yaml(kind, 400.0), kind)
+        cfg = replace(loaded.engine, reflex_hold_s=hold_s)
+        result = engine.simulate(loaded.workload, policies.parse(policy, cfg), PROFILE, cfg)
+        return max(t["ttft_p99_s"] for t in metrics.summarize(result)["per_tenant"].values())
+
+    assert p99(phases.DOCUMENTS, "reflex:4096/srpt") <= 1.02 * p99(phases.DOCUMENTS, "stock/srpt")
+    het, ceiling = p99(phases.HETEROGENEOUS, "reflex:4096/srpt"), p99(phases.HETEROGENEOUS, "ceiling:4096/srpt")
+    assert het < 0.3 * p99(phases.HETEROGENEOUS, "stock")
+    if hold_s:
+        assert het <= 1.15 * ceiling, (het, ceiling)
+
+
+def test_a_reflex_spec_tunes_the_reflex_alone_and_never_lists_t_zero():
+    spec_ = candidates.TuningSpec(C, 1, 1, 4, modes=candidates.modes_for("reflex"))
+    listed = candidates.enumerate_candidates(spec_)
+    assert listed and all(s.mode == "reflex" and s.threshold > 0 for s in listed)
+    assert {s.threshold for s in listed} == {4096, 2730, 2048}
+    assert candidates.modes_for("ceiling") == candidates.modes_for("floor") == ("ceiling", "floor")
+    assert not candidates.TuningSpec(C).allows(policies.Setting(4096, "reflex", "srpt"))
+    assert spec_.allows(policies.Setting(4096, "reflex", "srpt"))
+    with pytest.raises(ValueError, match="modes"):
+        candidates.TuningSpec(C, modes=("sideways",))

@@ -146,7 +146,7 @@ def valid_docs(draw: st.DrawFn) -> dict[str, Any]:
         engine["adminApiKeySecretRef"] = {"name": draw(SECRET_NAMES), "key": draw(SECRET_KEYS)}
     tuning: dict[str, Any] = {
         "mode": mode, "minConcurrency": draw(st.integers(1, max_c)), "maxConcurrency": max_c,
-        "engineMode": draw(st.sampled_from(["ceiling", "floor"])),
+        "engineMode": draw(st.sampled_from(["ceiling", "floor", "reflex"])),
         "schedulePolicy": draw(st.sampled_from(["fcfs", "lpm", "srpt"])),
         "rollout": {"canaryReplicas": canaries},
         "objective": {"tenants": [{"name": n, "ttftP99Seconds": 1.5}

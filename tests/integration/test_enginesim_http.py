@@ -226,7 +226,7 @@ def test_the_simulator_reports_its_release_and_runs_only_its_orders(version_args
     ({"long_prefill_token_threshold": 16384}, "must be <= chunked_prefill_size 8192"),
     ({"long_prefill_token_threshold": -64}, "must be 0 (off) or positive"),
     ({"long_prefill_token_threshold": "big"}, "must be an integer"),
-    ({"long_prefill_mode": "sideways"}, "long_prefill_mode must be one of ['ceiling', 'floor']"),
+    ({"long_prefill_mode": "sideways"}, "long_prefill_mode must be one of ['ceiling', 'floor', 'reflex']"),
     ({"schedule_policy": "lof"}, "schedule_policy can be switched at run time among"),
     ({"max_partial_prefills": 0}, "max_partial_prefills must be an integer >= 1"),
     ({"long_prefill_token_threshold": 2048, "mem_fraction_static": 0.5}, "cannot be changed at run time"),

@@ -95,5 +95,16 @@ def test_a_reflex_spec_tunes_the_reflex_alone_and_never_lists_t_zero():
     assert candidates.modes_for("ceiling") == candidates.modes_for("floor") == ("ceiling", "floor")
     assert not candidates.TuningSpec(C).allows(policies.Setting(4096, "reflex", "srpt"))
     assert spec_.allows(policies.Setting(4096, "reflex", "srpt"))
+    assert not spec_.allows(policies.Setting(0, "ceiling", "srpt"))  # the baseline run, never a move
     with pytest.raises(ValueError, match="modes"):
         candidates.TuningSpec(C, modes=("sideways",))
+
+
+def test_a_reflex_auto_never_steps_back_to_t_zero_on_the_twins_loop():
+    # Documents then giants (examples/workloads/loopbench-rag.yaml): before the baseline (stock,
+    # which every ranking runs) was refused by the spec, the first calm step moved to it.
+    from slipstream.demo import loopbench, offline
+
+    wl, spans = loopbench.load_phases("examples/workloads/loopbench-rag.yaml")
+    run = offline.closed_loop(wl, spans, 0.0, offline.LoopSettings(start=offline.REFLEX_START))
+    assert all(s.threshold > 0 and s.mode == "reflex" for sched in run.schedules for _, s in sched), run.moves

@@ -68,6 +68,11 @@ class TuningSpec:
         if not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"modes must be some of {MODES}, got {self.modes!r}")
 
+    @property
+    def lists_off(self) -> bool:
+        """Whether T = 0 is a candidate: not for a reflex spec (module doc)."""
+        return any(m != "reflex" for m in self.modes)
+
     def target_for(self, tenant: str) -> float:
         return dict(self.tenant_targets).get(tenant, self.ttft_target_s)
 
@@ -77,7 +82,9 @@ class TuningSpec:
 
     def allows(self, setting: Setting) -> bool:
         """Inside the spec's bounds (order and mode known, concurrency in range, whole pages)."""
-        if setting.order not in self.orders or (setting.threshold and setting.mode not in self.modes):
+        if setting.order not in self.orders:
+            return False
+        if setting.mode not in self.modes if setting.threshold else not self.lists_off:
             return False
         if setting.threshold % self.page_size or setting.threshold > self.chunked_prefill_size:
             return False
@@ -139,7 +146,7 @@ def enumerate_candidates(spec: TuningSpec, orders: tuple[str, ...] = ORDERS,
     orders = tuple(o for o in orders if o in spec.orders)
     modes = tuple(m for m in modes if m in spec.modes)
     out: list[Setting] = []
-    if spec.min_concurrency <= 1 and any(m != "reflex" for m in spec.modes):
+    if spec.min_concurrency <= 1 and spec.lists_off:
         out += [Setting(0, "ceiling", order) for order in orders]
     for k in range(max(2, spec.min_concurrency), spec.max_concurrency + 1):
         threshold = spec.threshold_for(k)

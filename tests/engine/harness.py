@@ -22,6 +22,8 @@ Stand-ins (no GPU, no model, so no forward pass runs):
   SGLang's new-token-ratio tracker, `prepare_for_decode` allocation).
 - `write_and_check_kv`: the forward pass's KV writes (each slot gets its token id).
 - `_Passthrough`: dp-attention adapter and n-gram manager (both no-ops here).
+- `FakeClock`: the clock reflex mode's hold reads (`Scheduler._reflex_clock`,
+  `time.monotonic` in the engine), moved by the test so the hold is deterministic.
 
 Run as a script (`python harness.py CASES_JSON`) it prints the allocations of the cases
 as JSON; `python harness.py --serve` answers one line of cases per line of stdin. The
@@ -458,6 +460,7 @@ def make_engine(
     max_partials: int = 8,
     radix_cache: bool = True,
     max_context_len: int | None = None,
+    reflex_hold: float = 3.0,
 ) -> Engine:
     """A scheduler on CPU. `max_context_len` is the request table's width: the longest
     request (prompt and output) it holds, by default the pool's size up to
@@ -471,6 +474,7 @@ def make_engine(
             long_prefill_mode=mode,
             srpt_aging_tokens_per_s=aging,
             max_partial_prefills=max_partials,
+            long_prefill_reflex_hold_seconds=reflex_hold,
         )
     elif threshold:
         raise ValueError("a threshold needs the patched sglang")
@@ -608,6 +612,10 @@ def make_engine(
         s.long_prefill_mode = mode
         s.srpt_aging_tokens_per_s = aging
         s.max_partial_prefills = max_partials
+        s.long_prefill_reflex_hold_seconds = reflex_hold
+        # Reflex mode's hold reads this clock once a round: tests replace it (FakeClock).
+        s._reflex_clock = time.monotonic
+        s._reflex_last_short = None
         s.metrics_collector = None
     s.policy = SchedulePolicy(policy, tree, False, False, False)
     if PATCHED:
@@ -616,6 +624,21 @@ def make_engine(
     eng.kv_free_at_start = eng.kv_free()
     eng.slots_free_at_start = eng.slots_free()
     return eng
+
+
+class FakeClock:
+    """An engine clock for reflex mode's hold (``Scheduler._reflex_clock``): it reads
+    ``now``, which the test moves (``advance``), so the hold is deterministic."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
 
 
 def abort(eng: Engine, rid: str) -> None:

@@ -1,6 +1,10 @@
 """Conformance with the digital twin: on randomized request mixes, every round's
 allocation of the patched scheduler equals `slipstream.sim.admission.allocate` given the
-same state (partials in progress, waiting queue in the order's sort, remaining needs)."""
+same state (partials in progress, waiting queue in the order's sort, remaining needs).
+
+Reflex mode: each round's rule is the twin's `reflex_round(rule, ReflexClock(hold).capped(
+now, short_waiting(needs, T)))`, with the engine's hold clock (`harness.FakeClock`) and
+the twin's at the same `now`, moved by a fixed step per round."""
 
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ def engine_kv_free(eng) -> int:
     return eng.kv_free()
 
 
-def twin_prediction(eng, rule, order, memory=False, max_partials=None):
+def twin_prediction(eng, rule, order, memory=False, max_partials=None, reflex=None):
+    """The twin's allocation of the round about to run. ``reflex``: (the twin's
+    ReflexClock, the round's start time) for a reflex rule."""
     partials = engine_partials(eng)
     # The round starts by caching the partials' last chunks (get_next_batch_to_run
     # stashes them; a second stash is a no-op): a waiting request may share their prefix.
@@ -52,6 +58,12 @@ def twin_prediction(eng, rule, order, memory=False, max_partials=None):
         h.match_prefix(eng.s.tree_cache, r)
         total = len(r.origin_input_ids)
         w_cands.append((r, total - min(h.prefix_len(r), total - 1)))
+    if rule.mode == "reflex":
+        # Steps 1-3: the waiting needs in the queue's order at the round's start, each
+        # matched against the cache as it is now (above).
+        clock, now = reflex
+        short = admission.short_waiting((need for _, need in w_cands), rule.threshold)
+        rule = admission.reflex_round(rule, clock.capped(now, short))
 
     def key(item):
         r, need = item
@@ -106,7 +118,11 @@ def run_rounds(eng, mix, predict, prefix_of=lambda need: None):
         assert rnd < 5_000
 
 
-def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=False):
+def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=False,
+          round_s=1.0):
+    """``mix`` through the engine, every round against the twin. Reflex mode: the hold
+    is ``engine_kwargs["reflex_hold"]``; each round starts ``round_s`` after the last,
+    on the engine's (fake) clock and on the twin's."""
     C = engine_kwargs["chunked_prefill_size"]
     T = engine_kwargs.get("threshold", 0)
     mode = engine_kwargs.get("mode", "ceiling")
@@ -128,8 +144,15 @@ def check(engine_kwargs, order, mix, prefix_len=0, kv_tokens=400_000, memory=Fal
     # it): with None it ran a ninth partial the engine refuses (found by a 5,000-example run).
     max_partials = eng.s.max_partial_prefills
     prefix = list(range(1, prefix_len + 1))
-    run_rounds(eng, mix, lambda: twin_prediction(eng, rule, order, memory, max_partials),
-               lambda need: prefix if need % 2 else None)
+    clock = h.FakeClock()
+    eng.s._reflex_clock = clock
+    twin_clock = admission.ReflexClock(engine_kwargs.get("reflex_hold", 3.0))
+
+    def predict():
+        now = clock.advance(round_s)
+        return twin_prediction(eng, rule, order, memory, max_partials, (twin_clock, now))
+
+    run_rounds(eng, mix, predict, lambda need: prefix if need % 2 else None)
     assert eng.slots_free() == eng.slots_free_at_start
     assert eng.kv_free() == eng.kv_free_at_start
 
@@ -249,5 +272,81 @@ def test_memory_limited_paged_mixes_match_twin(mix, t, order):
         order,
         mix,
         kv_tokens=20_480,
+        memory=True,
+    )
+
+
+# ---- reflex mode: ceiling with T while a short request waits (or within the hold) ------
+
+HOLDS = st.sampled_from([0.0, 1.0, 2.0, 2.5])
+"""Holds against a 1 s round: none, the round that sees a short request only (1.0 and
+2.0 sit on the strict boundary: capped while now - last < hold), and two rounds after it."""
+
+
+@SETTINGS
+@given(
+    mix=mixes,
+    t=st.sampled_from([512, 1024, 2048, 4096]),
+    order=st.sampled_from(["fcfs", "srpt"]),
+    hold=HOLDS,
+)
+# A giant alone takes the whole budget; a short arrival caps the rounds while it waits
+# and (hold 2.5 s) the two after it; then the giant has the budget again.
+@example(mix=[(0, 30_000), (2, 30), (3, 9_000), (9, 500)], t=1024, order="srpt", hold=2.5)
+@example(mix=[(0, 30_000), (2, 30), (3, 9_000), (9, 500)], t=1024, order="fcfs", hold=0.0)
+def test_reflex_matches_twin(mix, t, order, hold):
+    check(
+        {"chunked_prefill_size": 4096, "threshold": t, "mode": "reflex", "reflex_hold": hold},
+        order,
+        mix,
+    )
+
+
+@SETTINGS
+@given(
+    mix=mixes,
+    t=st.sampled_from([256, 1024]),
+    order=st.sampled_from(["fcfs", "srpt"]),
+    hold=HOLDS,
+)
+# Odd needs share a 1,000-token prefix: once it is cached, a 1,001-token prompt is short
+# for T = 256 only by its prefix-cache hit.
+@example(mix=[(0, 9_001), (1, 20_000), (4, 201), (5, 30)], t=256, order="fcfs", hold=0.0)
+def test_reflex_paged_with_prefix_cache_matches_twin(mix, t, order, hold):
+    check(
+        {
+            "chunked_prefill_size": 2048,
+            "threshold": t,
+            "mode": "reflex",
+            "page_size": 16,
+            "reflex_hold": hold,
+        },
+        order,
+        mix,
+        prefix_len=1000,
+    )
+
+
+@SETTINGS
+@given(
+    mix=tight_mixes,
+    t=st.sampled_from([512, 1024, 2048]),
+    order=st.sampled_from(["fcfs", "srpt"]),
+    max_partials=st.sampled_from([1, 2, 8]),
+    hold=HOLDS,
+)
+def test_reflex_memory_limited_mixes_match_twin(mix, t, order, max_partials, hold):
+    # The KV reservation and the partials bound in capped and uncapped rounds alike.
+    check(
+        {
+            "chunked_prefill_size": 4096,
+            "threshold": t,
+            "mode": "reflex",
+            "max_partials": max_partials,
+            "reflex_hold": hold,
+        },
+        order,
+        mix,
+        kv_tokens=20_000,
         memory=True,
     )

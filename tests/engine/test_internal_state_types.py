@@ -109,6 +109,9 @@ def test_internal_state_types_a_numeric_string_is_coerced_as_pristine_does():
         {"long_prefill_mode": 1},
         {"schedule_policy": ["srpt"]},
         {"srpt_aging_tokens_per_s": "fast"},
+        {"long_prefill_reflex_hold_seconds": "soon"},
+        {"long_prefill_reflex_hold_seconds": "nan"},
+        {"long_prefill_reflex_hold_seconds": -1},
     ],
     ids=lambda u: f"{next(iter(u))}={next(iter(u.values()))!r}",
 )
@@ -125,7 +128,8 @@ def test_internal_state_types_a_bad_value_is_refused_with_400_and_changes_nothin
         eng.s.long_prefill_mode,
         eng.s.schedule_policy,
         eng.s.max_partial_prefills,
-    ) == (0, "ceiling", "fcfs", 8)
+        eng.s.long_prefill_reflex_hold_seconds,
+    ) == (0, "ceiling", "fcfs", 8, 3.0)
     assert got["pass_after"] == {"after": 100}  # the scheduler keeps serving
 
 

@@ -112,6 +112,22 @@ def test_scheduler_publishes_the_gauges_each_round(collectors):
     assert get("sglang:max_partial_prefills", labels) == 5
 
 
+def test_reflex_mode_gauge_has_a_reflex_label(collectors):
+    import harness as h
+
+    labels, sched, _ = collectors
+    eng = h.make_engine(chunked_prefill_size=8192, threshold=2048, mode="reflex")
+    eng.s.metrics_collector = sched
+    eng.add(100, rid="s")
+    eng.step()
+    get = REGISTRY.get_sample_value
+    modes = {m: get("sglang:long_prefill_mode", {**labels, "mode": m}) for m in lp.LONG_PREFILL_MODES}
+    assert modes == {"ceiling": 0, "floor": 0, "reflex": 1}
+    assert h.set_internal_state(eng, long_prefill_mode="floor").updated
+    assert get("sglang:long_prefill_mode", {**labels, "mode": "reflex"}) == 0
+    assert get("sglang:long_prefill_mode", {**labels, "mode": "floor"}) == 1
+
+
 def test_uncached_prompt_tokens_buckets_reach_1m(collectors):
     labels, _, tok = collectors
     tok.uncached_prompt_tokens_histogram.labels(**labels).observe(950_000)

@@ -38,7 +38,9 @@ def capped(name: str) -> bool:
     return name.split("/")[0] != "stock"
 
 
-DEFAULTS = offline.LoopSettings()
+DEFAULTS = offline.LoopSettings(start=offline.STOCK)
+"""The ceiling and floor tuner from stock: the story this script checks (a reflex start,
+the demo's, is compared per phase by scripts/reflex-offline.py)."""
 
 
 def main() -> int:
@@ -72,7 +74,7 @@ def main() -> int:
     offsets = ([float(o) for o in args.offsets.split(",")] if args.offsets
                else [float(o) for o in range(0, int(args.interval), 10)])  # fmt: skip
     lset = offline.LoopSettings(args.interval, args.cooldown, args.analysis, args.max_concurrency, args.rate_factor,
-                                args.off, args.mix_poll)  # fmt: skip
+                                args.off, args.mix_poll, offline.STOCK)  # fmt: skip
     off = offline.figures(offline.static(workload, "stock"), spans)
     print("Off (stock): " + "  ".join(f"{k} {v:.2f}s" for k, v in off.items()))
     (best_name, best_whole), *_ = offline.ranked_static(workload, spans)

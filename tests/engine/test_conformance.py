@@ -3,7 +3,7 @@ allocation of the patched scheduler equals `slipstream.sim.admission.allocate` g
 same state (partials in progress, waiting queue in the order's sort, remaining needs).
 
 Reflex mode: each round's rule is the twin's `reflex_round(rule, ReflexClock(hold).capped(
-now, short_waiting(needs, T)))`, with the engine's hold clock (`harness.FakeClock`) and
+now, short_waiting(needs, T, partial remainders)))`, with the engine's hold clock (`harness.FakeClock`) and
 the twin's at the same `now`, moved by a fixed step per round."""
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def twin_prediction(eng, rule, order, memory=False, max_partials=None, reflex=No
         w_cands.append((r, total - min(h.prefix_len(r), total - 1)))
     if rule.mode == "reflex":
         # Steps 1-3: the waiting needs in the queue's order at the round's start, each
-        # matched against the cache as it is now (above).
+        # matched against the cache as it is now (above), against the line the partials'
+        # remainders set (admission.reflex_line).
         clock, now = reflex
-        short = admission.short_waiting((need for _, need in w_cands), rule.threshold)
+        short = admission.short_waiting((need for _, need in w_cands), rule.threshold,
+                                        (need for _, need in p_cands))
         rule = admission.reflex_round(rule, clock.capped(now, short))
 
     def key(item):

@@ -59,6 +59,22 @@ def test_reflex_giant_takes_the_whole_budget_until_a_short_request_arrives(polic
     assert eng.step() == {"G": C}  # no hold: the next round is uncapped again
 
 
+def test_reflex_a_document_behind_a_giants_remainder_is_short_and_one_behind_a_document_is_not():
+    assert lp.REFLEX_RATIO == admission.REFLEX_RATIO
+    eng, clock = reflex_engine(hold=0.0)
+    eng.add(GIANT, rid="G")
+    assert eng.step() == {"G": C}  # uncapped: the giant becomes a partial
+    eng.add(12_000, rid="D")  # > T, but under a quarter of the giant's ~192K remainder
+    clock.advance(1.0)
+    assert eng.step() == {"G": T, "D": T}  # capped: ceiling with T, D a partial beside the giant
+    other, clock2 = reflex_engine(hold=0.0)
+    other.add(16_000, rid="A")
+    assert other.step() == {"A": C}
+    other.add(16_000, rid="B")  # one document behind another's 8K remainder: not short
+    clock2.advance(1.0)
+    assert other.step() == {"A": C}
+
+
 def test_reflex_hold_keeps_rounds_capped_for_hold_seconds_of_the_engine_clock():
     eng, clock = reflex_engine(hold=2.5)  # steps of 1 s and 1/8 s: exact in binary
     eng.add(GIANT, rid="G")

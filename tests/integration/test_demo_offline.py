@@ -15,7 +15,7 @@ def plan():
 @pytest.mark.parametrize("offset", [0.0, 30.0])
 def test_closed_loop_caps_the_heterogeneous_phase_and_steps_back(plan, offset):
     workload, spans = plan
-    run = offline.closed_loop(workload, spans, offset)
+    run = offline.closed_loop(workload, spans, offset, offline.LoopSettings(start=offline.STOCK))
     het, after = spans[1], spans[2]
     capped = [(at, to) for at, _, to, _ in run.moves if to.split("/")[0] != "stock"]
     assert capped and het.start_s <= capped[0][0] <= het.start_s + 120, run.moves
@@ -77,7 +77,7 @@ def test_a_jump_that_voids_a_canary_caps_at_the_same_poll(plan, monkeypatch):
 
     monkeypatch.setattr(offline.tuner, "tune_once", order_first)
     lines: list[str] = []
-    run = offline.closed_loop(workload, spans, 0.0, log=lines.append)
+    run = offline.closed_loop(workload, spans, 0.0, offline.LoopSettings(start=offline.STOCK), log=lines.append)
     voided = [line for line in lines if "voided: back to" in line]
     assert len(voided) == 1, lines
     at = float(voided[0].split()[0])
@@ -88,3 +88,22 @@ def test_a_jump_that_voids_a_canary_caps_at_the_same_poll(plan, monkeypatch):
     # engine's voided order with them.
     for schedule in run.schedules:
         assert [s for t, s in schedule if t == at][-1].threshold > 0, schedule
+
+
+def test_the_constants_are_every_setting_in_the_bounds_in_any_mode():
+    assert set(offline.CONSTANTS) == set(offline.STATIC) | {f"reflex:4096{o}" for o in ("", "/srpt", "/lpm")}
+
+
+@pytest.mark.parametrize("offset", [0.0, 30.0])
+def test_from_the_demos_reflex_start_every_phase_is_within_a_quarter_of_its_best_constant(plan, offset):
+    # The demo's ServingDeployment starts on reflex:4096/srpt (loop.serving_deployment): the
+    # engines cap the phase's first giant themselves, and the tuner never moves to T = 0.
+    workload, spans = plan
+    run = offline.closed_loop(workload, spans, offset)
+    assert all(s.mode == "reflex" and s.threshold == 4096 for sched in run.schedules for _, s in sched), run.moves
+    statics = {name: offline.figures(offline.static(workload, name), spans) for name in offline.CONSTANTS}
+    got = offline.figures(run, spans)
+    for p in spans:
+        oracle = min(f[p.name] for f in statics.values())
+        assert got[p.name] <= 1.25 * oracle, (p.name, got[p.name], oracle)
+    assert got["whole"] <= 1.05 * min(f["whole"] for f in statics.values()), got

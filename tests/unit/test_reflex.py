@@ -34,6 +34,21 @@ def test_short_means_at_most_t_uncached_tokens_among_the_first_128_waiting():
     assert not short_waiting([10**6] * admission.REFLEX_SCAN + [10], 4096)  # past the scan
 
 
+def test_a_request_under_a_quarter_of_the_longest_partials_remainder_is_short_too():
+    assert admission.reflex_line(4096, [190_000, 20_000]) == 190_000 // admission.REFLEX_RATIO
+    assert admission.reflex_line(4096, [8_000]) == 4096  # T when that is more
+    assert admission.reflex_line(0, [190_000]) == 0  # T = 0: stock
+    assert short_waiting([12_000], 4096, [190_000])
+    assert not short_waiting([16_000], 4096, [16_000])  # one document behind another: not short
+
+
+def test_a_document_behind_a_giant_in_progress_is_capped_and_uniform_documents_are_not():
+    doc = cold("doc", "docs", 2.0, 12_000, 3)
+    waits = {p: _run(p, [GIANT, doc])["doc"] for p in ("stock", "reflex:4096/srpt", "ceiling:4096/srpt")}
+    assert waits["stock"] > 4 * waits["reflex:4096/srpt"], waits
+    assert waits["reflex:4096/srpt"] < 1.5 * waits["ceiling:4096/srpt"], waits
+
+
 def test_the_hold_keeps_rounds_capped_for_h_seconds_after_the_last_short_sighting():
     clock = ReflexClock(hold_s=3.0)
     assert not clock.capped(0.0, False)  # never seen one

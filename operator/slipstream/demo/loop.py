@@ -102,8 +102,9 @@ def serving_deployment(
     *,
     mode: str = "Auto",
     replicas: int = 2,
-    threshold: int = 0,
-    schedule_policy: str = "fcfs",
+    threshold: int = 4096,
+    engine_mode: str = "reflex",
+    schedule_policy: str = "srpt",
     interval_s: int = 60,
     cooldown_s: int = 180,
     analysis_s: int = 120,
@@ -111,6 +112,13 @@ def serving_deployment(
     max_regression: float = 100.0,
 ) -> dict[str, Any]:
     """The example ServingDeployment: Kimi-K3-class engines (C = 8192), simulated.
+
+    It starts on a reflex at T 4096 with srpt (``engine_mode``, ``threshold``,
+    ``schedule_policy``): stock on uniform traffic, ceiling:4096 from the pass after a short
+    request waits, so a phase's first giant is capped by the engine, not a tuning interval
+    later; Auto then tunes the order (and T, within ``max_concurrency``) with the reflex
+    kept (tune.candidates.modes_for). ``engine_mode="ceiling"`` gives the ceiling and floor
+    tuner, from ``threshold`` (0: stock).
 
     ``max_concurrency`` 2 (T >= 4096): on the demo's heterogeneous phase the twin's best
     setting is then one step from off, so the operator moves once per phase change. With
@@ -126,7 +134,7 @@ def serving_deployment(
     """
     tuning: dict[str, Any] = {
         "mode": mode,
-        "engineMode": "ceiling",
+        "engineMode": engine_mode,
         "schedulePolicy": schedule_policy,
         "minConcurrency": 1,
         "maxConcurrency": max_concurrency,

@@ -77,9 +77,11 @@ class LoopSettings:
     off: bool = False
     mix_poll_s: float = controller_settings.ControllerSettings().mix_poll_seconds
     """Twin seconds between queue-mix polls (the operator's default); 0: the timer only."""
-    start: policies.Setting = STOCK
+    start: policies.Setting = REFLEX_START
     """The setting every engine starts on (the ServingDeployment's tuning.threshold,
-    engineMode and schedulePolicy); its mode picks the modes tuned (``candidates.modes_for``)."""
+    engineMode and schedulePolicy; the demo's, ``loop.serving_deployment``, by default);
+    its mode picks the modes tuned (``candidates.modes_for``): from ``STOCK`` the
+    ceiling and floor tuner runs."""
 
 
 @dataclass
@@ -301,9 +303,9 @@ def next_step(jobs: Sequence[Sequence[engine.Job]], now: float, rollout_until: f
 
 
 def ranked_static(workload: Workload, spans: Sequence[phases.Phase]) -> list[tuple[str, float]]:
-    """(policy name, whole-run worst-tenant p99 TTFT) of every ``STATIC`` setting on the
-    twin, best first: the static settings in hindsight."""
-    scored = [(name, figures(static(workload, name), spans)["whole"]) for name in STATIC]
+    """(policy name, whole-run worst-tenant p99 TTFT) of every constant (``CONSTANTS``, the
+    reflex included) on the twin, best first: the static settings in hindsight."""
+    scored = [(name, figures(static(workload, name), spans)["whole"]) for name in CONSTANTS]
     return sorted(scored, key=lambda x: x[1])
 
 

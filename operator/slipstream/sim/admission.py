@@ -46,7 +46,9 @@ prompt's arrival is handled by the next pass and uniform traffic pays nothing. E
 
 1. The engine looks at the first ``REFLEX_SCAN`` (128) waiting requests in admission
    order (partial prefills in progress are not waiting), each re-matched against the
-   prefix cache as at the round's start, for a *short* one: uncached need <= T.
+   prefix cache as at the round's start, for a *short* one: uncached need <= the line,
+   ``max(T, L // REFLEX_RATIO)``, where L is the largest remaining uncached need of the
+   partial prefills in progress (0 when there are none).
 2. If one is found, the engine notes the round's start time as the last short sighting.
 3. The round is *capped* if a short request was found (step 1) or the last sighting was
    less than H seconds ago (the hold, ``--long-prefill-reflex-hold-seconds``, default
@@ -60,7 +62,12 @@ prompt's arrival is handled by the next pass and uniform traffic pays nothing. E
 ``reflex_round`` turns a reflex rule into the round's rule; ``allocate`` never sees a
 reflex rule (it raises). T = 0 in reflex mode is stock. A short request is never capped
 (need <= T), so in a capped round it is served whole; the line between short and long
-is T itself, which the operator tunes. The hold is why a stream of short requests among
+is T, or a quarter of the longest prefill in progress when that is more: a 12K-token
+document behind a 190K-token giant's remainder is short, one 16K document behind another
+is not (on ``examples/workloads/loopbench-rag.yaml``, twin, ``reflex:4096/srpt``: the
+rag phase after the giants 3.65 s with the line at T alone, 2.53 s with the quarter, the
+ceiling's; the demo's phases unchanged, ratio 2, 3 and 4 alike, 8 and 16 no better than
+none). The hold is why a stream of short requests among
 giants is served as ceiling serves it: without it, every gap in the stream lets a giant
 take a whole uncapped pass, and the next short arrival waits for that pass (on the demo's
 phases, twin, ``reflex:4096/srpt``: the heterogeneous phase's worst-tenant p99 TTFT 1.55 s
@@ -95,6 +102,10 @@ DEFAULT_REFLEX_HOLD_S = 3.0
 found a short request waiting. Chosen on the demo's phases (240 s and 720 s, the module
 docstring's figures): 1 s leaves the heterogeneous phase 1.25x the ceiling, 3 s matches it,
 10 s is no better there."""
+
+REFLEX_RATIO = 4
+"""Reflex mode's step 1: a waiting request is short when it needs at most T, or at most
+1 / REFLEX_RATIO of the largest remaining need among the partial prefills in progress."""
 
 REFLEX_SCAN = 128
 """How many waiting requests (in admission order) reflex mode looks at for a short one:
@@ -186,12 +197,20 @@ def _reflex_resolved(rule: AdmissionRule, short_waiting: bool) -> AdmissionRule:
     return replace(rule, mode="ceiling", threshold=rule.threshold if short_waiting else 0)
 
 
-def short_waiting(needs: Iterable[int], threshold: int) -> bool:
-    """Reflex mode's step 1: one of the first ``REFLEX_SCAN`` waiting needs (admission
-    order, freshly matched) is at most T. T = 0 never finds one."""
+def reflex_line(threshold: int, partial_needs: Iterable[int] = ()) -> int:
+    """Reflex mode's step 1: the most uncached tokens a short request needs,
+    ``max(T, L // REFLEX_RATIO)`` with L the largest partial's remaining need; 0 when T is
+    0 (stock: nothing is short)."""
     if threshold <= 0:
-        return False
-    return any(n <= threshold for n in islice(needs, REFLEX_SCAN))
+        return 0
+    return max(threshold, max(partial_needs, default=0) // REFLEX_RATIO)
+
+
+def short_waiting(needs: Iterable[int], threshold: int, partial_needs: Iterable[int] = ()) -> bool:
+    """Reflex mode's step 1: one of the first ``REFLEX_SCAN`` waiting needs (admission
+    order, freshly matched) is at most ``reflex_line``. T = 0 never finds one."""
+    line = reflex_line(threshold, partial_needs)
+    return line > 0 and any(n <= line for n in islice(needs, REFLEX_SCAN))
 
 
 @dataclass(slots=True)

@@ -37,6 +37,7 @@ from slipstream.sim.admission import (
     ReflexClock,
     allocate,
     partials_first,
+    reflex_line,
     reflex_round,
     srpt_key,
 )
@@ -495,7 +496,7 @@ class Engine:
             return {}
         rule = policy.rule
         if rule.mode == "reflex":
-            short = _short_waiting(queue, self.cache, rule.threshold)
+            short = _short_waiting(queue, self.cache, reflex_line(rule.threshold, (j.need for j in partials)))
             rule = reflex_round(rule, self.reflex.capped(self.now_s, short))
         budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
         if budget <= 0:
@@ -1016,10 +1017,11 @@ def _refresh_head(queue: WaitQueue[Job], cache: PrefixCache, threshold: int, bud
     return n
 
 
-def _short_waiting(queue: WaitQueue[Job], cache: PrefixCache, threshold: int) -> bool:
+def _short_waiting(queue: WaitQueue[Job], cache: PrefixCache, line: int) -> bool:
     """Reflex mode's step 1 (admission.py): one of the first ``REFLEX_SCAN`` waiting
-    requests, re-matched as ``_refresh_head`` matches them, needs at most T."""
-    if threshold <= 0:
+    requests, re-matched as ``_refresh_head`` matches them, needs at most ``line``
+    (``admission.reflex_line``)."""
+    if line <= 0:
         return False
     for job in queue.items[:REFLEX_SCAN]:
         if not job.redo:
@@ -1027,7 +1029,7 @@ def _short_waiting(queue: WaitQueue[Job], cache: PrefixCache, threshold: int) ->
             hit = cache.peek(req.blocks, req.block_sizes)
             last = req.prompt_tokens - 1  # usable_hit, inlined
             job.need = req.prompt_tokens - (hit if hit < last else last)
-        if job.need <= threshold:
+        if job.need <= line:
             return True
     return False
 

@@ -123,3 +123,29 @@ def test_a_reflex_auto_never_steps_back_to_t_zero_on_the_twins_loop():
     wl, spans = loopbench.load_phases("examples/workloads/loopbench-rag.yaml")
     run = offline.closed_loop(wl, spans, 0.0, offline.LoopSettings(start=offline.REFLEX_START))
     assert all(s.threshold > 0 and s.mode == "reflex" for sched in run.schedules for _, s in sched), run.moves
+
+
+def _prediction(setting, ttfts, slowdown):
+    from slipstream.tune.recommend import Prediction, TenantFigures
+
+    tenants = tuple(TenantFigures(n, 100, s, slowdown, 0.1, 2.0) for n, s in ttfts.items())
+    return Prediction(setting, candidates.concurrency(setting, C), True, tenants, slowdown,
+                      max(ttfts.values()), 1.0)
+
+
+@pytest.mark.parametrize("best_chat_s, held", [(10.4, True), (9.3, False)])
+def test_a_harder_cap_that_predicts_no_tenant_a_better_p99_ttft_is_not_a_move(best_chat_s, held):
+    # A hand trial moved "slowdown 70.5 -> 7.5 (chat p99 TTFT 9.4 s -> 10.4 s)" and skipped
+    # its canary as a harder cap (guardrails, check 7c).
+    from slipstream.tune import guardrails
+    from slipstream.tune.recommend import Ranking
+
+    stock, cap = policies.Setting(0, "ceiling", "fcfs"), policies.Setting(4096, "ceiling", "srpt")
+    cur = _prediction(stock, {"chat": 9.4, "docs": 30.0}, 70.5)
+    best = _prediction(cap, {"chat": best_chat_s, "docs": 31.0}, 7.5)
+    rec = Ranking(best, cur, (best, cur), 0.5, True, "worst_tenant_slowdown_p99", 10.0, 400, "test")
+    snap_ok = type("S", (), {"valid": True, "requests": 500})()
+    decision = guardrails.decide(snap_ok, rec, guardrails.TunerState(stock), candidates.TuningSpec(C),
+                                 guardrails.GuardrailSettings(), 10_000.0)
+    assert (decision.reason == guardrails.NO_TTFT_GAIN) is held, decision
+    assert isinstance(decision, guardrails.Move) is not held, decision

@@ -48,6 +48,12 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
    confirmation share the snapshot's synthesis and burst, so a bias they share would pass
    both, and a gain on one draw that the current setting wins back on another is noise
    (when another candidate is a step back, that gain is set aside and the step back made);
+7c. a Move by gain to a harder cap that predicts no tenant a lower p99 TTFT than the
+   current setting (``ttft_gain``): Hold ``NoTTFTGain``. The gain is judged on the objective (the worst
+   tenant's p99 slowdown by default), which a cap can improve while every tenant's TTFT,
+   what users are judged by, stays or gets worse (a trial moved "slowdown 70.5 -> 7.5
+   (chat p99 TTFT 9.4 s -> 10.4 s)", skipped its canary as a harder cap, and the p99 rose
+   from 10 s to 35 s): such a move is not a move, and so never skips a canary;
 8. no allowed candidate meets the targets and the long-prompt bound: ``Infeasible`` (the
    user's targets are out of reach of any setting; status says so);
 9. the best is the current setting: Hold ``AtBest``;
@@ -104,6 +110,7 @@ DWELL = "Dwell"
 NOT_ON_RESAMPLE = "NotOnResample"
 CALM = "Calm"
 WORSE_TTFT = "WorseP99TTFT"
+NO_TTFT_GAIN = "NoTTFTGain"
 JUMP_NOT_HARDER = "JumpNotHarder"
 
 
@@ -324,6 +331,11 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
                         f"{rec.resample_gain:.0%} across independent resamples (below {settings.min_gain:.0%}): "
                         f"{rec.reason}", rec)  # fmt: skip
         by_gain = False  # not a gain: the step back below judges the move
+    ttft_now, ttft_best = rec.current.worst_tenant_ttft_p99_s, rec.best.worst_tenant_ttft_p99_s
+    if by_gain and harder and not ttft_gain(rec):
+        # Check 7c: a harder cap is a cost every tenant pays; it must buy some tenant p99 TTFT.
+        return Hold(NO_TTFT_GAIN, f"{describe(best, c)} caps harder than {describe(state.current, c)} but "
+                    f"predicts no tenant a better p99 TTFT: {rec.reason}", rec)  # fmt: skip
     if cooling(state, settings, now):  # only a step the mix brought forward gets here
         if by_gain and left_at is None and harder and rec.sure_gain >= settings.jump_gain:
             return Move(state.current, best, f"{rec.reason}; the queue mix jumped, so it does not wait out "
@@ -337,7 +349,6 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
                     "a step the queue mix brought forward moves only to a harder cap, and anything else waits "
                     f"for the timer's step: {rec.reason}", rec)  # fmt: skip
     same_cap = best != state.current and concurrency(best, c) == concurrency(state.current, c)
-    ttft_now, ttft_best = rec.current.worst_tenant_ttft_p99_s, rec.best.worst_tenant_ttft_p99_s
     worse = by_gain and same_cap and ttft_best > ttft_now * (1 + settings.step_back_tolerance)
     by_gain_now = by_gain and left_at is None and not worse
     loosen = best if fewer and by_gain else back.setting if back is not None and not by_gain_now else None
@@ -366,6 +377,13 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     return Hold(BELOW_MARGIN, f"predicted gain {rec.gain:.0%} ({cur:.2f} -> {new:.2f}) is below the "
                 f"margin ({margin:.0%}: {settings.min_gain:.0%}, or {settings.noise_factor:g} x the samples' "
                 f"spread {spread:.0%}; and {settings.min_gain_abs:g}): {rec.reason}", rec)
+
+
+def ttft_gain(rec: Ranking) -> bool:
+    """Whether the best candidate predicts some tenant a lower p99 TTFT than the current
+    setting does (check 7c): by more than a TTFT bucket's rounding, 1%."""
+    now = {t.name: t.ttft_p99_s for t in rec.current.tenants}
+    return any(t.ttft_p99_s < 0.99 * now[t.name] for t in rec.best.tenants if t.name in now)
 
 
 def step_back_to(rec: Ranking, current: Setting, chunked_prefill_size: int,

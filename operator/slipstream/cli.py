@@ -38,10 +38,11 @@ from slipstream.sim import (
     spec,
     traces,
 )
+from slipstream.sim.admission import MODES
 from slipstream.sim.workload import ALIGN_MODES, Workload, align, merge
 from slipstream.tune import auto, codec, modelcheck, observed, recommend
 from slipstream.tune import deployment as tune_deployment
-from slipstream.tune.candidates import TuningSpec
+from slipstream.tune.candidates import TuningSpec, modes_for
 from slipstream.tune.guardrails import GuardrailSettings
 from slipstream.tune.tuner import TunerSettings
 
@@ -138,6 +139,10 @@ def _add_tuner_args(p: argparse.ArgumentParser, loop: bool = True) -> None:
     g.add_argument("--orders", default=",".join(policies.ORDERS), metavar="LIST",
                    help="admission orders the tuner may choose, comma-separated (default "
                    "%(default)s, spec.tuning.orders' default; SGLang 0.5.23 adds spf and hrrn)")
+    g.add_argument("--engine-mode", choices=MODES, default="ceiling",
+                   help="spec.tuning.engineMode: reflex tunes T and the order with the reflex kept "
+                   "(auto:T starts on reflex:T), ceiling or floor tune both of those modes "
+                   "(default %(default)s)")
 
 
 def description() -> str:
@@ -359,7 +364,8 @@ def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
         orders = tuple(dict.fromkeys(policies.Setting(0, order=o.strip()).order
                                      for o in args.orders.split(",") if o.strip()))
         spec = TuningSpec(config.chunked_prefill_size, config.page_size, args.min_concurrency,
-                          args.max_concurrency, args.ttft_target, orders=orders)
+                          args.max_concurrency, args.ttft_target, orders=orders,
+                          modes=modes_for(getattr(args, "engine_mode", "ceiling")))
         timing = {k: v for k, v in (("interval_s", interval_s), ("cooldown_s", cooldown_s)) if v is not None}
         guard = GuardrailSettings(**timing)
     except ValueError as exc:
@@ -384,8 +390,13 @@ def make_policy(name: str, loaded: Loaded, args: argparse.Namespace
                               reuse_s=args.reuse)  # fmt: skip
     except ValueError as exc:
         raise CliError(f"tuner settings: {exc}") from None
-    # The tuner starts from the setting the name gives (auto:T/ORDER).
+    # The tuner starts from the setting the name gives (auto:T/ORDER; a reflex with
+    # --engine-mode reflex).
     policy = policies.parse(name, loaded.config, controller=tuner, interval_s=tuner.call_s)
+    if args.engine_mode == "reflex":
+        if not policy.rule.threshold:
+            raise CliError(f"{name}: --engine-mode reflex needs a starting T (auto:T), as a reflex spec does")
+        policy.apply(replace(auto.start_setting(policy), mode="reflex"))
     tuner.state = replace(tuner.state, current=auto.start_setting(policy))
     policy.controller = tuner
     return policy, tuner

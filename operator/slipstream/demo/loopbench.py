@@ -6,7 +6,7 @@ installed with helm, simulated engines), one run per setting, reusing one stack:
 
 1. The twin ranks the static settings the demo considers (``offline.STATIC``) on the same
    traffic, in hindsight, and the two best over the whole run are taken.
-2. Runs, one after the other, each in a fresh namespace: Auto (from stock), Off, and the
+2. Runs, one after the other, each in a fresh namespace: Auto (from the demo's reflex), Off, and the
    two static settings (mode Fixed). Each run is the demo's ServingDeployment (two engine
    simulators) under the workload's requests, time-scaled.
 3. Per run: per-phase and whole-run p99 TTFT per tenant, every phase counted from its

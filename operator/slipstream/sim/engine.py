@@ -32,7 +32,14 @@ from functools import reduce
 from itertools import accumulate, islice, repeat
 from operator import add, sub
 
-from slipstream.sim.admission import REFLEX_SCAN, ReflexClock, allocate, partials_first, reflex_round, srpt_key
+from slipstream.sim.admission import (
+    REFLEX_SCAN,
+    ReflexClock,
+    allocate,
+    partials_first,
+    reflex_round,
+    srpt_key,
+)
 from slipstream.sim.cache import PrefixCache
 from slipstream.sim.cost import DECODE, MIXED, PREFILL, CostModel, chunk_pairs
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting

@@ -19,11 +19,12 @@ Auto <= 0.5x Off wherever Off > 2x the best static. Exits 0 whatever the verdict
         --json /tmp/sweep.json
     PYTHONPATH=operator .venv/bin/python scripts/sweep-random.py --seeds 3,7 --offsets 0 --check
 
-Cost (measured 2026-12-06 at HEAD 1a17174 plus this script, on a 2-core machine shared
-with other work): one seed's static settings take 5-20 s, one closed loop 20-400 s
-(most of it the tuner's twin replays, which grow with the requests and the queue in a
-window); the 20-seed x 3-offset sweep on ``--jobs 2`` took the wall time docs/twin.md
-states ("Randomized phased workloads").
+Cost (measured 2026-12-06 at e41a8f5 on a 2-core machine shared with other work, load
+average 3-9): the 20-seed x 3-offset sweep on ``--jobs 2`` took 40 min 38 s wall and 2,745
+CPU seconds (statics 503, loops 2,242), about 23 min on two free cores; one seed's static
+settings 1-297 CPU s, one closed loop 3-183 CPU s (most of it the tuner's twin replays,
+which grow with a window's requests and queue; seed 0, the heaviest, 54K requests and
+~180 s a loop). Lines print as runs finish; the per-line time is CPU seconds.
 """
 
 from __future__ import annotations

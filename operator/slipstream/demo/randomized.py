@@ -104,8 +104,11 @@ def saturated_s(cost: CostModel, cached: int, need: int, budget: int) -> float:
 
 DECODE_BATCH = 128
 """Decodes a step is costed at (``decode_s``): a loaded engine's batch. Chosen on the twin so that
-short chat turns to overload near 100%: over 300 s of two tenants, stock's worst-tenant p99
-TTFT is 0.49 s at 80%, 1.64 s at 100% and 8.05 s (a growing queue) at 120%."""
+short chat turns to overload near 100%: ``offline.static`` of ``phase_spec("chat", 7, ("chat",
+"code"), 300.0, load)`` under stock gives a worst-tenant p99 TTFT of 0.49 s at 80%, 1.64 s at
+100% and 8.05 s (a growing queue) at 120% (2026-12-06; at 16 a step, 0.33 s at 115%: no
+overload; with no decode cost, 24 s at 90%). The other kinds turn near 100% too (stock at
+80% / 100%: documents 2.5 / 23 s, mixed 17 / 44 s, agents 10 / 89 s)."""
 
 
 def decode_s(cost: CostModel, output: int, context: int) -> float:

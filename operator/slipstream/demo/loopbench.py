@@ -28,6 +28,9 @@ A workload file (``--workload FILE``) lists phases, each a twin workload spec
     phases:
       - {name: uniform, duration_s: 600, seed: 1, tenants: [...]}
       - {name: giants, duration_s: 600, seed: 2, requests: [...], tenants: [...]}
+
+``--workload random:SEED`` is the randomized phased workload of that seed
+(``slipstream.demo.randomized``), the one ``scripts/sweep-random.py`` judges on the twin.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +54,8 @@ from slipstream.demo import loop, phases
 from slipstream.enginesim import metrics as sim_metrics
 from slipstream.localkube import podrunner
 from slipstream.sim import policies
-from slipstream.sim import spec as spec_mod
 from slipstream.sim.admission import MODES
-from slipstream.sim.workload import Request, Workload, build
+from slipstream.sim.workload import Workload
 
 NAMESPACE_PREFIX = "loopbench"
 NAME = "bench"
@@ -63,6 +65,8 @@ DEFAULT_MAX_LAG_S = 1.0
 setting's worst-tenant p99 is about 1 s, so a larger lag could decide the comparison."""
 TARGET_VS_BEST = 1.1
 TARGET_VS_OFF = 0.5
+RANDOM = "random:"
+"""``--workload random:SEED``: the randomized phased workload of that seed (``demo.randomized``)."""
 TWIN_AGREEMENT = 0.25
 """Live Auto's whole-run worst-tenant p99 is within this share of the twin's model of the
 same loop (`twin_loop`) on the same workload (issue 16, item 8)."""
@@ -124,7 +128,16 @@ def setting_fields(name: str) -> dict[str, Any]:
 
 
 def load_phases(path: str | Path) -> tuple[Workload, list[phases.Phase]]:
-    """A phased workload file (module docstring): one workload, the phases back to back."""
+    """A phased workload file (module docstring), or ``random:SEED`` (a randomized phased
+    workload, ``demo.randomized``): one workload, the phases back to back."""
+    ref = str(path)
+    if ref.startswith(RANDOM):
+        from slipstream.demo import randomized
+
+        seed = ref.removeprefix(RANDOM)
+        if not seed.isdigit():
+            raise ValueError(f"{ref}: expected {RANDOM}SEED with SEED a whole number >= 0")
+        return randomized.random_phases(int(seed))
     p = Path(path)
     try:
         doc = yaml.safe_load(p.read_text())
@@ -133,24 +146,7 @@ def load_phases(path: str | Path) -> tuple[Workload, list[phases.Phase]]:
     items = doc.get("phases") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError(f"{p}: expected a mapping with a non-empty list 'phases' of workload specs")
-    requests: list[Request] = []
-    spans: list[phases.Phase] = []
-    start = 0.0
-    for index, item in enumerate(items):
-        where = f"{p}: phases[{index}]"
-        if not isinstance(item, dict) or not isinstance(item.get("duration_s"), int | float):
-            raise ValueError(f"{where}: each phase is a workload spec with a numeric duration_s")
-        try:
-            part = spec_mod.parse(yaml.safe_dump(item), where, tenant_base=index * 8).workload
-        except spec_mod.SpecError as exc:  # its line is the phase's re-dumped text's: leave it out
-            raise ValueError(re.sub(rf"^{re.escape(where)}:\d+", where, str(exc))) from None
-        name = f"{index + 1}-{item.get('name') or 'phase'}"
-        duration = float(item["duration_s"])
-        requests += [replace(r, rid=f"{name}/{r.rid}", arrival_s=r.arrival_s + start) for r in part.requests
-                     if r.arrival_s < duration]  # fmt: skip
-        spans.append(phases.Phase(name, str(item.get("name") or "phase"), start, start + duration))
-        start += duration
-    return build(p.stem, requests, " -> ".join(s.name for s in spans)), spans
+    return phases.back_to_back(items, str(p), p.stem)
 
 
 def best_static(workload: Workload, spans: Sequence[phases.Phase], count: int = 2) -> list[tuple[str, float]]:
@@ -441,8 +437,9 @@ def add_parser(sub: Any) -> None:
     from slipstream.localkube import supervisor
 
     p = sub.add_parser("loopbench", help="Auto, Off and the best static settings, live on the local stack")
-    p.add_argument("--workload", default="builtin:demo", metavar="builtin:demo|FILE",
-                   help="the phased workload (default %(default)s; FILE: see the module docstring)")
+    p.add_argument("--workload", default="builtin:demo", metavar="builtin:demo|random:SEED|FILE",
+                   help="the phased workload (default %(default)s; random:SEED: a randomized one, "
+                        "slipstream.demo.randomized; FILE: see the module docstring)")
     p.add_argument("--phase-s", type=float, default=driver.DEFAULT_PHASE_S, metavar="S",
                    help="builtin:demo: twin seconds per phase (default %(default)s)")
     p.add_argument("--time-scale", type=float, default=driver.DEFAULT_TIME_SCALE, metavar="S",

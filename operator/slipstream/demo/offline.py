@@ -24,6 +24,7 @@ judged over whole phases from their first second).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -50,6 +51,8 @@ STOCK = policies.Setting(0, "ceiling", "fcfs")
 REFLEX_START = policies.Setting(4096, "reflex", "srpt")
 """A reflex at T 4096 with srpt: stock on uniform traffic, ceiling:4096/srpt from the pass
 after a short request waits (``LoopSettings.start`` for a reflex Auto)."""
+STOCK_NAME = policy_name(STOCK)
+"""Off: what the fleet runs when the tuner never moves (``stock``)."""
 REPLICAS = 2
 SPEC = candidates.TuningSpec(8192, 1, 1, 2)
 """The demo's tuning bounds (C 8192, page 1, concurrency 1-2: loop.serving_deployment's)."""
@@ -319,3 +322,124 @@ def figures(run: Run, spans: Sequence[phases.Phase]) -> dict[str, float]:
     out = {p.name: worst_tenant_p99(run.results, p.start_s, p.end_s) for p in spans}
     out["whole"] = worst_tenant_p99(run.results, spans[0].start_s, spans[-1].end_s)
     return out
+
+
+# --- Per-phase judgement: Auto against the best static setting of each phase ----------------
+
+FIRST_S = 60.0
+"""Twin seconds after a phase change over which Auto's reaction is judged (one interval)."""
+
+
+@dataclass(frozen=True)
+class SpanFigures:
+    """One run's worst-tenant p99 TTFT (twin s): per phase, over each phase's first
+    ``FIRST_S`` (or the whole phase when shorter), and over the whole run."""
+
+    phases: tuple[float, ...]
+    firsts: tuple[float, ...]
+    whole: float
+
+
+def span_figures(run: Run, spans: Sequence[phases.Phase], first_s: float = FIRST_S) -> SpanFigures:
+    return SpanFigures(
+        tuple(worst_tenant_p99(run.results, p.start_s, p.end_s) for p in spans),
+        tuple(worst_tenant_p99(run.results, p.start_s, min(p.end_s, p.start_s + first_s)) for p in spans),
+        worst_tenant_p99(run.results, spans[0].start_s, spans[-1].end_s))
+
+
+def static_figures(workload: Workload, spans: Sequence[phases.Phase],
+                   first_s: float = FIRST_S) -> dict[str, SpanFigures]:  # fmt: skip
+    """Every constant's figures (``CONSTANTS``, the reflex included), each left on over the
+    whole workload (one run each)."""
+    return {name: span_figures(static(workload, name), spans, first_s) for name in CONSTANTS}
+
+
+@dataclass(frozen=True)
+class PhaseJudgement:
+    """Auto in one phase against the phase's oracle: the static setting best in that phase."""
+
+    name: str
+    kind: str
+    auto_s: float
+    """Auto's worst-tenant p99 TTFT over the whole phase."""
+    oracle: str
+    oracle_s: float
+    """The least of the ``CONSTANTS``' worst-tenant p99 over the phase (each run over
+    the whole workload, so a phase starts on what the setting left of the one before)."""
+    first_s: float
+    """Auto's worst-tenant p99 over the phase's first ``FIRST_S``."""
+    first_oracle_s: float
+    """The least static worst-tenant p99 over the same first seconds."""
+    change: bool
+    """The phase starts at a phase change (every phase but the first)."""
+
+    @property
+    def vs_oracle(self) -> float:
+        return self.auto_s / self.oracle_s
+
+    @property
+    def first_vs_oracle(self) -> float:
+        return self.first_s / self.first_oracle_s
+
+
+@dataclass(frozen=True)
+class RunJudgement:
+    """One Auto run judged per phase and whole, against the best static setting and Off."""
+
+    phases: tuple[PhaseJudgement, ...]
+    auto_s: float
+    best_static: str
+    best_static_s: float
+    off_s: float
+    moves: int = 0
+
+    @property
+    def vs_best(self) -> float:
+        return self.auto_s / self.best_static_s
+
+    @property
+    def vs_off(self) -> float:
+        return self.auto_s / self.off_s
+
+    @property
+    def off_vs_best(self) -> float:
+        return self.off_s / self.best_static_s
+
+    def worst_phase(self) -> PhaseJudgement:
+        return max(self.phases, key=lambda p: p.vs_oracle)
+
+    def worst_first(self) -> PhaseJudgement | None:
+        """The phase after a change whose first seconds went worst against the oracle's."""
+        return max((p for p in self.phases if p.change), key=lambda p: p.first_vs_oracle, default=None)
+
+    def worst_first_s(self) -> float:
+        """Auto's slowest worst-tenant p99 over the first seconds after a phase change."""
+        return max((p.first_s for p in self.phases if p.change), default=math.nan)
+
+
+def _least(statics: dict[str, SpanFigures], figure: Callable[[SpanFigures], float]) -> tuple[str, float]:
+    """(setting, figure) of the static setting whose ``figure`` is least (NaN ones skipped)."""
+    named = [(name, figure(f)) for name, f in statics.items() if not math.isnan(figure(f))]
+    return min(named, key=lambda x: x[1], default=("?", float("nan")))
+
+
+def judge(auto: SpanFigures, statics: dict[str, SpanFigures], spans: Sequence[phases.Phase],
+          moves: int = 0, off: str = STOCK_NAME) -> RunJudgement:  # fmt: skip
+    """Auto's figures against each phase's oracle, the best static over the whole run and Off."""
+    judged = []
+    for k, p in enumerate(spans):
+        oracle, oracle_s = _least(statics, lambda f, k=k: f.phases[k])
+        _, first_oracle_s = _least(statics, lambda f, k=k: f.firsts[k])
+        judged.append(PhaseJudgement(p.name, p.kind, auto.phases[k], oracle, oracle_s, auto.firsts[k],
+                                     first_oracle_s, k > 0))  # fmt: skip
+    best, best_s = _least(statics, lambda f: f.whole)
+    return RunJudgement(tuple(judged), auto.whole, best, best_s, statics[off].whole, moves)
+
+
+def judge_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: float,
+               statics: dict[str, SpanFigures] | None = None, lset: LoopSettings = LoopSettings(),
+               canary: int = 0) -> RunJudgement:  # fmt: skip
+    """``closed_loop`` at ``offset_s``, judged (``statics``: ``static_figures``, computed when absent)."""
+    statics = static_figures(workload, spans) if statics is None else statics
+    run = closed_loop(workload, spans, offset_s, lset, canary=canary)
+    return judge(span_figures(run, spans), statics, spans, len(run.moves))

@@ -39,6 +39,8 @@ scale. Every phase is a YAML workload spec (slipstream.sim.spec), so
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import yaml
@@ -187,6 +189,30 @@ def plan(
         requests += [replace(r, rid=f"{name}/{r.rid}", arrival_s=r.arrival_s + start) for r in part.requests]
         phases.append(Phase(name, kind, start, start + phase_s))
     return build("phases", requests, " -> ".join(p.name for p in phases)), phases
+
+
+def back_to_back(items: Sequence[object], origin: str, name: str) -> tuple[Workload, list[Phase]]:
+    """Phases, each a workload spec with a numeric ``duration_s`` (its ``name`` the phase's
+    kind), one after another: one workload (request ids prefixed by the phase, arrivals
+    past a phase's end left out) and the spans. Errors name ``origin: phases[i]``."""
+    requests: list[Request] = []
+    spans: list[Phase] = []
+    start = 0.0
+    for index, item in enumerate(items):
+        where = f"{origin}: phases[{index}]"
+        if not isinstance(item, dict) or not isinstance(item.get("duration_s"), int | float):
+            raise ValueError(f"{where}: each phase is a workload spec with a numeric duration_s")
+        try:
+            part = spec_mod.parse(yaml.safe_dump(item), where, tenant_base=index * 8).workload
+        except spec_mod.SpecError as exc:  # its line is the phase's re-dumped text's: leave it out
+            raise ValueError(re.sub(rf"^{re.escape(where)}:\d+", where, str(exc))) from None
+        label = f"{index + 1}-{item.get('name') or 'phase'}"
+        duration = float(item["duration_s"])
+        requests += [replace(r, rid=f"{label}/{r.rid}", arrival_s=r.arrival_s + start) for r in part.requests
+                     if r.arrival_s < duration]  # fmt: skip
+        spans.append(Phase(label, str(item.get("name") or "phase"), start, start + duration))
+        start += duration
+    return build(name, requests, " -> ".join(s.name for s in spans)), spans
 
 
 def spec_yaml(kind: str, duration_s: float, replicas: int = 1) -> str:

@@ -286,6 +286,9 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
           for label, fig in rows.items()),
         "  the per-phase oracle is each phase's best constant: " + ", ".join(
             f"{name} {oracle_names[name]}" for name in oracle_names),
+        "per phase, against that phase's best constant (the per-phase oracle), twin s:",
+        *offline.judgement_lines(offline.judge(offline.span_figures(offline.Run(results), spans),
+                                               offline.static_figures(workload, spans), spans)),
         f"Auto per tenant, whole run: {loop.tenant_p99(results, 0, spans[-1].end_s)}",
         tail(results, spans, TARGET_VS_BEST * best),
         f"{len(results)} requests in the Auto run, {sum(not r.ok for r in results)} failed",

@@ -153,27 +153,31 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
 
 
 def compare(workload: Any, spans: list[phases.Phase], live: list[loop.Result]) -> None:
-    """Auto beside Off and the best static settings in hindsight: the twin on the same
-    generated traffic for the static settings (every setting Auto may choose,
-    ``offline.STATIC``; running the live stack once per setting would take nine times the
-    demo's time, and the engine simulators are that twin in real time) and the live Auto
-    run. Worst tenant's p99 TTFT over whole phases, each from its first second (no settling
-    exclusion), and the verdict against issue 16's targets (``loopbench``'s)."""
+    """Auto beside Off and the best constants in hindsight: the twin on the same generated
+    traffic for the constants (every setting within the demo's bounds in any mode,
+    ``offline.CONSTANTS``, each run once; running the live stack once per setting would take
+    twelve times the demo's time, and the engine simulators are that twin in real time) and
+    the live Auto run. Worst tenant's p99 TTFT over whole phases, each from its first second
+    (no settling exclusion); per phase against that phase's best constant and over its
+    first minute (``offline.judge``); and the verdict against the targets (``loopbench``'s)."""
     from slipstream.demo import loopbench, offline
 
     print("\nthe same traffic on the twin (two engines; about a minute), worst tenant's p99 TTFT "
           "over whole phases, twin s:")
-    ranked = offline.ranked_static(workload, spans)
-    rows = {"auto (live, above)": offline.figures(offline.Run(live), spans),
-            "stock (Off)": offline.figures(offline.static(workload, "stock"), spans)}  # fmt: skip
-    for rank, (name, _) in enumerate(ranked[:2]):
-        rows[f"{name} ({'best' if rank == 0 else 'second best'} static)"] = offline.figures(
-            offline.static(workload, name), spans)
+    statics = offline.static_figures(workload, spans)
+    ranked = sorted(statics, key=lambda name: statics[name].whole)
+    auto_figures = offline.span_figures(offline.Run(live), spans)
+    rows = {"auto (live, above)": auto_figures, "stock (Off)": statics["stock"]}
+    for rank, name in enumerate(ranked[:2]):
+        rows[f"{name} ({'best' if rank == 0 else 'second best'} static)"] = statics[name]
     cols = [p.name for p in spans] + ["whole"]
     print(f"  {'setting':36s}" + "".join(f"{c:>18s}" for c in cols))
     for name, fig in rows.items():
-        print(f"  {name:36s}" + "".join(f"{fig[c]:18.2f}" for c in cols))
-    auto, off, (best_name, best) = rows["auto (live, above)"]["whole"], rows["stock (Off)"]["whole"], ranked[0]
+        print(f"  {name:36s}" + "".join(f"{v:18.2f}" for v in (*fig.phases, fig.whole)))
+    print("per phase, the live Auto against that phase's best constant (the per-phase oracle), twin s:")
+    print("\n".join(offline.judgement_lines(offline.judge(auto_figures, statics, spans))))
+    auto, off, best_name = auto_figures.whole, statics["stock"].whole, ranked[0]
+    best = statics[best_name].whole
     ok = auto <= loopbench.TARGET_VS_BEST * best and auto <= loopbench.TARGET_VS_OFF * off
     print(f"Auto (live) {auto:.2f} s over the whole run: {auto / best:.2f}x the best static setting "
           f"({best_name}, {best:.2f} s) and {auto / off:.2f}x Off ({off:.2f} s); targets "

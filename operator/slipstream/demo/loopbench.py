@@ -108,6 +108,9 @@ class RunFigures:
     sim_lag_p99_s: float = math.nan
     load_lag_p99_s: float = math.nan
     refused: str = ""
+    per_phase: list[str] = field(default_factory=list)
+    """Auto's run judged per phase against each phase's best constant on the twin
+    (``offline.judgement_lines``; empty for the other runs)."""
     canary_engines: list[int] = field(default_factory=list)
     """Per CanaryStarted Event, the engine its first canary pod was (index in the load's
     round robin over the pods): which engine the twin's loop must canary to compare."""
@@ -263,7 +266,7 @@ def table(runs: Sequence[RunFigures], spans: Sequence[phases.Phase]) -> list[str
 
 
 def run_one(target: loop.Target, spec: RunSpec, index: int, workload: Workload, spans: Sequence[phases.Phase],
-            max_lag_s: float, out: Any) -> RunFigures:  # fmt: skip
+            max_lag_s: float, out: Any, statics: Any = None) -> RunFigures:  # fmt: skip
     """One run in its own namespace, deleted afterwards."""
     ns = f"{NAMESPACE_PREFIX}-{index}"
     target.kubectl("create", "namespace", ns, check=False)
@@ -299,6 +302,11 @@ def run_one(target: loop.Target, spec: RunSpec, index: int, workload: Workload, 
         if lags and max(lags) > max_lag_s:
             fig.refused = (f"the machine did not keep time scale {target.time_scale:g}: p99 lag sim "
                            f"{fig.sim_lag_p99_s:.2f} s, load {fig.load_lag_p99_s:.2f} s > {max_lag_s:g} twin s")
+        if spec.mode == "Auto" and statics is not None:
+            from slipstream.demo import offline  # the twin: loaded when a bench runs
+
+            fig.per_phase = offline.judgement_lines(offline.judge(
+                offline.span_figures(offline.Run(list(results)), spans), statics, spans))
         return fig
     finally:
         target.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -392,7 +400,7 @@ def plan_runs(workload: Workload, spans: Sequence[phases.Phase], only: Sequence[
 
 
 def run(args: argparse.Namespace) -> int:
-    from slipstream.demo import driver
+    from slipstream.demo import driver, offline
 
     if args.workload == "builtin:demo":
         workload, spans = phases.plan(args.phase_s, replicas=2)  # the demo's two engines
@@ -403,8 +411,10 @@ def run(args: argparse.Namespace) -> int:
           f"{len(workload.requests)} requests", file=out)  # fmt: skip
     print("ranking the static settings on the twin (hindsight) ...", file=out, flush=True)
     specs = plan_runs(workload, spans, [o.strip() for o in args.runs.split(",")] if args.runs else ())
-    twin = None
+    twin = statics = None
     if any(s.mode == "Auto" for s in specs):
+        print("running every constant on the twin, for the per-phase oracle ...", file=out, flush=True)
+        statics = offline.static_figures(workload, spans)
         print("running the twin's model of the loop on the same traffic ...", file=out, flush=True)
         twin = twin_loop(workload, spans)
     runs: list[RunFigures] = []
@@ -412,9 +422,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"stack ready (time x{target.time_scale:g}); {len(specs)} run(s): "
               f"{', '.join(s.label for s in specs)}", file=out, flush=True)  # fmt: skip
         for index, spec in enumerate(specs):
-            runs.append(run_one(target, spec, index, workload, spans, args.max_lag, out))
+            runs.append(run_one(target, spec, index, workload, spans, args.max_lag, out, statics))
             print(f"  [{spec.label}] done: worst-tenant p99 {runs[-1].worst_whole:.2f} s", file=out, flush=True)
     status, lines = verdict(runs)
+    for r in runs:
+        if r.per_phase:
+            lines.append(f"per phase, the live {r.label} against that phase's best constant on the twin "
+                         "(the per-phase oracle):")
+            lines += r.per_phase
     agree = agreement(runs, twin)
     if agree is not None:
         lines.append(f"live Auto {agree['live_s']:.2f} s against the twin's loop (canary engine "

@@ -436,6 +436,18 @@ def judge(auto: SpanFigures, statics: dict[str, SpanFigures], spans: Sequence[ph
     return RunJudgement(tuple(judged), auto.whole, best, best_s, statics[off].whole, moves)
 
 
+def judgement_lines(j: RunJudgement, first_s: float = FIRST_S) -> list[str]:
+    """Per phase, Auto against that phase's best constant (the oracle), over the phase and
+    over its first ``first_s`` after a change; then the whole run against the best constant
+    and Off: what the demo, loopbench and the closed-loop test print."""
+    lines = [f"  {p.name:18s} Auto {p.auto_s:6.2f} s, oracle {p.oracle} {p.oracle_s:.2f} s: {p.vs_oracle:.2f}x"
+             + (f"; first {first_s:g} s {p.first_s:.2f} s against {p.first_oracle_s:.2f} s: "
+                f"{p.first_vs_oracle:.2f}x" if p.change else "") for p in j.phases]  # fmt: skip
+    lines.append(f"  whole run          Auto {j.auto_s:6.2f} s, best constant {j.best_static} {j.best_static_s:.2f} s: "
+                 f"{j.vs_best:.2f}x; Off {j.off_s:.2f} s: {j.vs_off:.2f}x")  # fmt: skip
+    return lines
+
+
 def judge_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: float,
                statics: dict[str, SpanFigures] | None = None, lset: LoopSettings = LoopSettings(),
                canary: int = 0) -> RunJudgement:  # fmt: skip

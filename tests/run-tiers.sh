@@ -5,6 +5,7 @@
 # 1. the cluster tests that wait on controllers and timers, on CLUSTER_WORKERS workers;
 # 2. the tests marked `alone`, which keep a time scale: the closed loop, and beside it in a
 #    second pytest process the others (the live loopbench, the fault tests that send
+#    traffic, the integration test of the twin against two live simulators on cached
 #    traffic; their output in a log file). Their own lag checks (the simulators' release
 #    lag and the load's send lag against loopbench's bound) fail them when the time scale
 #    was not kept; their captured output (-rP) carries the lag each one measured.
@@ -36,7 +37,8 @@ tier() {  # NAME LOG COMMAND...: runs a background tier into $logs/LOG, noting a
 
 background() {  # the CPU-bound tiers, one after the other, at the idle scheduling class
     tier engine engine.log bash tests/engine/run-all.sh --durations=10
-    tier "unit+integration" unit.log "$PY" -m pytest tests/unit tests/integration -n "$WORKERS" --durations=10
+    tier "unit+integration" unit.log "$PY" -m pytest tests/unit tests/integration -m "not alone" -n "$WORKERS" \
+        --durations=10
 }
 
 t0=$(clock)
@@ -53,7 +55,7 @@ echo "==> [tiers] cluster tests (not alone): $(took "$t")"
 
 echo "==> [tiers] alone tests: the closed loop here, the others beside it (log: $logs/alone.log)"
 t=$(clock)
-"$PY" -m pytest tests/cluster -m alone --ignore=tests/cluster/test_closed_loop.py -rP --durations=5 \
+"$PY" -m pytest tests/cluster tests/integration -m alone --ignore=tests/cluster/test_closed_loop.py -rP --durations=5 \
     > "$logs/alone.log" 2>&1 &
 others=$!
 "$PY" -m pytest tests/cluster/test_closed_loop.py -m alone -rP --durations=5 || failed+=("closed loop")

@@ -3,13 +3,15 @@ and the twin driven by an injected clock (no sockets, no sleeps)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slipstream.enginesim import admin, bodies, driver, flags
+from slipstream.enginesim import admin, bodies, driver, flags, load
 from slipstream.enginesim.clock import Clock
 from slipstream.enginesim.pod import SimPod, engine_config
 from slipstream.sim import profiles
@@ -44,6 +46,42 @@ def test_prompt_sizes_from_text_ids_chat_and_the_slipstream_field() -> None:
     with pytest.raises(bodies.BodyError, match="add up to 701"):
         bodies.completion({"prompt": "x", "slipstream": {"prompt_tokens": 700, "blocks": [7, 8],
                                                          "block_sizes": [512, 189]}})
+
+
+def trace_body(**extra: object) -> dict:
+    return {"prompt": "x", "slipstream": {"prompt_tokens": 1200, "blocks": [7, 8, 9],
+                                          "block_sizes": [512, 512, 176], **extra}}
+
+
+def test_warm_blocks_count_leading_trace_blocks_and_default_to_none() -> None:
+    assert bodies.completion(trace_body()).warm_blocks == 0
+    for warm in (0, 2, 3):
+        assert bodies.completion(trace_body(warm_blocks=warm)).warm_blocks == warm
+    assert bodies.chat({"messages": [{"role": "user", "content": "hi"}], **{"slipstream": trace_body(
+        warm_blocks=1)["slipstream"]}}).warm_blocks == 1
+
+
+@pytest.mark.parametrize("warm", [-1, 4, True, 1.0, "2", None, [1]])
+def test_a_bad_warm_blocks_is_refused_naming_the_field(warm: object) -> None:
+    with pytest.raises(bodies.BodyError, match=r"slipstream\.warm_blocks: must be an integer in 0\.\.len\(blocks\) \(3\)"):
+        bodies.completion(trace_body(warm_blocks=warm))
+
+
+def test_warm_blocks_without_blocks_is_refused() -> None:
+    with pytest.raises(bodies.BodyError, match=r"slipstream\.warm_blocks: .*give blocks and block_sizes"):
+        bodies.completion({"prompt": "x", "slipstream": {"prompt_tokens": 100, "warm_blocks": 1}})
+
+
+def test_the_load_generator_sends_warm_blocks_and_the_simulator_reads_them_back() -> None:
+    req = Request("r", "t", 0.0, 1200, 5, (7, 8, 9), (512, 512, 176), warm_blocks=2)
+    for prompt in ("field", "words"):
+        body = load.body_of(req, "m", prompt)
+        assert body["slipstream"]["warm_blocks"] == 2
+        inc = bodies.completion(json.loads(json.dumps(body)))
+        assert (inc.blocks, inc.block_sizes, inc.warm_blocks, inc.prompt_tokens) == (
+            req.blocks, req.block_sizes, 2, 1200)
+    cold = bodies.completion(load.body_of(replace(req, warm_blocks=0), "m", "field"))
+    assert cold.warm_blocks == 0
 
 
 def test_equal_prompt_prefixes_share_block_ids() -> None:
@@ -153,6 +191,18 @@ def test_the_pump_releases_first_tokens_at_their_twin_time() -> None:
     assert b'tenant="a"' in pod.scrape()
 
 
+def test_the_pods_twin_places_warm_blocks_in_its_cache_on_arrival() -> None:
+    wall = [0.0]
+    pod = SimPod(parse(), Clock(1.0, wall=lambda: wall[0]))
+    warm = pod.submit(bodies.completion(trace_body(warm_blocks=2)), {})
+    cold = pod.submit(bodies.completion({"prompt": "x", "slipstream": {
+        "prompt_tokens": 1200, "blocks": [17, 18, 19], "block_sizes": [512, 512, 176]}}), {})
+    wall[0] = 100.0
+    pod.step()
+    assert warm.first.is_set() and cold.first.is_set()
+    assert (warm.job.cached, cold.job.cached) == (1024, 0), "the two warm blocks are a hit at admission"
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
@@ -161,7 +211,7 @@ JSON = st.recursive(
 FIELDS = st.sampled_from(["prompt", "messages", "text", "input_ids", "max_tokens", "max_completion_tokens",
                           "stream", "stream_options", "slipstream", "sampling_params", "model"])
 SLIP = st.dictionaries(st.sampled_from(["prompt_tokens", "prefix_id", "cached_tokens", "blocks",
-                                        "block_sizes"]), JSON, max_size=4)
+                                        "block_sizes", "warm_blocks"]), JSON, max_size=4)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
@@ -177,6 +227,7 @@ def test_fuzzed_bodies_parse_or_raise_body_error(body: dict, slip: dict | None) 
             continue
         assert 1 <= inc.prompt_tokens <= bodies.MAX_TOKENS_LIMIT
         assert sum(inc.block_sizes) == inc.prompt_tokens and len(inc.blocks) == len(inc.block_sizes)
+        assert 0 <= inc.warm_blocks <= len(inc.blocks)
         assert 1 <= inc.output_tokens <= bodies.MAX_TOKENS_LIMIT
 
 

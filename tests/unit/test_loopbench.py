@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from slipstream.demo import loop, loopbench, phases
 from slipstream.enginesim import metrics as sim_metrics
+from slipstream.sim import workload as workload_mod
 
+REPO = Path(__file__).resolve().parents[2]
 SPANS = [phases.Phase("1-uniform", "uniform", 0, 100), phases.Phase("2-het", "heterogeneous", 100, 200)]
 
 
@@ -53,6 +57,89 @@ def test_a_bad_phased_file_names_the_problem(tmp_path: Path, text: str, fix: str
     path.write_text(text)
     with pytest.raises(ValueError, match=re.escape(fix)):
         loopbench.load_phases(path)
+
+
+def write_mooncake(path: Path, rows: list[tuple[int, int, list[int]]]) -> Path:
+    """A Mooncake trace: (timestamp ms, input tokens, hash ids) per line."""
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": n, "output_length": 4, "hash_ids": ids}) + "\n"
+                            for t, n, ids in rows))  # fmt: skip
+    return path
+
+
+def test_a_phase_of_traces_replays_each_tenants_trace_in_its_window_and_rate(tmp_path: Path) -> None:
+    (tmp_path / "traces").mkdir()
+    # Turn 2 of a conversation re-sends turn 1's blocks (0, 1) and adds one.
+    write_mooncake(tmp_path / "traces" / "chat.jsonl", [(0, 1000, [0, 1]), (10_000, 1500, [0, 1, 2]),
+                                                 (20_000, 600, [3, 4]), (40_000, 600, [5, 6])])
+    write_mooncake(tmp_path / "code.jsonl", [(0, 300, [0]), (5_000, 300, [1])])
+    spec = {"name": "calm", "duration_s": 20, "seed": 1, "tenants": [
+        {"name": "chat", "rate_per_s": 1.0, "prompt_tokens": {"dist": "constant", "value": 100},
+         "output_tokens": {"dist": "constant", "value": 1}}]}
+    replay = {"name": "agents", "duration_s": 12, "traces": [
+        {"tenant": "chat", "trace": "traces/chat.jsonl", "window_s": [10, 100], "rate_scale": 2},
+        {"tenant": "code", "trace": "code.jsonl"}]}
+    path = tmp_path / "phased.yaml"
+    path.write_text(yaml.safe_dump({"phases": [spec, replay]}))
+    workload, spans = loopbench.load_phases(path)
+    assert [(s.name, s.start_s, s.end_s) for s in spans] == [("1-calm", 0, 20), ("2-agents", 20, 32)]
+    got = {r.rid: r for r in workload.requests if r.rid.startswith("2-agents/")}
+    # chat: trace seconds 10, 20, 40 in the window, from its start, twice as dense: 0, 5, 15 (cut at 12)
+    assert {rid: r.arrival_s for rid, r in got.items()} == {
+        "2-agents/chat-1": 20.0, "2-agents/chat-2": 25.0, "2-agents/code-0": 20.0, "2-agents/code-1": 25.0}
+    turn2 = got["2-agents/chat-1"]
+    assert turn2.tenant == "chat" and turn2.prompt_tokens == 1500 and turn2.block_sizes == (512, 512, 476)
+    assert turn2.warm_blocks == 0, "a trace's hits come from the cache, never stated warm"
+    space = workload_mod.BLOCK_SPACE
+    assert [b // space for b in turn2.blocks] == [1 * loopbench.PHASE_SPACES + 1] * 3
+    assert [b % space for b in turn2.blocks] == [0, 1, 2]
+    assert {b // space for b in got["2-agents/code-0"].blocks} == {loopbench.PHASE_SPACES + 2}
+    calm_spaces = {b // space for r in workload.requests if r.rid.startswith("1-calm/") for b in r.blocks}
+    assert calm_spaces.isdisjoint({loopbench.PHASE_SPACES + 1, loopbench.PHASE_SPACES + 2})
+
+
+@pytest.mark.parametrize("trace, fix", [
+    ({"trace": "t.jsonl"}, "traces[0]: needs tenant (a name) and trace"),
+    ({"tenant": "a", "trace": "t.jsonl", "speed": 2}, "traces[0]: unknown field(s) ['speed']"),
+    ({"tenant": "a", "trace": "t.jsonl", "rate_scale": 0}, "traces[0]: rate_scale must be a number > 0"),
+    ({"tenant": "a", "trace": "t.jsonl", "window_s": [5, 5]}, "traces[0]: window_s must be [start, end]"),
+    ({"tenant": "a", "trace": "t.jsonl", "window_s": [100, 200]}, "traces[0]: no request of t.jsonl arrives"),
+    ({"tenant": "a", "trace": "missing.jsonl"}, "traces[0]: *missing.jsonl: trace file does not exist"),
+    ({"tenant": "a", "trace": "bad.jsonl"}, "traces[0]: *bad.jsonl:1: field 'hash_ids' has 1 blocks"),
+])  # fmt: skip
+def test_a_bad_trace_phase_names_the_trace_and_the_field(tmp_path: Path, trace: dict, fix: str) -> None:
+    write_mooncake(tmp_path / "t.jsonl", [(0, 600, [0, 1])])
+    write_mooncake(tmp_path / "bad.jsonl", [(0, 600, [0])])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"phases": [{"name": "x", "duration_s": 10, "traces": [trace]}]}))
+    head, _, tail = fix.partition("*")  # *: the trace's path, as the file system names it
+    with pytest.raises(ValueError, match=re.escape(f"bad.yaml: phases[0]: {head}") + (f".*{re.escape(tail)}" if tail else "")):
+        loopbench.load_phases(path)
+
+
+def test_a_trace_phase_refuses_spec_fields_and_a_tenant_twice(tmp_path: Path) -> None:
+    write_mooncake(tmp_path / "t.jsonl", [(0, 600, [0, 1])])
+    path = tmp_path / "p.yaml"
+    one = {"tenant": "a", "trace": "t.jsonl"}
+    path.write_text(yaml.safe_dump({"phases": [{"duration_s": 10, "seed": 1, "traces": [one]}]}))
+    with pytest.raises(ValueError, match=re.escape("['seed'] belong to a workload spec phase")):
+        loopbench.load_phases(path)
+    path.write_text(yaml.safe_dump({"phases": [{"duration_s": 10, "traces": [one, one]}]}))
+    with pytest.raises(ValueError, match="two traces name the same tenant"):
+        loopbench.load_phases(path)
+
+
+def test_the_example_replays_the_public_traces_around_a_phase_of_giants(traces_dir: Path) -> None:
+    workload, spans = loopbench.load_phases(REPO / "examples" / "workloads" / "loopbench-mooncake.yaml")
+    assert [(s.name, s.start_s, s.end_s) for s in spans] == [
+        ("1-traces", 0, 600), ("2-giants", 600, 1200), ("3-traces", 1200, 1800)]
+    first = [r for r in workload.requests if r.rid.startswith("1-traces/chat-")]
+    again = [r for r in workload.requests if r.rid.startswith("3-traces/chat-")]
+    # Trace seconds [0, 300) and [300, 600) at half the rate: the first phase's first chat
+    # request is the trace's first, the last phase's starts where the first left off.
+    assert first[0].rid == "1-traces/chat-0" and int(again[0].rid.rsplit("-", 1)[1]) == len(first)
+    assert all(r.warm_blocks == 0 for r in workload.requests if "traces/" in r.rid)
+    # Every chat request shares the trace's block 0 (its system prompt), within each phase.
+    assert len({r.blocks[0] for r in first}) == 1 and first[0].blocks[0] != again[0].blocks[0]
 
 
 def test_settled_is_the_last_change_within_the_phase() -> None:

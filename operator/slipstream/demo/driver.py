@@ -87,6 +87,17 @@ def run(args: argparse.Namespace) -> int:
                 target.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
+def workload_of(args: argparse.Namespace) -> tuple[Any, list[phases.Phase]]:
+    """The phases to replay: the demo's own (``builtin:demo``, ``--phase-s`` each) or a
+    phased workload file, specs or traces (``loopbench.load_phases``)."""
+    name = getattr(args, "workload", "builtin:demo")
+    if name == "builtin:demo":
+        return phases.plan(args.phase_s, replicas=2)  # the demo's two engines
+    from slipstream.demo import loopbench
+
+    return loopbench.load_phases(name)
+
+
 def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     scale = target.time_scale
     target.kubectl("create", "namespace", NAMESPACE, check=False)
@@ -99,7 +110,7 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
           f"time x{scale:g})")  # fmt: skip
     targets = loop.wait_for(lambda: _service_targets(target), READY_S, "the engine Service")
     loop.wait_for(lambda: len(targets()) >= 2, READY_S, "two engine simulators answering /health")
-    workload, spans = phases.plan(args.phase_s, replicas=2)
+    workload, spans = workload_of(args)
     total = spans[-1].end_s
     bar = tqdm(total=round(total), unit="twin s", file=sys.stdout, dynamic_ncols=True,
                bar_format="{desc} {bar} {n_fmt}/{total_fmt} twin s")  # fmt: skip
@@ -197,8 +208,11 @@ def add_parser(sub: Any) -> None:
     demo = sub.add_parser("demo", help="the operator tuning live simulated traffic on a local cluster")
     demo.add_argument("--time-scale", type=float, default=DEFAULT_TIME_SCALE, metavar="S",
                       help="twin seconds per wall second (default %(default)s; a reused cluster keeps its own)")  # fmt: skip
+    demo.add_argument("--workload", default="builtin:demo", metavar="builtin:demo|FILE",
+                      help="the phased workload (default %(default)s; FILE: specs or traces per phase, "
+                           "as slipstream loopbench's)")  # fmt: skip
     demo.add_argument("--phase-s", type=float, default=DEFAULT_PHASE_S, metavar="SECONDS",
-                      help="twin seconds per phase (default %(default)s)")  # fmt: skip
+                      help="builtin:demo: twin seconds per phase (default %(default)s)")  # fmt: skip
     demo.add_argument("--plot", default="out/demo-timeline.png", help="PNG to write (default %(default)s)")
     demo.add_argument("--workdir", default=str(supervisor.DEFAULT_WORKDIR),
                       help="a running `slipstream cluster up` to reuse (default %(default)s)")  # fmt: skip

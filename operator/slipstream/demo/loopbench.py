@@ -23,7 +23,8 @@ static setting's and at most 0.5x Off's. The process exits 1 when a judged run m
 them, 3 when a run was refused for lag, 0 otherwise.
 
 A workload file (``--workload FILE``) lists phases, each a twin workload spec
-(``slipstream.sim.spec``; rates are the fleet's, spread over the two engines)::
+(``slipstream.sim.spec``; rates are the fleet's, spread over the two engines) or a replay
+of recorded traces, one file per tenant (``traces``)::
 
     phases:
       - {name: uniform, duration_s: 600, seed: 1, tenants: [...]}
@@ -31,6 +32,19 @@ A workload file (``--workload FILE``) lists phases, each a twin workload spec
 
 ``--workload random:SEED`` is the randomized phased workload of that seed
 (``slipstream.demo.randomized``), the one ``scripts/sweep-random.py`` judges on the twin.
+      - name: agents
+        duration_s: 600
+        traces:
+          - {tenant: chat, trace: traces/chat.jsonl, rate_scale: 0.5, window_s: [0, 1200]}
+
+A trace is a Mooncake ``.jsonl`` (``hash_ids``: its prefix blocks) or an Azure ``.csv``
+(``slipstream.sim.traces``), its path relative to the workload file's folder;
+``window_s`` (default: all of it) keeps the requests arriving in [start, end) trace
+seconds from its first arrival, ``rate_scale`` (default 1) makes them that many times as
+dense, and the phase keeps those arriving before ``duration_s``. Each trace has a hash-id
+space of its own (no sharing across tenants or phases), and its requests carry no warm
+blocks: a later turn that re-sends an earlier turn's blocks hits only the cache of the
+engine the earlier one went to (the load's round robin, ``offline.split``).
 """
 
 from __future__ import annotations
@@ -43,7 +57,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +67,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from slipstream.demo import loop, phases
 from slipstream.enginesim import metrics as sim_metrics
 from slipstream.localkube import podrunner
-from slipstream.sim import policies
+from slipstream.sim import policies, traces
 from slipstream.sim.admission import MODES
-from slipstream.sim.workload import Workload
+from slipstream.sim.workload import Workload, build
 
 NAMESPACE_PREFIX = "loopbench"
 NAME = "bench"
@@ -149,7 +163,62 @@ def load_phases(path: str | Path) -> tuple[Workload, list[phases.Phase]]:
     items = doc.get("phases") if isinstance(doc, dict) else None
     if not isinstance(items, list) or not items:
         raise ValueError(f"{p}: expected a mapping with a non-empty list 'phases' of workload specs")
-    return phases.back_to_back(items, str(p), p.stem)
+    folder = p.parent
+
+    def part_of(item: dict[str, Any], where: str, index: int, duration: float) -> Workload | None:
+        return trace_phase(item, where, folder, index * PHASE_SPACES, duration) if "traces" in item else None
+
+    return phases.back_to_back(items, str(p), p.stem, part_of)
+
+
+PHASE_SPACES = 8
+"""Hash-id spaces (``workload.BLOCK_SPACE``) per phase: phase i uses spaces 8i .. 8i+7."""
+TRACE_FIELDS = {"tenant", "trace", "rate_scale", "window_s"}
+
+
+def trace_phase(item: dict[str, Any], where: str, folder: Path, space: int, duration_s: float) -> Workload:
+    """A phase given as traces, one per tenant (module docstring): their requests, arrivals
+    from the phase's start, each trace in hash-id space ``space + k + 1``."""
+    extra = sorted(set(item) - {"name", "duration_s", "traces"})
+    if extra:
+        raise ValueError(f"{where}: a phase of traces takes name, duration_s and traces; "
+                         f"{extra} belong to a workload spec phase (give the tenants their own phase)")
+    items = item["traces"]
+    if not isinstance(items, list) or not items or len(items) >= PHASE_SPACES:
+        raise ValueError(f"{where}: traces must be a list of 1..{PHASE_SPACES - 1} "
+                         "{tenant, trace[, rate_scale, window_s]} mappings")
+    parts = []
+    for k, t in enumerate(items):
+        at = f"{where}: traces[{k}]"
+        if not isinstance(t, dict) or not isinstance(t.get("tenant"), str) or not t["tenant"] \
+                or not isinstance(t.get("trace"), str):
+            raise ValueError(f"{at}: needs tenant (a name) and trace (a .jsonl or .csv path)")
+        if unknown := sorted(set(t) - TRACE_FIELDS):
+            raise ValueError(f"{at}: unknown field(s) {unknown}; known: {sorted(TRACE_FIELDS)}")
+        scale = t.get("rate_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
+            raise ValueError(f"{at}: rate_scale must be a number > 0, got {scale!r}")
+        window = t.get("window_s", [0.0, math.inf])
+        if (not isinstance(window, list) or len(window) != 2
+                or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in window)
+                or not 0 <= window[0] < window[1]):
+            raise ValueError(f"{at}: window_s must be [start, end] trace seconds, 0 <= start < end, "
+                             f"got {window!r}")
+        try:
+            trace = traces.load(folder / t["trace"], t["tenant"], tenant_index=space + k + 1)
+        except traces.TraceError as exc:
+            raise ValueError(f"{at}: {exc}") from None
+        start, end = float(window[0]), float(window[1])
+        kept = [replace(r, arrival_s=(r.arrival_s - start) / scale) for r in trace.requests
+                if start <= r.arrival_s < end and (r.arrival_s - start) / scale < duration_s]
+        if not kept:
+            raise ValueError(f"{at}: no request of {t['trace']} arrives in window_s {window} within "
+                             f"duration_s {duration_s:g} (at rate_scale {scale:g})")
+        parts.append(build(t["tenant"], kept))
+    names = [w.name for w in parts]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: two traces name the same tenant ({names}): one trace per tenant")
+    return build(str(item.get("name") or "traces"), [r for w in parts for r in w.requests])
 
 
 def best_static(workload: Workload, spans: Sequence[phases.Phase], count: int = 2) -> list[tuple[str, float]]:
@@ -402,10 +471,7 @@ def plan_runs(workload: Workload, spans: Sequence[phases.Phase], only: Sequence[
 def run(args: argparse.Namespace) -> int:
     from slipstream.demo import driver, offline
 
-    if args.workload == "builtin:demo":
-        workload, spans = phases.plan(args.phase_s, replicas=2)  # the demo's two engines
-    else:
-        workload, spans = load_phases(args.workload)
+    workload, spans = driver.workload_of(args)
     out = sys.stderr if args.json else sys.stdout
     print(f"workload {args.workload}: {', '.join(f'{s.name} {s.end_s - s.start_s:.0f} s' for s in spans)}; "
           f"{len(workload.requests)} requests", file=out)  # fmt: skip

@@ -108,7 +108,11 @@ def engine_config() -> policies.EngineConfig:
 
 
 def split(workload: Workload) -> list[list[Request]]:
-    """Round robin over the replicas, as the load generator spreads requests over pods."""
+    """Round robin over the replicas in arrival order: request k to engine k mod REPLICAS,
+    as the load generator spreads requests over the ready pods (``enginesim.load``, its
+    ``pick``: request k to the (k mod n)-th of the URLs, which the Service's ready-pod
+    list gives sorted), so engine k here is the k-th pod URL in sorted order. Each engine
+    has its own prefix cache: a later turn hits only where the earlier turn was sent."""
     return [[r for i, r in enumerate(workload.requests) if i % REPLICAS == k] for k in range(REPLICAS)]
 
 

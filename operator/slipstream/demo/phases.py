@@ -40,8 +40,9 @@ scale. Every phase is a YAML workload spec (slipstream.sim.spec), so
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import yaml
 
@@ -191,10 +192,16 @@ def plan(
     return build("phases", requests, " -> ".join(p.name for p in phases)), phases
 
 
-def back_to_back(items: Sequence[object], origin: str, name: str) -> tuple[Workload, list[Phase]]:
+PartOf = Callable[[dict[str, Any], str, int, float], Workload | None]
+"""(phase item, where, index, duration) -> the phase's requests, or None for a workload spec."""
+
+
+def back_to_back(items: Sequence[object], origin: str, name: str,
+                 part_of: PartOf | None = None) -> tuple[Workload, list[Phase]]:  # fmt: skip
     """Phases, each a workload spec with a numeric ``duration_s`` (its ``name`` the phase's
     kind), one after another: one workload (request ids prefixed by the phase, arrivals
-    past a phase's end left out) and the spans. Errors name ``origin: phases[i]``."""
+    past a phase's end left out) and the spans. ``part_of`` may read a phase another way
+    (loopbench's phases of traces). Errors name ``origin: phases[i]``."""
     requests: list[Request] = []
     spans: list[Phase] = []
     start = 0.0
@@ -202,12 +209,14 @@ def back_to_back(items: Sequence[object], origin: str, name: str) -> tuple[Workl
         where = f"{origin}: phases[{index}]"
         if not isinstance(item, dict) or not isinstance(item.get("duration_s"), int | float):
             raise ValueError(f"{where}: each phase is a workload spec with a numeric duration_s")
-        try:
-            part = spec_mod.parse(yaml.safe_dump(item), where, tenant_base=index * 8).workload
-        except spec_mod.SpecError as exc:  # its line is the phase's re-dumped text's: leave it out
-            raise ValueError(re.sub(rf"^{re.escape(where)}:\d+", where, str(exc))) from None
-        label = f"{index + 1}-{item.get('name') or 'phase'}"
         duration = float(item["duration_s"])
+        part = part_of(item, where, index, duration) if part_of is not None else None
+        if part is None:
+            try:
+                part = spec_mod.parse(yaml.safe_dump(item), where, tenant_base=index * 8).workload
+            except spec_mod.SpecError as exc:  # its line is the phase's re-dumped text's: leave it out
+                raise ValueError(re.sub(rf"^{re.escape(where)}:\d+", where, str(exc))) from None
+        label = f"{index + 1}-{item.get('name') or 'phase'}"
         requests += [replace(r, rid=f"{label}/{r.rid}", arrival_s=r.arrival_s + start) for r in part.requests
                      if r.arrival_s < duration]  # fmt: skip
         spans.append(Phase(label, str(item.get("name") or "phase"), start, start + duration))

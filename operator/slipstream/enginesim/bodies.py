@@ -6,7 +6,10 @@ exactly, as the load generator sends a trace's requests:
 
 - ``prompt_tokens`` N: the prompt's size (instead of counting);
 - ``blocks`` and ``block_sizes``: prefix block ids and their sizes (a trace's hash ids;
-  equal ids are shared prefix blocks; sizes add up to N);
+  equal ids are shared prefix blocks; sizes add up to N), with optional ``warm_blocks`` W
+  (0..len(blocks), default 0): the first W blocks are placed in the prefix cache when the
+  request arrives, as the twin does for ``Request.warm_blocks`` (an earlier turn, a shared
+  document computed just before);
 - ``prefix_id`` P with ``cached_tokens`` M: the first M tokens are a prefix shared by every
   request naming P (a hit when the twin's cache still holds it), the rest is unique;
 - ``cached_tokens`` M alone: M leading tokens are already in the cache on arrival.
@@ -166,7 +169,7 @@ def _incoming(body: dict[str, Any], units: list[Any], output_tokens: int) -> Inc
 
 
 def _stated(extra: dict[str, Any], counted: int) -> tuple[tuple[int, ...], tuple[int, ...], int, int]:
-    known = {"prompt_tokens", "prefix_id", "cached_tokens", "blocks", "block_sizes"}
+    known = {"prompt_tokens", "prefix_id", "cached_tokens", "blocks", "block_sizes", "warm_blocks"}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise BodyError(f"slipstream: unknown field(s) {unknown}; known: {sorted(known)}")
@@ -182,7 +185,14 @@ def _stated(extra: dict[str, Any], counted: int) -> tuple[tuple[int, ...], tuple
                             "of block ids >= 0 and sizes > 0")
         if sum(sizes) != n:
             raise BodyError(f"slipstream.block_sizes: add up to {sum(sizes)}, but prompt_tokens is {n}")
-        return tuple(blocks), tuple(sizes), 0, n
+        warm = extra.get("warm_blocks", 0)
+        if not _is_int(warm) or not 0 <= warm <= len(blocks):
+            raise BodyError(f"slipstream.warm_blocks: must be an integer in 0..len(blocks) "
+                            f"({len(blocks)}), got {warm!r}")
+        return tuple(blocks), tuple(sizes), int(warm), n
+    if "warm_blocks" in extra:
+        raise BodyError("slipstream.warm_blocks: counts leading blocks of slipstream.blocks; give "
+                        "blocks and block_sizes with it (or cached_tokens alone for a warm prefix)")
     cached = extra.get("cached_tokens", 0)
     if not _is_int(cached) or not 0 <= cached <= n:
         raise BodyError(f"slipstream.cached_tokens: must be an integer in 0..prompt_tokens ({n}), "

@@ -1,10 +1,16 @@
 """``slipstream load``: replay traces against OpenAI-compatible servers, time-scaled.
 
 Each trace request is sent at its (rate- and time-scaled) arrival as a streaming
-``/v1/completions`` call with the tenant in the custom-labels header, its sizes and prefix
-block ids in the ``slipstream`` field (the engine simulator's exact input), and, by
+``/v1/completions`` call with the tenant in the custom-labels header, its sizes, prefix
+block ids and warm blocks (``Request.warm_blocks``: leading blocks the engine simulator
+places in its prefix cache on arrival, as the twin does) in the ``slipstream`` field (the
+engine simulator's exact input), and, by
 default, a prompt of as many words as the trace has tokens, built from the block ids so
-shared prefixes are shared text (a real server caches them too). TTFT is the wall time to
+shared prefixes are shared text (a real server caches them too, but only what it
+computed itself: it cannot know a warm block). Requests go round robin over the targets
+in arrival order (request k to the (k mod n)-th of the targets listed at its send, sorted
+as the callable gives them), which is how the twin's fleet model spreads them
+(``slipstream.demo.offline.split``). TTFT is the wall time to
 the first streamed token times the time scale, i.e. in twin seconds when the target is an
 engine simulator running at the same ``--time-scale`` (which also states the exact value
 in a response header, preferred when present). The run stops by itself: at the
@@ -66,7 +72,7 @@ def body_of(req: Request, model: str, prompt: str) -> dict[str, Any]:
         "max_tokens": max(1, req.output_tokens),
         "stream": True,
         "slipstream": {"prompt_tokens": req.prompt_tokens, "blocks": list(req.blocks),
-                       "block_sizes": list(req.block_sizes)},
+                       "block_sizes": list(req.block_sizes), "warm_blocks": req.warm_blocks},
     }
 
 
@@ -104,20 +110,22 @@ class _Replay:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.outcomes: list[Outcome] = []
         self.in_flight = 0
-        self._next = 0
 
-    def pick(self) -> str | None:
+    def pick(self, index: int) -> str | None:
+        """Round robin in request order: the request at ``index`` (its place in arrival
+        order) goes to the ``index mod n``-th of the n targets listed now, as
+        ``slipstream.demo.offline.split`` spreads requests over the twin's engines; a
+        request that found no target takes its turn with it, so the rest keep theirs."""
         urls = list(self.targets() if callable(self.targets) else self.targets)
         if not urls:
             return None
-        url = urls[self._next % len(urls)]
-        self._next += 1
-        return url.rstrip("/")
+        return urls[index % len(urls)].rstrip("/")
 
-    async def send(self, session: aiohttp.ClientSession, req: Request, due: float) -> None:
-        """Send ``req``, due at monotonic time ``due``; its Outcome says how late it went."""
+    async def send(self, session: aiohttp.ClientSession, req: Request, due: float, index: int = 0) -> None:
+        """Send ``req`` (the ``index``-th in arrival order), due at monotonic time ``due``;
+        its Outcome says how late it went."""
         late = max(0.0, time.monotonic() - due) * self.time_scale
-        target = self.pick()
+        target = self.pick(index)
         if target is None:
             self.outcomes.append(Outcome(req.tenant, req.rid, math.nan, False, "no target ready", late_s=late))
             return
@@ -201,11 +209,11 @@ async def replay_async(
     async with aiohttp.ClientSession(connector=connector) as session:
         reporter = asyncio.create_task(report())
         try:
-            for req in ordered:
+            for index, req in enumerate(ordered):
                 at = t0 + (req.arrival_s - first) / (rate_scale * time_scale)
                 if at >= deadline or not await _wait_until(at, stop):
                     break
-                task = asyncio.create_task(run.send(session, req, at))
+                task = asyncio.create_task(run.send(session, req, at, index))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:

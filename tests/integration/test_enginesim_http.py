@@ -229,6 +229,8 @@ def test_the_simulator_reports_its_release_and_runs_only_its_orders(version_args
     ({"long_prefill_mode": "sideways"}, "long_prefill_mode must be one of ['ceiling', 'floor', 'reflex']"),
     ({"schedule_policy": "lof"}, "schedule_policy can be switched at run time among"),
     ({"max_partial_prefills": 0}, "max_partial_prefills must be an integer >= 1"),
+    ({"long_prefill_reflex_hold_seconds": -1}, "long_prefill_reflex_hold_seconds must be a finite number >= 0"),
+    ({"long_prefill_reflex_hold_seconds": "soon"}, "long_prefill_reflex_hold_seconds must be a finite number"),
     ({"long_prefill_token_threshold": 2048, "mem_fraction_static": 0.5}, "cannot be changed at run time"),
     ({"long_prefill_token_threshold": 2048, "long_prefill_mode": "nope"}, "long_prefill_mode must be"),
 ])
@@ -240,10 +242,25 @@ def test_refused_settings_say_why_and_change_nothing(args: dict[str, Any], reaso
         assert body["updated"] is False and reason in body["reason"]
         async with s.get(url + "/get_server_info", headers=ADMIN) as r:
             info = await r.json()
-        assert (info["long_prefill_token_threshold"], info["long_prefill_mode"],
-                info["schedule_policy"], info["max_partial_prefills"]) == (4096, "ceiling", "fcfs", 8)
+        assert (info["long_prefill_token_threshold"], info["long_prefill_mode"], info["schedule_policy"],
+                info["max_partial_prefills"], info["long_prefill_reflex_hold_seconds"]) == (
+            4096, "ceiling", "fcfs", 8, 3.0)
 
     asyncio.run(with_sim(check, "--page-size", "64", "--long-prefill-token-threshold", "4096"))
+
+
+def test_reflex_mode_and_its_hold_are_set_in_place() -> None:
+    # The patched engine's allowlist (engine_image/patches: LIVE_STATE_KEYS): the mode and
+    # reflex mode's hold change without a restart and read back from /get_server_info.
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        args = {"long_prefill_mode": "reflex", "long_prefill_reflex_hold_seconds": 0.5}
+        async with s.post(url + "/set_internal_state", json={"server_args": args}, headers=ADMIN) as r:
+            assert r.status == 200, await r.text()
+        async with s.get(url + "/get_server_info", headers=ADMIN) as r:
+            info = await r.json()
+        assert (info["long_prefill_mode"], info["long_prefill_reflex_hold_seconds"]) == ("reflex", 0.5)
+
+    asyncio.run(with_sim(check, "--long-prefill-token-threshold", "4096"))
 
 
 async def until_prefilling(url: str, s: aiohttp.ClientSession) -> None:

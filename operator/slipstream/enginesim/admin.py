@@ -17,10 +17,12 @@ from typing import Any
 from slipstream.api import versions
 from slipstream.enginesim import flags
 from slipstream.enginesim.bodies import BodyError
+from slipstream.sim import admission
 
 LONG_PREFILL_KEYS = ("long_prefill_token_threshold", "long_prefill_mode", "schedule_policy",
-                     "max_partial_prefills")
-"""What /set_internal_state changes in place (the tuned triple and the partials cap)."""
+                     "max_partial_prefills", "long_prefill_reflex_hold_seconds")
+"""What /set_internal_state changes in place (the tuned triple, the partials cap and
+reflex mode's hold), as the patched engine's allowlist."""
 REDACTED = "<redacted>"
 """What an info endpoint shows for a secret that is set, as the patched engine does
 (engine_image/patches: ``secrets_redaction.redact_secrets``); an unset one stays null."""
@@ -40,6 +42,7 @@ class Live:
     mode: str
     schedule_policy: str
     max_partial_prefills: int
+    reflex_hold_s: float = admission.DEFAULT_REFLEX_HOLD_S
 
 
 def server_args_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -74,10 +77,13 @@ def apply_updates(live: Live, updates: dict[str, Any], chunked_prefill_size: int
         err = flags.mode_error(updates["long_prefill_mode"])
     if err is None and "schedule_policy" in updates:
         err = flags.policy_error(updates["schedule_policy"], version)
+    hold = updates.get("long_prefill_reflex_hold_seconds", live.reflex_hold_s)
+    if err is None and "long_prefill_reflex_hold_seconds" in updates:
+        err = flags.hold_error(hold)
     if err is not None:
         return live, err
     return Live(int(threshold), updates.get("long_prefill_mode", live.mode),
-                updates.get("schedule_policy", live.schedule_policy), int(partials)), None
+                updates.get("schedule_policy", live.schedule_policy), int(partials), float(hold)), None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +144,8 @@ def server_info(cfg: flags.SimConfig, live: Live, partials: int, extra: dict[str
         "long_prefill_mode": live.mode,
         "schedule_policy": live.schedule_policy,
         "max_partial_prefills": live.max_partial_prefills,
+        "long_prefill_reflex_hold_seconds": live.reflex_hold_s,
         "srpt_aging_tokens_per_s": cfg.srpt_aging_tokens_per_s,
-        "long_prefill_reflex_hold_seconds": cfg.reflex_hold_s,
         "num_partial_prefills": partials,
     }
     info: dict[str, Any] = {

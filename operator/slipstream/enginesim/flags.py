@@ -146,6 +146,13 @@ def threshold_error(value: object, chunked_prefill_size: int, page_size: int) ->
     return None
 
 
+def hold_error(value: object) -> str | None:
+    """Why ``value`` is not a valid reflex hold (seconds), or None: the patch's message."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        return f"long_prefill_reflex_hold_seconds must be a finite number >= 0, got {value!r}"
+    return None
+
+
 def mode_error(value: object) -> str | None:
     if value not in MODES:
         return f"long_prefill_mode must be one of {list(MODES)}, got {value!r}"
@@ -210,7 +217,7 @@ def config_from(ns: argparse.Namespace, environ: dict[str, str] | None = None) -
                         f"{sglang_version}: use one of {', '.join(policies_of(sglang_version))}")
     if not (ns.srpt_aging_tokens_per_s > 0 and math.isfinite(ns.srpt_aging_tokens_per_s)):
         raise FlagError(f"srpt_aging_tokens_per_s must be > 0, got {ns.srpt_aging_tokens_per_s!r}")
-    if not (ns.long_prefill_reflex_hold_seconds >= 0 and math.isfinite(ns.long_prefill_reflex_hold_seconds)):
+    if hold_error(ns.long_prefill_reflex_hold_seconds) is not None:
         raise FlagError(f"--long-prefill-reflex-hold-seconds must be a finite number >= 0, "
                         f"got {ns.long_prefill_reflex_hold_seconds!r}")
     if not (ns.time_scale > 0 and math.isfinite(ns.time_scale)):

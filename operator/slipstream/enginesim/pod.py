@@ -91,7 +91,8 @@ class SimPod:
     def __init__(self, cfg: flags.SimConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.clock = clock or Clock(cfg.time_scale)
-        self.live = admin.Live(cfg.threshold, cfg.mode, cfg.schedule_policy, cfg.max_partial_prefills)
+        self.live = admin.Live(cfg.threshold, cfg.mode, cfg.schedule_policy, cfg.max_partial_prefills,
+                               cfg.reflex_hold_s)
         self.faults = admin.Faults()
         self.profile = profiles.load(cfg.profile)
         self.driver = driver.make_driver(self._setting(), self.profile, engine_config(cfg))
@@ -169,7 +170,8 @@ class SimPod:
             self.live = live
             d.apply(self._setting())
             # The partials cap is an engine setting the twin reads every pass.
-            d.config = dataclasses.replace(d.config, max_partial_prefills=live.max_partial_prefills)
+            d.config = dataclasses.replace(d.config, max_partial_prefills=live.max_partial_prefills,
+                                           reflex_hold_s=live.reflex_hold_s)
             self._wake.set()
         return reason
 

@@ -497,6 +497,7 @@ class Engine:
         rule = policy.rule
         if rule.mode == "reflex":
             short = _short_waiting(queue, self.cache, reflex_line(rule.threshold, (j.need for j in partials)))
+            self.reflex.hold_s = self.config.reflex_hold_s  # settable in place (the engine's admin call)
             rule = reflex_round(rule, self.reflex.capped(self.now_s, short))
         budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
         if budget <= 0:

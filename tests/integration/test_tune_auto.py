@@ -270,3 +270,23 @@ def test_the_step_that_voids_a_rollout_may_move_at_once(monkeypatch):
     assert tuner._rollout is not None and tuner._rollout[1] == cap and tuner.state.rollout_in_progress
     assert said[2] is None  # the cap's rollout is in flight and not voidable: no second step
 
+
+
+def test_auto_on_little_data_pools_its_window_and_moves_when_the_mix_changes(capsys):
+    """Fewer than 50 first tokens a minute (12K-90K-token documents at 70% busy), giants
+    among them from 600 s to 1200 s of the spec: with a fixed floor of 50 every decision
+    held TooFewSamples and auto stayed stock (tune/pooling.py); pooled, it moves once the
+    giants come, and its worst tenant beats stock's."""
+    assert cli.main(["bench", "--workload", "examples/workloads/little-data.yaml", "--target-utilization", "0.7",
+                     "--policies", "stock,auto", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tuner, scale = out["tuner"]["auto"], out["rate_scale"]
+    per_minute = out["policies"]["stock"]["requests"] / (1800.0 / scale) * 60.0
+    assert per_minute < 50, f"{per_minute:.0f} first tokens a minute: not little data"
+    assert tuner["held"].get("TooFewSamples", 0) < tuner["decisions"] / 2, tuner["held"]
+    giants_from, giants_to = 640.0 / scale, 1100.0 / scale
+    assert tuner["changes"], tuner["held"]
+    first = tuner["changes"][0]
+    assert giants_from <= first["at_s"] <= giants_to and first["to"] != "stock", tuner["changes"]
+    p99 = {name: policy["worst_tenant_slowdown_p99"] for name, policy in out["policies"].items()}
+    assert p99["auto"] < 0.6 * p99["stock"], p99

@@ -254,6 +254,10 @@ class WorkloadSnapshot:
     """The engine pods' KV pools, from the controller's last read of the pods (observe
     leaves it empty): the tuner runs its candidates with the smallest, and with none the
     profile's (``tune.deployment.twin_pool``)."""
+    overload: str = ""
+    """Why the fleet is overloaded, from the controller's loop (``tune.overload`` over its
+    last few windows; observe leaves it empty); "" when it is not. The tuner then takes the
+    setting with the most prefill throughput (``tune.guardrails.throughput_setting``)."""
 
     @property
     def valid(self) -> bool:

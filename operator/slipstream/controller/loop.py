@@ -48,7 +48,8 @@ from slipstream.controller.clients import kube as kube_
 from slipstream.controller.watch import drift
 from slipstream.engine import admin, metrics
 from slipstream.rollout import analysis, engines, machine, sequential
-from slipstream.tune import guardrails, mixjump
+from slipstream.tune import deployment as tune_deployment
+from slipstream.tune import guardrails, mixjump, overload, pooling
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,21 @@ class Memory:
     """Each engine pod's KV pool as the last step read it (`tuning.kv_pools`): the tuner runs
     on the pods' pool of the step before, since a step reads the pods after it observes."""
 
+    backlog: tuple[overload.Reading, ...] = ()
+    """The waiting queue and served prefill rate of the last few windows (`tune.overload`)."""
+    first_look: float | None = None
+    """When this loop first observed (`since`): no window reaches back before it."""
+
+    def since(self, sd: models.ServingDeployment, now: float) -> float:
+        """How far back a step's window may be widened (`tune.pooling`): the last change of
+        the fleet's setting (`tune.deployment.last_step_at`), and never before this loop's
+        first look (a range reaching before the engines' series began would count idle
+        time and lower the rates, as the twin's auto bounds its window by its first call)."""
+        if self.first_look is None:
+            self.first_look = now
+        last = tune_deployment.last_step_at(sd.status)
+        return max(self.first_look, last) if last is not None else self.first_look
+
     def fired(self, mix: mixjump.Mix, before: mixjump.MixWatch, then: str) -> None:
         """The watch (as it was, ``before``) fired on ``mix``: the next step is a jump's."""
         self.jump_retry = before.announced
@@ -252,28 +268,69 @@ def allowed(url: str, networks: str) -> bool:
     return any(ip in ipaddress.ip_network(n.strip(), strict=False) for n in networks.split(",") if n.strip())
 
 
+async def read_window(deps: Deps, sd: models.ServingDeployment, window: float, now: float) -> snapshot_.WorkloadSnapshot:
+    """The snapshot of the last ``window`` seconds; a failed read is a reason, never zero traffic."""
+    try:
+        return await asyncio.wait_for(deps.observer.snapshot(sd, window, now),
+                                      timeout=2 * deps.config.prometheus_timeout_seconds)  # fmt: skip
+    except Exception as error:
+        name = f"{sd.metadata.namespace}/{sd.metadata.name}"
+        return snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
+
+
+WIDENS = (snapshot_.TOO_FEW_SAMPLES, snapshot_.NO_TRAFFIC)
+"""Why a window is read again wider (`tune.pooling`): it holds too little, not bad data."""
+
+
+async def read_pooled(deps: Deps, sd: models.ServingDeployment, now: float, jumped: bool,
+                      since: float | None) -> snapshot_.WorkloadSnapshot:  # fmt: skip
+    """The step's snapshot under `tune.pooling`'s rule: the interval's window (a jump's own,
+    ``jumped``), read again at twice the range while it holds fewer samples than the floor,
+    never past ``since`` (the last change of the fleet's setting, or this loop's first look)
+    nor 16 intervals; the first that holds enough is the step's (valid), else the widest
+    read (TooFewSamples). Each range is one fleet read, shared by every deployment with the
+    same interval on the same Prometheus (`observe.fleet`). The mix polls read the interval
+    alone: a jump is judged on the mix of now."""
+    interval = tuning.interval(sd, deps.config)
+    if jumped:  # the traffic since the jump, not the interval's mostly older mix (tune.mixjump)
+        own = mixjump.window_s(tuning.scale(deps.config.mix_poll_seconds, deps.config), interval)
+        windows = pooling.jump_ladder(own, interval, now, since)
+        need: float = min(deps.config.observe_min_samples, JUMP_MIN_SAMPLES)
+    else:
+        windows, need = pooling.ladder(interval, now, since), deps.config.observe_min_samples
+    snap = None
+    for window in windows:
+        snap = await read_window(deps, sd, window, now)
+        if snap.valid or snap.invalid not in WIDENS:
+            return snap
+        if snap.invalid == snapshot_.TOO_FEW_SAMPLES and (have := pooling.evidence(snap, jumped)) >= need:
+            return dataclasses.replace(snap, invalid=None, detail=f"{have:.0f} samples (first tokens"
+                                       f"{' and requests waiting' if jumped else ''}) in {window:.0f} s")  # fmt: skip
+    assert snap is not None
+    if snap.invalid == snapshot_.TOO_FEW_SAMPLES and len(windows) > 1:
+        snap = dataclasses.replace(snap, detail=f"{snap.detail} (widened from {windows[0]:.0f} s: the widest "
+                                   "window since the fleet's setting last changed, at most 16 intervals)")  # fmt: skip
+    return snap
+
+
 async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.EngineSetting, now: float,
-                  pools: tuple[snapshot_.PodPool, ...] = (), jumped: bool = False,
+                  pools: tuple[snapshot_.PodPool, ...] = (), jumped: bool = False, since: float | None = None,
+                  backlog: tuple[overload.Reading, ...] = (),
                   ) -> tuple[snapshot_.WorkloadSnapshot | None, tuning.Recommendation | None]:  # fmt: skip
     """The window's snapshot and, when it is valid, the tuner's recommendation on it, with
     the pods' KV pools (`Memory.pools`) added to the snapshot for the twin (``jumped``: the
     queue mix brought this step forward: a shorter window, and a harder cap may skip the
-    cooldown, tune.guardrails)."""
+    cooldown, tune.guardrails; ``since``: how far back a window may be widened,
+    `read_pooled`; ``backlog``: the readings of the windows before, `Memory.backlog`, with
+    which the snapshot's own says whether the fleet is overloaded, `tune.overload`)."""
     if not tuning.observes(sd):
         return None, None
-    window, need = tuning.interval(sd, deps.config), None
-    if jumped:  # the traffic since the jump, not the interval's mostly older mix (tune.mixjump)
-        window = mixjump.window_s(tuning.scale(deps.config.mix_poll_seconds, deps.config), window)
-        need = min(deps.config.observe_min_samples, JUMP_MIN_SAMPLES)
     name = f"{sd.metadata.namespace}/{sd.metadata.name}"
     if deps.tokens is not None:
         await deps.tokens(sd)
-    try:
-        snap = await asyncio.wait_for(
-            deps.observer.snapshot(sd, window, now, need), timeout=2 * deps.config.prometheus_timeout_seconds
-        )
-    except Exception as error:  # a failed read is a reason, never zero traffic
-        snap = snapshot_.invalid(name, now, window, snapshot_.UNREACHABLE, f"reading metrics failed: {type(error).__name__}")
+    snap = await read_pooled(deps, sd, now, jumped, since)
+    snap = dataclasses.replace(snap, overload=overload.overloaded(overload.record(backlog, overload.reading(snap),
+                                                                                  backlog_gap_s(sd, deps.config))))
     if not snap.valid:
         return snap, None
     snap = dataclasses.replace(snap, kv_pools=pools)
@@ -448,7 +505,8 @@ async def observe_step(deps: Deps, sd: models.ServingDeployment, fleet: models.E
     than the mix polls, which watch it too: `until_mix_jump`); a step that sees the jump
     itself becomes the jump's step, judged again on the window since the jump."""
     tuned = tuning.as_voided(sd, voidable, now) if memory.jumped and voidable is not None else sd
-    snap, recommendation = await observe(deps, tuned, fleet, now, memory.pools, bool(memory.jumped))
+    snap, recommendation = await observe(deps, tuned, fleet, now, memory.pools, bool(memory.jumped),
+                                         memory.since(tuned, now), memory.backlog)  # fmt: skip
     mix = mixjump.mix_of(snap)
     if not memory.jumped and voidable is not None:
         before = memory.mix
@@ -456,10 +514,19 @@ async def observe_step(deps: Deps, sd: models.ServingDeployment, fleet: models.E
         log_watch(sd, before, memory.mix, "step")
         if fired and mix is not None:
             memory.fired(mix, before, "voiding the canary")
-            snap, recommendation = await observe(deps, tuning.as_voided(sd, voidable, now), fleet, now, memory.pools,
-                                                 True)  # fmt: skip
+            voided = tuning.as_voided(sd, voidable, now)
+            snap, recommendation = await observe(deps, voided, fleet, now, memory.pools, True,
+                                                 memory.since(voided, now), memory.backlog)  # fmt: skip
             mix = mixjump.mix_of(snap) or mix
+    if snap is not None:
+        memory.backlog = overload.record(memory.backlog, overload.reading(snap), backlog_gap_s(sd, deps.config))
     return snap, recommendation, mix
+
+
+def backlog_gap_s(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> float:
+    """The least time between two backlog readings (`tune.overload.record`): an interval, less
+    a step's jitter; the steps of a rollout (every few seconds) are not windows of their own."""
+    return 0.9 * tuning.interval(sd, config)
 
 
 async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> StepOutcome:
@@ -554,7 +621,7 @@ def record(sd: models.ServingDeployment, memory: Memory, findings: StepFindings,
     remembered = {c.type: c for c in before if c.type in tuning.CONDITIONS}
     current = [remembered.pop(c.type, c) for c in sd.status.conditions] + list(remembered.values())
     conds = tuning.conditions(sd, current, decision, views, snap, stamp, recommendation, problem)
-    events += tuning.new_warnings(before, conds)
+    events += tuning.new_warnings(before, conds) + tuning.overload_events(before, conds)
     if (event := tuning.recommended_event(sd, decision.fleet, recommendation, problem)) is not None:
         events.append(event)
     patch = tuning.status_patch(sd, decision, conds, snap, recommendation, findings.started, stamp)

@@ -185,7 +185,7 @@ class TwinRecommender:
         guardrail holds, or the memo's run for this workload is reused); None: call
         `recommend`. The profile is loaded by the first twin run, never here (file I/O):
         until then, and without a memo, only the guardrails' gate is checked."""
-        state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped)
+        state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped, snap.overload)
         engine_snap = in_engine_time(snap, self.config.engine_time_scale)
         decision = tuner_.without_twin(engine_snap, state, settings, self.profile, config, now, self.memo)
         if decision is None:
@@ -204,7 +204,7 @@ class TwinRecommender:
         with TUNER_SECONDS.time():
             try:
                 profile = self.profile = self.profile or profiles.load(self.config.twin_profile)
-                state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped)
+                state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped, snap.overload)
                 engine_snap = in_engine_time(snap, self.config.engine_time_scale)
                 decision = tuner_.with_twin(engine_snap, state, settings, profile, config, now, self.memo)
                 if decision.reason == modelcheck.MODEL_MISMATCH:
@@ -219,7 +219,7 @@ class TwinRecommender:
 
     def _inputs(
         self, sd: models.ServingDeployment, fleet: models.EngineSetting, pools: Sequence[snapshot.PodPool] = (),
-        jumped: bool = False,
+        jumped: bool = False, overload: str = "",
     ) -> tuple[guardrails.TunerState, tuner_.TunerSettings, policies.EngineConfig | None]:
         """The tuner's state (from status; ``jumped``: the queue mix brought this step
         forward), settings (from the spec) and engine config (the spec's, with the pods' KV
@@ -232,6 +232,7 @@ class TwinRecommender:
             left=tune_deployment.left_of(sd.status),
             mixed_at=tune_deployment.unix_seconds(sd.status.mixed_at),
             mix_jumped=jumped,
+            overloaded=overload,
         )
         settings = tuner_.TunerSettings(
             spec=candidates.from_spec(sd.spec),

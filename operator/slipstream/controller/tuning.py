@@ -27,7 +27,10 @@ ENGINES_IN_SYNC = "EnginesInSync"
 ENGINE_SUPPORTED = "EngineSupported"
 """Whether every engine reports the patched release spec.engine.version names (modes that
 observe only): False holds Auto to recommending (`api.versions.problem`)."""
-CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC, ENGINE_SUPPORTED)
+OVERLOADED = "Overloaded"
+"""Whether the offered prefill work exceeds what the fleet serves (`tune.overload`; modes
+that observe only): True names the growing backlog and that more replicas are needed."""
+CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC, ENGINE_SUPPORTED, OVERLOADED)
 
 PODS_UNREACHABLE = "PodsUnreachable"
 PODS_OFF_SETTING = "PodsOnOtherSetting"
@@ -214,6 +217,7 @@ def conditions(
             out = status.set_condition(out, METRICS_AVAILABLE, False, snap.invalid or "Invalid", snap.detail, gen, now)
     elif not observes(sd):
         out = [c for c in out if c.type != METRICS_AVAILABLE]
+    out = overload_condition(sd, out, snap, gen, now)
     state = decision.state
     if decision.in_flight:
         out = status.set_condition(out, ROLLOUT_PROGRESSING, True, state.phase, decision.message or state.message or "", gen, now)
@@ -257,6 +261,30 @@ def new_warnings(before: Sequence[models.Condition], after: Sequence[models.Cond
             kind: Literal["Normal", "Warning"] = "Normal" if c.reason in NORMAL_ON_FALSE else "Warning"
             events.append(machine.Event(kind, c.reason, c.message))
     return events
+
+
+def overload_condition(sd: models.ServingDeployment, current: list[models.Condition],
+                       snap: snapshot.WorkloadSnapshot | None, gen: int, now: str) -> list[models.Condition]:
+    """`current` with `Overloaded` set from this step's snapshot (`snapshot.overload`, the
+    loop's `tune.overload` verdict); removed outside the modes that observe; unchanged on a
+    step that read nothing."""
+    if not observes(sd):
+        return [c for c in current if c.type != OVERLOADED]
+    if snap is None:
+        return current
+    if snap.overload:
+        return status.set_condition(current, OVERLOADED, True, OVERLOADED, snap.overload, gen, now)
+    return status.set_condition(current, OVERLOADED, False, "BacklogNotGrowing", "the waiting queue is not growing "
+                                "window after window at the fleet's capacity (tune/overload.py)", gen, now)  # fmt: skip
+
+
+def overload_events(before: Sequence[models.Condition], after: Sequence[models.Condition]) -> list[machine.Event]:
+    """A Warning `Overloaded` when the condition turns True (once: not while it stays True)."""
+    was = next((c for c in before if c.type == OVERLOADED), None)
+    now = next((c for c in after if c.type == OVERLOADED), None)
+    if now is None or now.status != "True" or (was is not None and was.status == "True"):
+        return []
+    return [machine.Event("Warning", OVERLOADED, now.message)]
 
 
 # -- status --------------------------------------------------------------------------------

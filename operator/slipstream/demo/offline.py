@@ -42,6 +42,7 @@ from slipstream.tune import (
     guardrails,
     mixjump,
     observed,
+    pooling,
     recommend,
     tuner,
 )
@@ -222,8 +223,8 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
     """A voided candidate and when it may be tried again (the machine's ``retry_after_s``)."""
     jobs = run_engines(per_engine, schedules, profile, cfg)
     while now < spans[-1].end_s:
-        window = mixjump.window_s(lset.mix_poll_s, lset.interval_s) if jumped else lset.interval_s
         seen = first_tokens(jobs)
+        window = pooled_window(seen, jobs, now, state, settings.guardrails, lset, jumped)
         snap = observed.with_queue_mix(observed.snapshot_of("sd", seen, now, window), seen,
                                        arrivals_of(jobs), waiting_at(jobs, now))
         snap = as_prometheus_reads(snap, REPLICAS, lset.rate_factor)
@@ -459,3 +460,19 @@ def judge_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: floa
     statics = static_figures(workload, spans) if statics is None else statics
     run = closed_loop(workload, spans, offset_s, lset, canary=canary)
     return judge(span_figures(run, spans), statics, spans, len(run.moves))
+
+
+def pooled_window(seen: Sequence[policies.FirstToken], jobs: Sequence[Sequence[engine.Job]], now: float,
+                  state: guardrails.TunerState, guard: guardrails.GuardrailSettings, lset: LoopSettings,
+                  jumped: bool) -> float:
+    """The window a step at ``now`` judges, as the operator's loop reads it (``tune.pooling``):
+    the interval, doubled while it holds too few first tokens, never past the last change
+    of the fleet's setting (the promotion; the traffic's start at 0) nor 16 intervals; a
+    jump's own window widens up to the interval, counting the requests waiting now."""
+    since = max(0.0, state.last_step_at) if state.last_step_at is not None else 0.0
+    times = [f.first_token_s for f in seen]
+    if jumped:
+        windows = pooling.jump_ladder(mixjump.window_s(lset.mix_poll_s, lset.interval_s), lset.interval_s, now, since)
+        need = min(guard.min_samples, guard.jump_min_samples)
+        return pooling.pick(windows, times, now, need, len(waiting_at(jobs, now)))[0]
+    return pooling.pick(pooling.ladder(lset.interval_s, now, since), times, now, guard.min_samples)[0]

@@ -2,7 +2,9 @@
 
 ``TwinAuto`` is a ``sim.policies.Controller``: the engine calls it every ``call_s`` twin
 seconds with the first tokens since its last call (``RoundView.first_tokens``). It keeps
-those of the last ``window_s`` seconds, builds the ``WorkloadSnapshot`` an operator would
+those of the last ``window_s`` seconds (up to 16 windows of them: a window that holds too
+few first tokens is widened under ``tune.pooling``'s rule, as the operator's loop widens
+the range it reads), builds the ``WorkloadSnapshot`` an operator would
 read from Prometheus (``observed.snapshot_of``: SGLang's bucket bounds, no engine
 internals, nothing from the future), runs ``tuner.tune_once`` and returns the new setting
 on a Move, which the engine applies from the next pass on.
@@ -37,7 +39,7 @@ from slipstream.api import buckets
 from slipstream.api.snapshot import NO_TRAFFIC
 from slipstream.sim.policies import EngineConfig, FirstToken, Policy, RoundView, Setting
 from slipstream.sim.profiles import Profile
-from slipstream.tune import mixjump, observed
+from slipstream.tune import mixjump, observed, pooling
 from slipstream.tune.candidates import concurrency
 from slipstream.tune.guardrails import Decision, Hold, Move, TunerState, settles
 from slipstream.tune.memo import Memo
@@ -92,7 +94,7 @@ class TwinAuto:
         if self._started is None:
             self._started = self._next_step = now
         self._seen.extend(view.first_tokens)
-        while self._seen and self._seen[0].first_token_s <= now - self.window_s:
+        while self._seen and self._seen[0].first_token_s <= now - pooling.MAX_FACTOR * self.window_s:
             self._seen.popleft()
         self._promote(now)
         assert self._next_step is not None
@@ -125,12 +127,12 @@ class TwinAuto:
         # A window reaching back before the first call would count the time before any
         # traffic as idle and halve the rates (as increase() over a younger series would).
         window = min(self.window_s, now - self._started)
-        if jumped:  # the traffic since the jump (tune.mixjump), as the operator judges it
-            window = mixjump.window_s(self.mix_poll_s, window)
         if window <= 0:
             self.decisions.append((now, Hold(NO_TRAFFIC, "no time observed yet")))
             return None
-        snapshot = observed.snapshot_of(self.deployment, self._seen, now, window)
+        waiting = float(len(view.waiting_needs) + len(view.partial_sizes))
+        window = self._pooled(now, window, jumped, waiting)
+        snapshot = replace(observed.snapshot_of(self.deployment, self._seen, now, window), queue_depth=waiting)
         decision = tune_once(snapshot, replace(self.state, mix_jumped=jumped), self.settings, self.profile,
                              self.config, now, self.memo)
         self.state = self.state.saw(window_heterogeneity(snapshot, self.profile, self.settings.spec.chunked_prefill_size),
@@ -152,6 +154,21 @@ class TwinAuto:
                 self._step(decision.to, now)
             return decision.to
         return None
+
+    def _pooled(self, now: float, window: float, jumped: bool, waiting: float) -> float:
+        """The window this step judges (``tune.pooling``): the interval's, doubled while it
+        holds fewer than the floor, never past the last change of the engine's setting (or
+        the first call) nor 16 windows; a jump's own window (``tune.mixjump``) widens up to
+        the interval's only, counting the requests waiting now."""
+        assert self._started is not None
+        since = max(self._started, self.state.last_step_at if self.state.last_step_at is not None else self._started)
+        guard = self.settings.guardrails
+        if jumped:  # the traffic since the jump (tune.mixjump), as the operator judges it
+            windows = pooling.jump_ladder(mixjump.window_s(self.mix_poll_s, window), window, now, since)
+            need, extra = min(guard.min_samples, guard.jump_min_samples), waiting
+        else:
+            windows, need, extra = pooling.ladder(window, now, since), guard.min_samples, 0.0
+        return pooling.pick(windows, (f.first_token_s for f in self._seen), now, need, extra)[0]
 
     def _voidable(self) -> bool:
         """Whether a mix jump voids the rollout in flight: it does not cap harder than the

@@ -8,8 +8,12 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 1. a rollout in progress (canary, analysis, promotion or rollback): Hold ``RolloutInProgress``;
 2. an invalid snapshot: Hold with the snapshot's own reason (``NoTraffic``, ``StaleMetrics``,
    ``PrometheusUnreachable``, ...) and its detail: fail-static, a failed read never moves;
-3. fewer first tokens in the window than ``min_samples`` (``jump_min_samples`` on a step a
-   jump of the queue mix brought forward): Hold ``TooFewSamples``;
+3. fewer first tokens in the window than ``min_samples`` (on a step a jump of the queue mix
+   brought forward, fewer than ``jump_min_samples`` first tokens and requests waiting now):
+   Hold ``TooFewSamples``. The window is already the widest the pooling rule allows
+   (``tune.pooling``: the interval doubled while it holds too few, never past the last
+   change of the fleet's setting nor 16 intervals), so this hold means that even pooled
+   evidence is too little;
 4. less than ``interval_s`` since the last step: Hold ``Interval`` (one step per interval);
 5. less than ``cooldown_s`` since the last step: Hold ``Cooldown``; except (for 4 and 5) on
    a step the queue mix brought forward (``TunerState.mix_jumped``: larger prompts arrived,
@@ -95,7 +99,7 @@ from dataclasses import dataclass, replace
 
 from slipstream.api.snapshot import TOO_FEW_SAMPLES, WorkloadSnapshot
 from slipstream.sim.policies import Setting
-from slipstream.tune import robust
+from slipstream.tune import mixjump, pooling, robust
 from slipstream.tune.candidates import TuningSpec, concurrency, preference
 from slipstream.tune.modelcheck import MODEL_MISMATCH
 from slipstream.tune.recommend import Prediction, Ranking, describe, reason_line
@@ -160,11 +164,15 @@ class GuardrailSettings:
     (dimensionless; 0 turns it off). At one 180 s cooldown, a Poisson stream of a giant a
     minute leaves three windows in a row without one 5% of the time (e^-3); reasoned, not
     fitted."""
-    jump_min_samples: int = 25
-    """``min_samples`` of a step a jump brought forward (count): it judges the traffic since
-    the jump (``tune.mixjump.WINDOW_POLLS``, half the default interval's window), and an
-    engine busy with the giant that caused the jump gives no first token meanwhile. The
-    question there is whether giants came, not a fine p99."""
+    jump_min_samples: int = int(mixjump.MIN_REQUESTS)
+    """``min_samples`` of a step a jump brought forward (count of first tokens plus requests
+    waiting now, ``tune.pooling.evidence``): it judges the traffic since the jump
+    (``tune.mixjump.WINDOW_POLLS``, half the default interval's window, widened up to the
+    interval when that holds too few), and an engine busy with the giant that caused the
+    jump gives no first token meanwhile. The question there is whether giants came, not a
+    fine p99, and the queue composition answers it: the floor is the watch's own
+    (``mixjump.MIN_REQUESTS``), so a jump the watch could fire on is never held for samples
+    on the window it fired on."""
     jump_gain: float = 0.5
     """Least predicted gain (both samples: ``Ranking.sure_gain``) with which a step brought
     forward by a jump of the queue mix may cap harder during the cooldown (the canary's
@@ -197,12 +205,16 @@ class TunerState:
     ``step_back_max_heterogeneity``; ``saw``): the calm's memory. None: never seen."""
     mix_jumped: bool = False
     """This step was brought forward by a jump of the queue mix (``tune.mixjump``)."""
+    overloaded: str = ""
+    """Why the fleet is overloaded (``tune.overload``); "" when it is not. The step then
+    takes the setting with the most prefill throughput (``throughput_setting``), not the
+    best p99 prediction, which a backlog makes meaningless."""
 
     def stepped(self, to: Setting, now: float, keep_s: float = float("inf")) -> TunerState:
         """The state after a step to ``to`` at ``now``: the current setting joins ``left``,
         entries older than ``keep_s`` drop out."""
         left = tuple((s, at) for s, at in self.left if now - at < keep_s) + ((self.current, now),)
-        return TunerState(to, now, False, left, self.mixed_at)
+        return TunerState(to, now, False, left, self.mixed_at, overloaded=self.overloaded)
 
     def saw(self, heterogeneity: float, now: float, settings: GuardrailSettings) -> TunerState:
         """After judging a window of this heterogeneity at ``now``: ``mixed_at`` moves to
@@ -224,7 +236,8 @@ class Move:
     from_: Setting
     to: Setting
     reason: str
-    recommendation: Ranking
+    recommendation: Ranking | None
+    """The twin's ranking; None on a move an overload made (``under_overload``: no twin run)."""
     kind: str = "Move"
 
 
@@ -280,9 +293,10 @@ def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSetti
         assert snapshot.invalid is not None
         return Hold(snapshot.invalid, snapshot.detail or f"metrics not usable: {snapshot.invalid}")
     need = min(settings.min_samples, settings.jump_min_samples) if state.mix_jumped else settings.min_samples
-    if snapshot.requests < need:
-        return Hold(TOO_FEW_SAMPLES, f"{snapshot.requests:.0f} first tokens in the window, "
-                    f"fewer than the {need} needed")
+    if (have := pooling.evidence(snapshot, state.mix_jumped)) < need:
+        what = "first tokens and requests waiting" if state.mix_jumped else "first tokens"
+        return Hold(TOO_FEW_SAMPLES, f"{have:.0f} {what} in the {snapshot.window_s:.0f} s window (the widest "
+                    f"the pooling rule allows), fewer than the {need} needed")
     if state.last_step_at is not None:
         since = now - state.last_step_at
         if since < settings.interval_s and not state.mix_jumped:
@@ -290,6 +304,37 @@ def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSetti
         if since < settings.cooldown_s and not state.mix_jumped:
             return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s")
     return None
+
+
+OVERLOADED = "Overloaded"
+
+
+def throughput_setting(current: Setting, spec: TuningSpec) -> Setting | None:
+    """The setting with the most prefill throughput from ``current``: one that leaves no
+    pass budget idle. Stock (one prefill at a time, the whole budget) and a floor (idle
+    budget handed to the partial prefills) leave none: None, stay. A ceiling or reflex cap
+    does, when fewer than C // T prefills are partial: its floor at the same T and order
+    (same concurrency, so no other risk), else stock in the same order, when the spec allows
+    it; else None."""
+    if concurrency(current, spec.chunked_prefill_size) == 1 or current.mode == "floor":
+        return None
+    options = [Setting(current.threshold, "floor", current.order)] if "floor" in spec.modes else []
+    options.append(Setting(0, current.mode, current.order))
+    return next((s for s in options if spec.allows(s)), None)
+
+
+def under_overload(state: TunerState, spec: TuningSpec) -> Decision:
+    """The decision of a step on an overloaded fleet (after the gate): Move to the setting
+    with the most prefill throughput, or Hold ``Overloaded`` when the fleet runs it already."""
+    c = spec.chunked_prefill_size
+    to = throughput_setting(state.current, spec)
+    if to is None:
+        idle = concurrency(state.current, c) > 1 and state.current.mode != "floor"
+        why = "the spec allows no setting that leaves less budget idle" if idle else "already leaves no prefill budget idle"
+        return Hold(OVERLOADED, f"{state.overloaded}; {describe(state.current, c)} stays: {why}")
+    return Move(state.current, to, f"overloaded: {state.overloaded}; {describe(to, c)} leaves no prefill budget "
+                "idle (the most prefill throughput), where the p99 prediction a backlog makes meaningless would "
+                "rank another", None)  # fmt: skip
 
 
 def cooling(state: TunerState, settings: GuardrailSettings, now: float) -> bool:

@@ -80,6 +80,8 @@ def without_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerS
     held = guardrails.gate(snapshot, state, settings.guardrails, now)
     if held is not None:
         return held
+    if state.overloaded:  # no twin run: a backlog makes its p99 predictions meaningless
+        return guardrails.under_overload(state, settings.spec)
     if memo is None or profile is None:
         return None
     settings = for_step(state, settings)
@@ -98,6 +100,8 @@ def with_twin(snapshot: WorkloadSnapshot, state: TunerState, settings: TunerSett
     held = guardrails.gate(snapshot, state, settings.guardrails, now)
     if held is not None:
         return held
+    if state.overloaded:
+        return guardrails.under_overload(state, settings.spec)
     settings = for_step(state, settings)
     # Kept whole only until judged: a decision carries what the guardrails read
     # (`Ranking.kept`), the same whether it was computed now or reused later.

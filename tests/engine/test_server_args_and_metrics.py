@@ -143,3 +143,50 @@ def test_metric_names_match_the_operator():
     assert metrics.LONG_PREFILL_TOKEN_THRESHOLD == "sglang:long_prefill_token_threshold"
     assert metrics.NUM_PARTIAL_PREFILLS == "sglang:num_partial_prefills"
     assert metrics.LONG_PREFILL_MODE == "sglang:long_prefill_mode"
+
+
+def rounds(labels):
+    """(capped, uncapped) of sglang:long_prefill_rounds_total so far."""
+    get = REGISTRY.get_sample_value
+    return tuple(int(get("sglang:long_prefill_rounds_total", {**labels, "capped": c})) for c in ("true", "false"))
+
+
+def test_long_prefill_rounds_counts_capped_and_uncapped_reflex_rounds(collectors):
+    """A giant alone (uncapped, it takes C), a short arrival (capped: T and the short one),
+    the giant alone again (no hold: uncapped), and a round with nothing to prefill (not
+    counted); then ceiling mode, every round capped."""
+    import harness as h
+
+    labels, sched, _ = collectors
+    assert REGISTRY.get_sample_value("sglang:long_prefill_rounds_total", {**labels, "capped": "true"}) is not None
+    eng = h.make_engine(chunked_prefill_size=8192, threshold=2048, mode="reflex", reflex_hold=0.0,
+                        max_context_len=h.context_for(30_000))  # fmt: skip
+    eng.s.metrics_collector = sched
+    clock = h.FakeClock()
+    eng.s._reflex_clock = clock
+    start = rounds(labels)
+
+    def since() -> tuple[int, int]:
+        now = rounds(labels)
+        return now[0] - start[0], now[1] - start[1]
+
+    eng.add(20_000, rid="G")
+    assert eng.step() == {"G": 8192}
+    assert since() == (0, 1)
+    eng.add(100, rid="s")
+    clock.advance(1.0)
+    assert eng.step() == {"G": 2048, "s": 100}
+    assert since() == (1, 1)
+    clock.advance(1.0)
+    assert eng.step() == {"G": 8192}
+    assert since() == (1, 2)
+    eng.run_to_completion()
+    done = since()
+    assert done == (1, 3)  # the giant's last 1,568 tokens: uncapped; then decode passes only
+    assert eng.step() == {}  # nothing waits: no prefill round, nothing counted
+    assert since() == done
+    assert h.set_internal_state(eng, long_prefill_mode="ceiling").updated
+    eng.add(5000, rid="c")
+    assert eng.step() == {"c": 2048}
+    assert eng.step() == {"c": 2048}
+    assert since() == (done[0] + 2, done[1])

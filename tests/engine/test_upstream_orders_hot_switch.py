@@ -23,6 +23,7 @@ _SERIES = {
     "partial_prefill_kv_reserved_tokens": "sglang:partial_prefill_kv_reserved_tokens",
     "long_prefill_mode": "sglang:long_prefill_mode",
     "schedule_policy_info": "sglang:schedule_policy",
+    "long_prefill_rounds_total": "sglang:long_prefill_rounds_total",
 }
 
 

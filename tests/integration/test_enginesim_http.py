@@ -357,6 +357,37 @@ def test_metrics_have_sglang_names_buckets_labels_and_the_patch_gauges() -> None
     asyncio.run(with_sim(check, "--time-scale", "20"))
 
 
+async def long_rounds(url: str, s: aiohttp.ClientSession) -> dict[str, float]:
+    """``sglang:long_prefill_rounds_total`` by its ``capped`` label, from /metrics."""
+    async with s.get(url + "/metrics") as r:
+        families = {f.name: f for f in text_string_to_metric_families(await r.text())}
+    family = families[names.LONG_PREFILL_ROUNDS_TOTAL.removesuffix("_total")]
+    assert family.type == "counter"
+    return {smp.labels[names.CAPPED_LABEL]: smp.value for smp in family.samples
+            if smp.name == names.LONG_PREFILL_ROUNDS_TOTAL}
+
+
+def test_the_reflex_round_counter_rises_with_capped_rounds() -> None:
+    """reflex:4096 with no hold, C = 8192: a giant alone is prefilled in eight uncapped
+    passes (60,000 tokens, 8,192 a pass); a giant with short requests arriving while it is
+    prefilled gets capped passes, and uncapped ones again once they are served."""
+
+    async def check(url: str, s: aiohttp.ClientSession) -> None:
+        assert await long_rounds(url, s) == {"true": 0, "false": 0}  # both from 0
+        body = {"prompt": "x", "max_tokens": 2, "slipstream": {"prompt_tokens": 60000}}
+        async with s.post(url + "/v1/completions", json=body, headers=tenant("alone")) as r:
+            assert r.status == 200
+        assert await long_rounds(url, s) == {"true": 0, "false": 8}
+        _, shorts = await burst(url, s, "mixed")
+        assert len(shorts) == 8
+        after = await long_rounds(url, s)
+        assert after["true"] >= 1  # the passes that served a short one beside the giant
+        assert after["false"] > 8  # the giant's first pass, and its passes after the shorts
+
+    asyncio.run(with_sim(check, "--time-scale", "10", "--long-prefill-token-threshold", "4096",
+                         "--long-prefill-mode", "reflex", "--long-prefill-reflex-hold-seconds", "0"))
+
+
 def test_no_metrics_endpoint_without_enable_metrics() -> None:
     async def check(url: str, s: aiohttp.ClientSession) -> None:
         async with s.get(url + "/metrics") as r:

@@ -169,14 +169,15 @@ def test_the_schema_check_catches_a_mistake(broken, where):
 
 def test_the_panels_the_operator_is_watched_by():
     """Issue 18's list: the setting, heterogeneity, p99 TTFT per tenant, queue mix,
-    prediction error, rollbacks and holds by reason, step latency, Prometheus read health."""
+    prediction error, rollbacks and holds by reason, step latency, Prometheus read health;
+    and the share of prefill passes capped."""
     d = load()
     exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])
     for series in ("sglang:long_prefill_token_threshold", "slipstream_heterogeneity",
                    "sglang:time_to_first_token_seconds_bucket", "sglang:queue_reqs_by_size_class",
                    "slipstream_twin_prediction_error_ratio", "slipstream_rollouts_total",
                    "slipstream_tuner_decisions_total", "slipstream_tuning_step_seconds_bucket",
-                   "slipstream_prometheus_queries_total"):
+                   "slipstream_prometheus_queries_total", "sglang:long_prefill_rounds_total"):
         assert series in exprs, series
     assert any("RolledBack" in a["expr"] for a in d["annotations"]["list"])
 
@@ -191,3 +192,14 @@ def test_every_query_reads_a_metric_that_is_exported():
         assert used, expr
         assert used <= known, f"{expr}: {sorted(used - known)} not exported"
         assert expr.count("(") == expr.count(")")
+
+
+def test_the_capped_share_panel_is_capped_over_all_passes_per_pod():
+    (panel,) = [p for p in load()["panels"] if "sglang:long_prefill_rounds_total" in p["targets"][0]["expr"]]
+    (target,) = panel["targets"]
+    num, den = target["expr"].split(" / ")
+    assert num.startswith("sum by (namespace, pod) (") and den.startswith("sum by (namespace, pod) (")
+    assert 'sglang:long_prefill_rounds_total{capped="true"}' in num
+    assert "sglang:long_prefill_rounds_total[" in den  # every pass, capped or not
+    assert panel["fieldConfig"]["defaults"] == {"unit": "percentunit", "min": 0, "max": 1}
+    assert "{{pod}}" in target["legendFormat"]

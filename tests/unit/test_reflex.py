@@ -149,3 +149,21 @@ def test_a_harder_cap_that_predicts_no_tenant_a_better_p99_ttft_is_not_a_move(be
                                  guardrails.GuardrailSettings(), 10_000.0)
     assert (decision.reason == guardrails.NO_TTFT_GAIN) is held, decision
     assert isinstance(decision, guardrails.Move) is not held, decision
+
+
+@pytest.mark.parametrize(("policy", "counted"), [("reflex:2048", (4, 1)), ("ceiling:2048", (10, 10)), ("stock", (0, 0))])
+def test_the_twin_counts_long_path_passes_and_the_capped_ones_as_the_engine_does(policy, counted):
+    """tests/engine/test_server_args_and_metrics.py's case (C 8192, T 2048, no hold): a
+    20,000-token prompt, a 100-token one arriving during its first pass. Reflex: uncapped
+    8,192, capped 2,048 beside the short one, uncapped 8,192 and the last 1,568: four long-path
+    passes, one capped (``sglang:long_prefill_rounds_total``). Ceiling caps each of its
+    ten (the short one rides in one); stock (T = 0) is not the long path."""
+    cfg = policies.EngineConfig(chunked_prefill_size=C, reflex_hold_s=0.0)
+    eng = engine.Engine(policies.parse(policy, cfg), PROFILE, cfg, record_rounds=True)
+    eng.submit(cold("G", "docs", 0.0, 20_000, 1))
+    eng.submit(cold("s", "chat", 0.001, 100, 2))
+    eng.run()
+    assert (eng.long_rounds, eng.capped_rounds) == counted
+    prefills = [dict(r.prefill) for r in eng.rounds if r.prefill]
+    if policy.startswith("reflex"):
+        assert prefills == [{"G": 8192}, {"s": 100, "G": 2048}, {"G": 8192}, {"G": 1568}]

@@ -9,12 +9,14 @@
 3. Replay the phases (slipstream.demo.phases: documents, heterogeneous,
    documents) against the engine Service's ready pods, time-scaled, while
    printing the ServingDeployment's Events as they happen and a status line
-   (setting, heterogeneity, per-tenant p99 TTFT) under a progress bar.
+   (setting, the share of prefill passes the engines capped over the last minute,
+   heterogeneity, per-tenant p99 TTFT) under a progress bar.
 4. Print Auto beside Off and the best static setting (slipstream.demo.offline: the twin on
    the same traffic for all, and the live Auto run beside it), whole phases.
-5. Print the kubectl commands that show the same, write a PNG of setting and
-   per-tenant p99 TTFT of the short requests (giants apart) over time, and clean up: the namespace when the stack
-   was reused, the whole stack when it was its own.
+5. Print the kubectl commands that show the same, write a PNG of the setting, the share
+   of prefill passes capped (per minute, read from the engines' /metrics) and per-tenant
+   p99 TTFT of the short requests (giants apart) over time, and clean up: the namespace
+   when the stack was reused, the whole stack when it was its own.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ DEFAULT_TIME_SCALE = 8.0
 """Twin seconds per wall second: three 720 s phases take 4.5 minutes."""
 
 DEFAULT_PHASE_S = 720.0
+CAPPED_WINDOW_S = 60.0
+"""Twin seconds of prefill passes behind the status line's "capping N% of passes"."""
 READY_S = 120.0
 
 
@@ -119,7 +123,9 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
         bar.write(f"  [{event['_twin_s']:6.0f}s] {event.get('type', '')} {event.get('reason', '')}: "
                   f"{event.get('message', '')}")  # fmt: skip
 
-    watcher = loop.Watcher(target, NAMESPACE, NAME, on_event=on_event).start()
+    # The engines' own pass counters, read from their /metrics beside the status: in reflex
+    # mode the setting stays put while the engines cap only the passes that need it.
+    watcher = loop.Watcher(target, NAMESPACE, NAME, on_event=on_event, engines=targets).start()
     load = loop.LoadRun(workload.requests, targets, scale).start()
     watcher.t0 = load.t0
     try:
@@ -128,7 +134,7 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
             phase = next((p for p in spans if p.holds(now)), spans[-1])
             bar.n = min(round(now), bar.total)
             latest = watcher.latest
-            line = loop.status_line(latest) if latest else "waiting for status"
+            line = loop.status_line(latest, watcher.capped_share(CAPPED_WINDOW_S)) if latest else "waiting for status"
             bar.set_description_str(f"{phase.name:16s} {line}"[:150])
             bar.refresh()
             time.sleep(0.5)
@@ -140,13 +146,16 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     for p in spans:
         p99 = loop.tenant_p99(results, p.start_s, p.end_s)
         shown = "  ".join(f"{t} {v:.2f}s" for t, v in p99.items())
-        print(f"{p.name:16s} p99 TTFT per tenant (twin s): {shown}")
+        share = loop.capped_share(watcher.passes, p.start_s, p.end_s)
+        capped = "" if share is None else f"; passes capped {share:.0%}"
+        print(f"{p.name:16s} p99 TTFT per tenant (twin s): {shown}{capped}")
     failed = sum(1 for r in results if not r.ok)
     print(f"{len(results)} requests, {failed} failed")
     out = Path(args.plot)
     from slipstream.demo import plot
 
-    plot.timeline(watcher.samples, results, spans, out, {r.rid: r.prompt_tokens for r in workload.requests})
+    plot.timeline(watcher.samples, results, spans, out, {r.rid: r.prompt_tokens for r in workload.requests},
+                  watcher.passes)  # fmt: skip
     print(f"wrote {out}")
     compare(workload, spans, results)
     print("\nTo watch the same by hand: `slipstream cluster up`, `export KUBECONFIG=...` as it prints,")

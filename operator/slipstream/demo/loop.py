@@ -5,7 +5,9 @@
   ``slipstream cluster up``;
 - ``serving_deployment()``: the example ServingDeployment (engine pods simulated);
 - ``Watcher``: polls the ServingDeployment's status and Events once a second and
-  keeps a timeline (setting, heterogeneity, per-tenant p99 TTFT) keyed by twin time;
+  keeps a timeline (setting, heterogeneity, per-tenant p99 TTFT) keyed by twin time,
+  and, given the engines' URLs, their prefill-pass counters (``PassCount``; the share of
+  passes they capped over a window: ``capped_share``);
 - ``LoadRun``: the phases' requests replayed in a thread by the engine simulator's
   load generator (slipstream.enginesim.load) against the ready pods of the engine
   Service, picked by its selector (localkube.podrunner.ServiceTargets: the
@@ -22,6 +24,7 @@ import subprocess
 import threading
 import time
 import urllib.error
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from slipstream.engine import metrics as engine_metrics
 from slipstream.localkube import apiread, podrunner
 from slipstream.sim.workload import Request
 
@@ -218,11 +222,62 @@ def setting_text(s: StatusSample) -> str:
     return f"T={s.threshold} (x{s.concurrency}) {s.mode}/{s.schedule_policy}"
 
 
-def status_line(s: StatusSample) -> str:
+def status_line(s: StatusSample, capped: float | None = None) -> str:
+    """The setting, heterogeneity and per-tenant p99 TTFT; with ``capped`` (a share, 0-1),
+    the share of prefill passes the engines capped too."""
     het = "?" if s.heterogeneity is None else f"{s.heterogeneity:.2f}"
     p99 = " ".join(f"{t} {v:.1f}s" for t, v in sorted(s.tenants_p99.items())) or "-"
     rollout = f" [{s.rollout_phase}]" if s.rollout_phase and s.rollout_phase != "Idle" else ""
-    return f"{setting_text(s)}{rollout} | heterogeneity {het} | p99 TTFT {p99}"
+    passes = "" if capped is None else f" | capping {capped:.0%} of passes"
+    return f"{setting_text(s)}{rollout}{passes} | heterogeneity {het} | p99 TTFT {p99}"
+
+
+# -- the engines' prefill passes --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassCount:
+    """The engines' ``sglang:long_prefill_rounds_total`` at one moment: per engine URL,
+    (capped passes, all passes) of the long-prefill path since that engine started."""
+
+    twin_s: float
+    counts: dict[str, tuple[float, float]]
+
+
+def read_passes(url: str, timeout_s: float = 2.0) -> tuple[float, float]:
+    """(capped, all) long-path prefill passes of the engine at ``url``, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=timeout_s) as resp:
+        text = resp.read().decode()
+    by_label = {"true": 0.0, "false": 0.0}
+    for family in text_string_to_metric_families(text):
+        for smp in family.samples:
+            if smp.name == engine_metrics.LONG_PREFILL_ROUNDS_TOTAL:
+                label = smp.labels.get(engine_metrics.CAPPED_LABEL)
+                if label in by_label:
+                    by_label[label] += smp.value
+    return by_label["true"], by_label["true"] + by_label["false"]
+
+
+def capped_share(passes: Sequence[PassCount], start_s: float, end_s: float) -> float | None:
+    """The share of the engines' long-path prefill passes that were capped, among those
+    counted between samples taken in (start_s, end_s]: each engine's rise from its sample
+    before to the one in the window (a counter that went down restarted: its new value is
+    the rise). None when no pass was counted there."""
+    capped = total = 0.0
+    last: dict[str, tuple[float, float]] = {}
+    for p in passes:
+        for url, (c, n) in p.counts.items():
+            before = last.get(url)
+            last[url] = (c, n)
+            if before is None or not start_s < p.twin_s <= end_s:
+                continue
+            if n < before[1] or c < before[0]:
+                before = (0.0, 0.0)
+            capped += c - before[0]
+            total += n - before[1]
+    return capped / total if total > 0 else None
 
 
 @dataclass
@@ -238,6 +293,10 @@ class Watcher:
     events: list[dict[str, Any]] = field(default_factory=list)
     t0: float | None = None
     errors: int = 0
+    engines: Callable[[], Sequence[str]] | None = None
+    """The engines' base URLs (the load's targets); given, each poll reads their pass
+    counters into ``passes``."""
+    passes: list[PassCount] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._seen: set[str] = set()
@@ -260,6 +319,24 @@ class Watcher:
             self.events.append(event)
             if self.on_event is not None:
                 self.on_event(event)
+        if self.engines is not None:
+            self.poll_passes(self.engines())
+
+    def poll_passes(self, urls: Sequence[str]) -> None:
+        """One ``PassCount`` of the engines that answer (one that does not is left out)."""
+        counts: dict[str, tuple[float, float]] = {}
+        for url in urls:
+            try:
+                counts[url] = read_passes(url)
+            except (OSError, ValueError):
+                self.errors += 1
+        if counts:
+            self.passes.append(PassCount(self.twin_now(), counts))
+
+    def capped_share(self, window_s: float = 60.0) -> float | None:
+        """The share of passes the engines capped over the last ``window_s`` twin seconds."""
+        now = self.twin_now()
+        return capped_share(self.passes, now - window_s, now)
 
     def start(self) -> Watcher:
         def loop() -> None:

@@ -28,6 +28,16 @@ SCHEDULE_POLICY = "sglang:schedule_policy"
 """Gauge (patch): 1 for the admission order in effect, by label `policy` (fcfs | lpm | srpt)."""
 NUM_PARTIAL_PREFILLS = "sglang:num_partial_prefills"
 """Gauge (patch): chunked (partial) prefills running this round."""
+LONG_PREFILL_ROUNDS_TOTAL = "sglang:long_prefill_rounds_total"
+"""Counter (patch): prefill rounds of the long-prefill path (T > 0 in force, or two or more
+partial prefills left after T was turned off), by label ``capped``: ``true`` when the round
+ran under the cap T (every ceiling and floor round; a reflex round when a short request
+waits or the hold runs), ``false`` when it ran without (an uncapped reflex round). Both
+series start at 0. ``rate(...{capped="true"}) / rate(...)`` is the share of passes capped:
+1 in ceiling and floor mode, the reflex's decisions in reflex mode; stock (T = 0) counts
+no rounds."""
+CAPPED_LABEL = "capped"
+CAPPED_VALUES = ("true", "false")
 
 CUSTOM_LABELS_HEADER = "x-custom-labels"
 """HTTP header clients send the tenant in: `x-custom-labels: {"tenant": "acme"}`."""

@@ -31,6 +31,10 @@ class Driver(Protocol):
     decoding: int
     config: EngineConfig
     kv_pool_tokens: int | None
+    long_rounds: int
+    """Prefill passes of the patch's long-prefill path so far; ``capped_rounds`` of them
+    under the cap T (``sglang:long_prefill_rounds_total``)."""
+    capped_rounds: int
 
     def submit(self, req: Request) -> JobView: ...
     def advance(self, until_s: float) -> None: ...

@@ -94,6 +94,13 @@ class EngineMetrics:
                             "1 for the admission order in force (label policy), else 0.",
                             [*sched, "policy"], registry=r)
         self._policies: set[str] = set()
+        # The patch's prefill rounds of the long path, capped by T or not, both from 0.
+        self.long_rounds = Counter(names.LONG_PREFILL_ROUNDS_TOTAL,
+                                   "Prefill rounds of the long-prefill path, by whether T capped them.",
+                                   [*sched, names.CAPPED_LABEL], registry=r)
+        self._rounds_seen = dict.fromkeys(names.CAPPED_VALUES, 0)
+        for capped in self._rounds_seen:
+            self.long_rounds.labels(**self.sched_labels, capped=capped)
         # The queue mix (slipstream.engine.metrics: bounded to tenants x SIZE_CLASSES).
         by_class = [*req, names.SIZE_CLASS_LABEL]
         self.arrivals = Counter(names.REQUEST_ARRIVALS_TOTAL, "Number of requests arrived.", req,
@@ -204,6 +211,15 @@ class EngineMetrics:
         self._policies.add(policy)
         for p in self._policies:
             self.policy.labels(**s, policy=p).set(1 if p == policy else 0)
+
+    def rounds(self, long_rounds: int, capped_rounds: int) -> None:
+        """The twin's tallies of long-path prefill rounds (``Engine.long_rounds``,
+        ``capped_rounds``) into ``sglang:long_prefill_rounds_total``, set just before a
+        scrape: each series rises by what the twin counted since the last one."""
+        for capped, total in (("true", capped_rounds), ("false", long_rounds - capped_rounds)):
+            if total > self._rounds_seen[capped]:
+                self.long_rounds.labels(**self.sched_labels, capped=capped).inc(total - self._rounds_seen[capped])
+                self._rounds_seen[capped] = total
 
     def late(self, lag_s: float) -> None:
         """A release ``lag_s`` twin seconds after it was due (``RELEASE_LAG_SECONDS``)."""

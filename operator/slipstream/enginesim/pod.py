@@ -183,6 +183,7 @@ class SimPod:
         self.metrics.scheduler(d.decoding, d.waiting, d.partials, self.live.threshold,
                                self.live.mode, self.live.schedule_policy, self.live.max_partial_prefills,
                                usage)
+        self.metrics.rounds(d.long_rounds, d.capped_rounds)
         labels = {t.rid: t.labels for t in self._pending}
         self.metrics.queue_mix([(labels[rid], size) for rid, size in d.unserved() if rid in labels])
         return self.metrics.exposition()

@@ -345,6 +345,14 @@ class Engine:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.reflex = ReflexClock(cfg.reflex_hold_s)
         """Reflex mode's last short sighting and hold (admission.py's reflex steps 2-3)."""
+        self.long_rounds = 0
+        """Prefill passes of the patch's long-prefill path (T > 0, or two or more partials
+        left after T was turned off): the engine's ``sglang:long_prefill_rounds_total``."""
+        self.capped_rounds = 0
+        """Those of them run under the cap T (every ceiling and floor pass; a reflex pass
+        when a short request waits or the hold runs): ``{capped="true"}``."""
+        self._round = 0
+        """The pass being allocated: 0 not on the long path, 1 uncapped, 2 capped."""
 
     # ---- the API ---------------------------------------------------------------------
 
@@ -447,6 +455,9 @@ class Engine:
                 self._make_room_for_decodes()
             alloc = self._allocation()
             if alloc:
+                if self._round:
+                    self.long_rounds += 1
+                    self.capped_rounds += self._round - 1
                 self._prefill_pass(alloc)
             elif self.decoding:
                 self._decode_passes(until_s)
@@ -499,6 +510,8 @@ class Engine:
             short = _short_waiting(queue, self.cache, reflex_line(rule.threshold, (j.need for j in partials)))
             self.reflex.hold_s = self.config.reflex_hold_s  # settable in place (the engine's admin call)
             rule = reflex_round(rule, self.reflex.capped(self.now_s, short))
+        # The patch's long path runs with T in force, or with two or more partials left.
+        self._round = (2 if rule.threshold else 1) if policy.rule.threshold or len(partials) > 1 else 0
         budget = rule.chunked_prefill_size - (self.decoding if policy.decodes_in_budget else 0)
         if budget <= 0:
             return {}

@@ -170,8 +170,11 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
                              state["prometheus_url"])  # fmt: skip
         up.kubectl("create", "namespace", NS)
         name = "supervised"
+        # From stock (T 0, ceiling tuner): heterogeneous traffic then makes Auto move. The demo's
+        # default reflex:4096 is already the best setting there and would start no rollout.
         sd = loop.serving_deployment(name, target.prometheus_url, mode="Auto", replicas=2, interval_s=60,
-                                     cooldown_s=180, analysis_s=120, max_concurrency=2)  # fmt: skip
+                                     cooldown_s=180, analysis_s=120, max_concurrency=2, threshold=0,
+                                     engine_mode="ceiling", schedule_policy="fcfs")  # fmt: skip
         sd["metadata"]["namespace"] = NS
         target.apply(sd)
         pods = engines(sv, sv, NS, name)

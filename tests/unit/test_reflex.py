@@ -19,12 +19,33 @@ C = 8192
 
 def test_a_round_with_a_short_request_waiting_is_ceiling_and_one_without_is_stock():
     rule = AdmissionRule(C, 4096, "reflex")
-    assert reflex_round(rule, True) == replace(rule, mode="ceiling")
+    assert reflex_round(rule, True) == replace(rule, mode="ceiling", fill_on_refusal=True)
     assert reflex_round(rule, False) == replace(rule, mode="ceiling", threshold=0)
     other = AdmissionRule(C, 4096, "floor")
     assert reflex_round(other, False) is other  # only a reflex rule is resolved
     with pytest.raises(ValueError, match="reflex_round"):
         admission.allocate(rule, [], [admission.Candidate("a", 10)])
+
+
+def test_a_capped_round_that_refuses_a_new_request_gives_its_idle_budget_to_the_partials():
+    """Step 3's fill: the giant in progress holds the memory, the document waiting cannot be
+    admitted, so the budget a cap would idle goes to the giant; with room the document is
+    admitted and nothing is filled (the ceiling's split)."""
+    capped = reflex_round(AdmissionRule(C, 4096, "reflex"), True)
+    giant, doc = admission.Candidate("giant", 150_000), admission.Candidate("doc", 20_000)
+    tight = admission.allocate(capped, [giant], [doc], kv_free=150_000)
+    assert tight == {"giant": C}, tight  # refused: the giant takes the whole pass
+    roomy = admission.allocate(capped, [giant], [doc], kv_free=10**6)
+    assert roomy == {"giant": 4096, "doc": 4096}, roomy
+    ceiling = AdmissionRule(C, 4096, "ceiling")  # the seed's ceiling never fills
+    assert admission.allocate(ceiling, [giant], [doc], kv_free=150_000) == {"giant": 4096}
+    # Under srpt's merged order the fill goes to the partials oldest first, then new ones.
+    old, young = admission.Candidate("old", 90_000), admission.Candidate("young", 30_000)
+    merged = admission.allocate(capped, [], [young, old, doc], kv_free=130_000 + 2 * 4096,
+                                partial_rids=("old", "young"))
+    assert merged == {"young": 4096, "old": 4096}, merged  # full: two partials at T, no fill
+    one = admission.allocate(capped, [], [old, doc], kv_free=100_000, partial_rids=("old",))
+    assert one == {"old": C}, one
 
 
 def test_short_means_at_most_t_uncached_tokens_among_the_first_128_waiting():
@@ -167,3 +188,24 @@ def test_the_twin_counts_long_path_passes_and_the_capped_ones_as_the_engine_does
     prefills = [dict(r.prefill) for r in eng.rounds if r.prefill]
     if policy.startswith("reflex"):
         assert prefills == [{"G": 8192}, {"s": 100, "G": 2048}, {"G": 8192}, {"G": 1568}]
+
+
+def test_a_memory_bound_queue_under_a_reflex_keeps_stocks_throughput_where_a_ceiling_loses_it():
+    """Three giants back to back in a pool that holds one at a time, chat arriving all the
+    while: every round is capped (the chat), no second giant fits beside the first, so
+    without step 3's fill a capped round prefills the giant at T and idles the rest of
+    the pass, as ceiling does. With it the reflex prefills the giants as fast as stock
+    does and still serves the chat in the next pass."""
+    giants = [cold(f"g{k}", "docs", 0.0 + 0.01 * k, 200_000, 1 + k) for k in range(3)]
+    chat = [cold(f"c{k}", "chat", 0.5 * k, 800, 100 + k) for k in range(120)]
+
+    def run(policy: str) -> dict[str, float]:
+        cfg = policies.EngineConfig(chunked_prefill_size=C, kv_pool_tokens=300_000)
+        result = engine.simulate(build("w", giants + chat), policies.parse(policy, cfg), PROFILE, cfg)
+        return {j.rid: j.first_token_s for j in result.jobs}
+
+    stock, reflex, ceiling = run("stock"), run("reflex:4096/srpt"), run("ceiling:4096/srpt")
+    assert reflex["g2"] <= 1.1 * stock["g2"], (reflex["g2"], stock["g2"])
+    assert ceiling["g2"] > 1.15 * stock["g2"] and reflex["g2"] < 0.95 * ceiling["g2"], (ceiling, reflex)
+    chat_wait = max(reflex[c.rid] - c.arrival_s for c in chat)
+    assert chat_wait < 0.1 * max(stock[c.rid] - c.arrival_s for c in chat), chat_wait

@@ -17,8 +17,10 @@ threshold (0 = off, SGLang 0.5.18 as shipped), P the page size and M stock's
    full, as in stock SGLang. Stock's ``rem_input_tokens`` check (with chunked prefill
    on) stops admission once an admitted request has used up what is left of M.
    Budgets are charged in whole pages, as SGLang's ``PrefillAdder`` charges them.
-3. Floor mode only: what is left of the budget goes to the partial prefills, oldest
-   first, so a lone long request uses the whole budget (work-conserving).
+3. Floor mode, and a capped reflex round that refused a new request (below): what is
+   left of the budget goes to the partial prefills, those in progress oldest first, then
+   the ones this round started in admission order, so a lone long request uses the whole
+   budget (work-conserving).
 
 Memory (``kv_free`` given; None = unlimited, the rule above unchanged). A NEW request
 (one getting tokens for the first time) is admitted only if its whole remaining need fits
@@ -52,9 +54,12 @@ prompt's arrival is handled by the next pass and uniform traffic pays nothing. E
 2. If one is found, the engine notes the round's start time as the last short sighting.
 3. The round is *capped* if a short request was found (step 1) or the last sighting was
    less than H seconds ago (the hold, ``--long-prefill-reflex-hold-seconds``, default
-   ``DEFAULT_REFLEX_HOLD_S``; 0 = no hold). A capped round is allocated exactly as
-   ceiling mode with T (steps 1-2 above, and under srpt the merged order of partials and
-   waiting requests).
+   ``DEFAULT_REFLEX_HOLD_S``; 0 = no hold). A capped round is allocated as ceiling mode
+   with T (steps 1-2 above, and under srpt the merged order of partials and waiting
+   requests); then, if a new request was refused in it (memory, or the partials bound)
+   and budget is left, that budget goes to the partial prefills as in floor mode (step 3
+   above): the engine cannot take more work this round, so a cap that idles budget only
+   slows the prefills that hold the memory the queue waits for.
 4. Otherwise the round is *uncapped*: it is allocated as T = 0 (stock): partials in
    progress oldest first, each taking what it needs up to the budget left, then waiting
    requests whole, or truncated by the budget, after which the round is full.
@@ -73,7 +78,15 @@ take a whole uncapped pass, and the next short arrival waits for that pass (on t
 phases, twin, ``reflex:4096/srpt``: the heterogeneous phase's worst-tenant p99 TTFT 1.55 s
 at no hold, 1.25 s at 1 s, 1.00 s at 3 s, the ceiling's 1.00 s; the documents phases
 0.89 s and 0.94 s at every hold, stock's). The hold is in engine seconds, so an idle
-engine forgets it: a giant after a quiet spell takes whole passes.
+engine forgets it: a giant after a quiet spell takes whole passes. The fill on refusal
+(step 3) is what keeps a reflex from costing throughput when the fleet is over capacity:
+there the queue is memory-bound, a capped round admits one long prompt at T and idles the
+rest of the pass, and the backlog grows (``scripts/sweep-random.py``'s workloads, twin,
+``reflex:4096/srpt`` before and after it: seed 12's documents phase 178.8 s and 2.7 s,
+the whole run 178.7 s and 90.8 s; seed 17 fcfs 47.1 s and 17.3 s). Filling every capped
+round instead (refusal or not) costs the heterogeneous demo phase (1.00 s -> 1.47 s at
+720 s phases): longer passes delay the next short arrival. The demo's phases and
+``loopbench-rag.yaml`` are unchanged by the fill on refusal (0.94 s and 2.00 s whole).
 
 Precedence of partial prefills (``partials_first``): they are served before any waiting
 request under fcfs and lpm (they are the oldest), with T = 0 (stock's chunked request
@@ -139,6 +152,9 @@ class AdmissionRule:
     """KV page size: truncated chunks are floored to a multiple of it, as in SGLang."""
     max_prefill_tokens: int | None = 16384
     """Stock's ``--max-prefill-tokens`` (``rem_input_tokens``) check; None disables it."""
+    fill_on_refusal: bool = False
+    """A capped reflex round's step 3: when a new request is refused (memory or the partials
+    bound), the budget left goes to the partials as in floor mode. Set by ``reflex_round``."""
 
     def __post_init__(self) -> None:
         if self.chunked_prefill_size <= 0:
@@ -194,7 +210,9 @@ def reflex_round(rule: AdmissionRule, short_waiting: bool) -> AdmissionRule:
 
 @functools.lru_cache(maxsize=256)
 def _reflex_resolved(rule: AdmissionRule, short_waiting: bool) -> AdmissionRule:
-    return replace(rule, mode="ceiling", threshold=rule.threshold if short_waiting else 0)
+    if not short_waiting:
+        return replace(rule, mode="ceiling", threshold=0)
+    return replace(rule, mode="ceiling", fill_on_refusal=True)
 
 
 def reflex_line(threshold: int, partial_needs: Iterable[int] = ()) -> int:
@@ -263,7 +281,8 @@ def allocate(
     stock's reservation for running decodes); None = unlimited (no memory check).
     ``max_partials``: most partial prefills at once (engine ``--max-partial-prefills``);
     None = unbounded. ``partial_rids``: the rids in ``waiting`` that are partial prefills
-    in progress (srpt in ceiling mode, where the caller merges them into one order).
+    in progress, oldest first (srpt in ceiling mode, where the caller merges them into one
+    order; the fill of step 3 goes in that order).
     A candidate may carry ``out_reserve`` (KV tokens charged for its output when its
     prefill finishes, SGLang's clipped ``max_new_tokens``); absent = 0. ``chunk_limit``
     (partial, budget left) -> a further cap on that partial's chunk, or None: SGLang 0.5.23's
@@ -286,6 +305,7 @@ def allocate(
         reserve += -(-c.need // page) * page
         unfinished += 1
     new_open = True  # new admissions still allowed this round
+    refused = False  # a new request was refused (memory or the partials bound)
     alloc: dict[str, int] = {}
 
     def charge(c: HasNeed, take: int, prior: int) -> None:
@@ -336,6 +356,7 @@ def allocate(
             # Stock's NO_TOKEN (or the partials bound): no more new requests this round;
             # partials later in a merged srpt order still run.
             new_open = False
+            refused = True
             if not running:
                 break
             continue
@@ -353,10 +374,13 @@ def allocate(
             if not running:
                 break
 
-    if rule.mode == "floor" and rule.threshold > 0 and rem > 0:
+    if rule.threshold > 0 and rem > 0 and (rule.mode == "floor" or (rule.fill_on_refusal and refused)):
         needs = {c.rid: c.need for c in partials}
         needs.update((c.rid, c.need) for c in waiting if c.rid in alloc)
-        for rid in list(alloc):
+        # Partials in progress oldest first, then this round's new requests in admission
+        # order (under srpt the merged order put them anywhere).
+        order = [*(r for r in partial_rids if r in alloc), *(r for r in alloc if r not in running)]
+        for rid in order if running else list(alloc):
             short = needs[rid] - alloc[rid]
             if short <= 0:
                 continue

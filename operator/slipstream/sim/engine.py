@@ -525,7 +525,7 @@ class Engine:
                 return policy.allocator(rule, partials, queue.items[:head], budget,
                                         max_partials=max_partials)
             return allocate(rule, (), _srpt_merge(queue, head, partials), budget,
-                            max_partials=max_partials, partial_rids={j.rid for j in partials})
+                            max_partials=max_partials, partial_rids=tuple(j.rid for j in partials))
         # The reservation rule (admission.py): what the running decodes may still need
         # (SGLang's new_token_ratio estimate, plus this pass's own tokens when mixed).
         reserve = self.new_token_ratio * self._rem_sum + (self.decoding if policy.mixed else 0)
@@ -546,7 +546,7 @@ class Engine:
         else:
             alloc = allocate(rule, (), _srpt_merge(queue, head, partials), budget,
                              kv_free=kv_free, max_partials=max_partials,
-                             partial_rids={j.rid for j in partials})
+                             partial_rids=tuple(j.rid for j in partials))
         return self._fit_pool(alloc, reserve)
 
     def _fit_pool(self, alloc: dict[str, int], reserve: float) -> dict[str, int]:

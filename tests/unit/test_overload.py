@@ -78,10 +78,12 @@ def test_under_overload_the_tuner_takes_the_most_prefill_throughput() -> None:
     assert guardrails.throughput_setting(Setting(0, "ceiling", "fcfs"), SPEC) is None, "stock leaves none idle"
     assert guardrails.throughput_setting(Setting(2048, "floor", "srpt"), SPEC) is None
     reflex_only = candidates.TuningSpec(8192, 1, 1, 8, modes=("reflex",))
-    assert guardrails.throughput_setting(Setting(4096, "reflex", "srpt"), reflex_only) is None, "no stock allowed"
+    for spec_ in (reflex_only, candidates.TuningSpec(8192, 1, 1, 8, modes=("reflex", "ceiling", "floor"))):
+        # A reflex fills a capped round that refuses work (sim/admission.py): nothing to gain.
+        assert guardrails.throughput_setting(Setting(4096, "reflex", "srpt"), spec_) is None
     state = guardrails.TunerState(Setting(4096, "reflex", "srpt"), overloaded="the queue grew")
     held = guardrails.under_overload(state, reflex_only)
-    assert held.reason == "Overloaded" and "allows no setting" in getattr(held, "message", "")
+    assert held.reason == "Overloaded" and "already leaves no prefill budget idle" in getattr(held, "message", "")
     moved = guardrails.under_overload(guardrails.TunerState(cap, overloaded="the queue grew"), SPEC)
     assert isinstance(moved, guardrails.Move) and moved.to == Setting(2048, "floor", "srpt")
     # The operator's recommender: a move without a twin run (no profile loaded), its reason

@@ -209,3 +209,35 @@ def test_a_memory_bound_queue_under_a_reflex_keeps_stocks_throughput_where_a_cei
     assert ceiling["g2"] > 1.15 * stock["g2"] and reflex["g2"] < 0.95 * ceiling["g2"], (ceiling, reflex)
     chat_wait = max(reflex[c.rid] - c.arrival_s for c in chat)
     assert chat_wait < 0.1 * max(stock[c.rid] - c.arrival_s for c in chat), chat_wait
+
+
+def _order_step(current, to, state_kw, heterogeneity):
+    from slipstream.tune import guardrails
+    from slipstream.tune.recommend import Ranking
+
+    cur = _prediction(current, {"chat": 12.0, "docs": 30.0}, 40.0)
+    best = _prediction(to, {"chat": 1.5, "docs": 20.0}, 8.0)
+    rec = Ranking(best, cur, (best, cur), heterogeneity, True, "worst_tenant_slowdown_p99", 10.0, 400, "test")
+    snap_ok = type("S", (), {"valid": True, "requests": 500, "queue_mix": (), "queue_depth": 0.0})()
+    spec_ = candidates.TuningSpec(C, 1, 1, 2, modes=candidates.modes_for("reflex"))
+    return guardrails.decide(snap_ok, rec, guardrails.TunerState(current, **state_kw), spec_,
+                             guardrails.GuardrailSettings(), 10_000.0)
+
+
+def test_a_jump_puts_a_reflex_back_on_srpt_and_leaving_srpt_waits_for_calm_traffic():
+    """guardrails.shields: giants after a calm phase that left the reflex in fcfs are served
+    by srpt from the jump's step, not the timer's; the way back to fcfs is a loosening."""
+    from slipstream.tune import guardrails
+
+    fcfs, srpt, lpm = (policies.Setting(4096, "reflex", o) for o in ("fcfs", "srpt", "lpm"))
+    assert guardrails.shields(srpt, fcfs) and guardrails.shields(srpt, lpm)
+    assert not guardrails.shields(fcfs, srpt) and not guardrails.shields(srpt, srpt)
+    assert not guardrails.shields(policies.Setting(4096, "ceiling", "srpt"), policies.Setting(4096, "ceiling", "fcfs"))
+    moved = _order_step(fcfs, srpt, {"mix_jumped": True}, 0.8)
+    assert isinstance(moved, guardrails.Move) and moved.to == srpt, moved
+    lpm_jump = _order_step(fcfs, lpm, {"mix_jumped": True}, 0.8)  # another order alone: the timer's
+    assert lpm_jump.reason == guardrails.JUMP_NOT_HARDER, lpm_jump
+    held = _order_step(srpt, fcfs, {"mixed_at": 10_000.0 - 60.0}, 0.0)
+    assert held.reason == guardrails.CALM and "leave srpt" in getattr(held, "message", ""), held
+    calm = _order_step(srpt, fcfs, {}, 0.0)  # never heterogeneous: the order may change
+    assert isinstance(calm, guardrails.Move) and calm.to == fcfs, calm

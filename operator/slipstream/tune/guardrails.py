@@ -64,9 +64,12 @@ the constraints and no step is worth taking; stay, and say so). The checks, in o
 10. otherwise the gain is below the margin: Hold ``BelowMargin`` (hysteresis: noisy
     windows do not flap).
 
-A step the queue mix brought forward moves only to a setting that caps harder: anything
-else (another order or mode alone, less concurrency) is held ``JumpNotHarder`` until the
-timer's step. Its window is the short one since the jump, and a change of order on it
+A step the queue mix brought forward moves only to a setting that caps harder, or, on
+a reflex, to srpt from another order at the same T (``shields``: the reflex caps within
+the pass already, and srpt is the order that lets short requests past the long ones in a
+capped pass; under fcfs a second giant is admitted before the short ones behind it):
+anything else (another order or mode alone, less concurrency) is held ``JumpNotHarder``
+until the timer's step. Its window is the short one since the jump, and a change of order on it
 would start a canary that keeps the fleet uncapped for an analysis window while the
 giants that brought the step queue behind each other. For the same reason its twin run
 ranks the ceiling mode only (``tune.tuner.JUMP_MODES``), and, from one prefill at a time,
@@ -81,7 +84,8 @@ long ones wait, which users read as a worse p99 TTFT for nothing a cap would fix
 
 The step back to less concurrency on near-uniform traffic is not held by the dwell: it
 answers a change of mix, not a noisy ranking. Every move to less concurrency (by gain or by
-the step back) is held ``Calm`` until the traffic has been near-uniform for
+the step back), and every move of a reflex from srpt to another order (``shields``), is
+held ``Calm`` until the traffic has been near-uniform for
 ``calm_cooldowns`` cooldowns (``TunerState.mixed_at``, the last window that was not, this
 one included): one quiet window among random giant prompts (a Poisson stream of one a
 minute leaves over a third of the minutes without one) is not the end of them, and lifting a
@@ -309,14 +313,28 @@ def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSetti
 OVERLOADED = "Overloaded"
 
 
+def shields(to: Setting, current: Setting) -> bool:
+    """Whether ``to`` is a reflex at ``current``'s T in srpt where ``current`` is the same
+    reflex in another order: a step a queue-mix jump may take as it takes a harder cap
+    (module doc). On a randomized workload (``random:9``, twin) a reflex left in fcfs by a
+    calm chat phase served the giants after it at 15.4 s worst-tenant p99 TTFT for the
+    three intervals a timer step took to put srpt back, against srpt's 1.4 s with this
+    rule. The reverse step (``shields(current, to)``) is a loosening: it waits for calm
+    traffic as a step to fewer prefills at once does (``Calm``, module doc)."""
+    return (to.mode == current.mode == "reflex" and to.threshold == current.threshold
+            and to.order == "srpt" != current.order)
+
+
 def throughput_setting(current: Setting, spec: TuningSpec) -> Setting | None:
     """The setting with the most prefill throughput from ``current``: one that leaves no
-    pass budget idle. Stock (one prefill at a time, the whole budget) and a floor (idle
-    budget handed to the partial prefills) leave none: None, stay. A ceiling or reflex cap
-    does, when fewer than C // T prefills are partial: its floor at the same T and order
-    (same concurrency, so no other risk), else stock in the same order, when the spec allows
-    it; else None."""
-    if concurrency(current, spec.chunked_prefill_size) == 1 or current.mode == "floor":
+    pass budget idle. Stock (one prefill at a time, the whole budget), a floor (idle budget
+    handed to the partial prefills) and a reflex (uncapped without short requests; a capped
+    round that refuses a new request hands its idle budget to the partials, and a queue
+    that grows is one the engine refuses: sim/admission.py, reflex step 3) leave none:
+    None, stay. A ceiling cap does, when fewer than C // T prefills are partial: its floor
+    at the same T and order (same concurrency, so no other risk), else stock in the same
+    order, when the spec allows it; else None."""
+    if concurrency(current, spec.chunked_prefill_size) == 1 or current.mode in ("floor", "reflex"):
         return None
     options = [Setting(current.threshold, "floor", current.order)] if "floor" in spec.modes else []
     options.append(Setting(0, current.mode, current.order))
@@ -329,7 +347,7 @@ def under_overload(state: TunerState, spec: TuningSpec) -> Decision:
     c = spec.chunked_prefill_size
     to = throughput_setting(state.current, spec)
     if to is None:
-        idle = concurrency(state.current, c) > 1 and state.current.mode != "floor"
+        idle = concurrency(state.current, c) > 1 and state.current.mode not in ("floor", "reflex")
         why = "the spec allows no setting that leaves less budget idle" if idle else "already leaves no prefill budget idle"
         return Hold(OVERLOADED, f"{state.overloaded}; {describe(state.current, c)} stays: {why}")
     return Move(state.current, to, f"overloaded: {state.overloaded}; {describe(to, c)} leaves no prefill budget "
@@ -368,6 +386,7 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     by_gain = best != state.current and rec.gain_abs >= settings.min_gain_abs and rec.gain >= margin
     fewer = concurrency(best, c) < concurrency(state.current, c)
     harder = concurrency(best, c) > concurrency(state.current, c)
+    jump_ok = harder or shields(best, state.current)
     back = None if state.mix_jumped else step_back_to(rec, state.current, c, settings)
     step_back = back is not None and back.setting == best
     if by_gain and not step_back and math.isfinite(rec.resample_gain) and rec.resample_gain < settings.min_gain:
@@ -382,26 +401,30 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
         return Hold(NO_TTFT_GAIN, f"{describe(best, c)} caps harder than {describe(state.current, c)} but "
                     f"predicts no tenant a better p99 TTFT: {rec.reason}", rec)  # fmt: skip
     if cooling(state, settings, now):  # only a step the mix brought forward gets here
-        if by_gain and left_at is None and harder and rec.sure_gain >= settings.jump_gain:
+        if by_gain and left_at is None and jump_ok and rec.sure_gain >= settings.jump_gain:
             return Move(state.current, best, f"{rec.reason}; the queue mix jumped, so it does not wait out "
                         "the cooldown", rec)  # fmt: skip
         since = now - state.last_step_at if state.last_step_at is not None else 0.0
         return Hold(COOLDOWN, f"last step {since:.0f} s ago, cooldown {settings.cooldown_s:.0f} s: the queue "
                     f"mix jumped, but only a harder cap with a predicted gain of at least "
                     f"{settings.jump_gain:.0%} skips it ({rec.reason})", rec)  # fmt: skip
-    if state.mix_jumped and best != state.current and not harder:
+    if state.mix_jumped and best != state.current and not jump_ok:
         return Hold(JUMP_NOT_HARDER, f"{describe(best, c)} does not cap harder than {describe(state.current, c)}: "
                     "a step the queue mix brought forward moves only to a harder cap, and anything else waits "
                     f"for the timer's step: {rec.reason}", rec)  # fmt: skip
     same_cap = best != state.current and concurrency(best, c) == concurrency(state.current, c)
     worse = by_gain and same_cap and ttft_best > ttft_now * (1 + settings.step_back_tolerance)
     by_gain_now = by_gain and left_at is None and not worse
-    loosen = best if fewer and by_gain else back.setting if back is not None and not by_gain_now else None
+    # Leaving a reflex's srpt is loosening too: the order is the reflex's shield (``shields``).
+    unshield = shields(state.current, best)
+    loosen = best if (fewer or unshield) and by_gain else back.setting if back is not None and not by_gain_now else None
     if loosen is not None:
         mixed = now if rec.heterogeneity > settings.step_back_max_heterogeneity else state.mixed_at
         calm_s = settings.calm_cooldowns * settings.cooldown_s
         if mixed is not None and now - mixed < calm_s:
-            return Hold(CALM, f"{describe(loosen, c)} would run fewer prefills at once, but the traffic was "
+            what = "would leave srpt, the order that lets short requests past long ones," if unshield and \
+                loosen == best else "would run fewer prefills at once,"
+            return Hold(CALM, f"{describe(loosen, c)} {what} but the traffic was "
                         f"heterogeneous {now - mixed:.0f} s ago: a cap is loosened only after {calm_s:.0f} s of "
                         f"near-uniform traffic: {rec.reason}", rec)  # fmt: skip
     if by_gain_now:

@@ -82,8 +82,9 @@ engine forgets it: a giant after a quiet spell takes whole passes. The fill on r
 (step 3) is what keeps a reflex from costing throughput when the fleet is over capacity:
 there the queue is memory-bound, a capped round admits one long prompt at T and idles the
 rest of the pass, and the backlog grows (``scripts/sweep-random.py``'s workloads, twin,
-``reflex:4096/srpt`` before and after it: seed 12's documents phase 178.8 s and 2.7 s,
-the whole run 178.7 s and 90.8 s; seed 17 fcfs 47.1 s and 17.3 s). Filling every capped
+``reflex:4096/srpt`` left on, before and after it, 2026-12-07: seed 12's documents
+phase 178.8 s and 2.7 s, its whole run 178.7 s and 90.8 s; seed 17's whole run 47.1 s
+and 35.5 s; ``scripts/reflex-offline.py random:12 0 --constants``). Filling every capped
 round instead (refusal or not) costs the heterogeneous demo phase (1.00 s -> 1.47 s at
 720 s phases): longer passes delay the next short arrival. The demo's phases and
 ``loopbench-rag.yaml`` are unchanged by the fill on refusal (0.94 s and 2.00 s whole).

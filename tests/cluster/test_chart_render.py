@@ -184,26 +184,40 @@ def test_cluster_wide_install_renders_the_confinement_policy_for_its_service_acc
     assert binding == {"policyName": "r-slipstream-confine", "validationActions": ["Deny"]}
     off = {d["metadata"]["name"] for d in docs("admissionPolicies.confine.enabled=false", tmp=tmp_path)
            if d["kind"].startswith("ValidatingAdmissionPolicy")}  # fmt: skip
-    assert off == {"r-slipstream-owned-objects"}
+    assert off == {"r-slipstream-owned-objects", "r-slipstream-engine-pods"}
 
 
 def test_owned_objects_policy_matches_spec_writes_and_scale_by_anyone_but_the_operator(tmp_path: Path) -> None:
     rendered = docs(tmp=tmp_path)
     policy = one(rendered, "ValidatingAdmissionPolicy", "r-slipstream-owned-objects")["spec"]
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["operations"])) for r in policy["matchConstraints"]["resourceRules"]}
-    assert rules == {(("apps",), ("deployments", "deployments/scale"), ("UPDATE",)),
-                     (("",), ("services", "configmaps"), ("UPDATE",))}  # fmt: skip
+    assert rules == {(("apps",), ("deployments", "deployments/scale"), ("UPDATE", "DELETE")),
+                     (("",), ("services", "configmaps"), ("UPDATE", "DELETE"))}  # fmt: skip
     assert "namespaceSelector" not in policy["matchConstraints"]  # cluster-wide: every namespace
     conditions = {c["name"]: c["expression"] for c in policy["matchConditions"]}
     assert conditions["not-an-operator"].startswith(f'!(request.userInfo.username == "{OPERATOR}" ||')
     assert "subresource('status')" in conditions["not-an-operator"]
     assert "ServingDeployment" in conditions["owned-by-a-servingdeployment"]
-    (validation,) = policy["validations"]
-    assert "object.spec == oldObject.spec" in validation["expression"]
-    assert "edit the ServingDeployment instead" in validation["messageExpression"]
+    # Exactly the autoscalers' identities pass on /scale, the controllers on deletes and owners.
+    assert '["system:serviceaccount:kube-system:horizontal-pod-autoscaler"]' in conditions["not-an-autoscaler-scaling"]
+    assert "request.subResource == 'scale'" in conditions["not-an-autoscaler-scaling"]
+    cleanup = {v["name"]: v["expression"] for v in policy["variables"]}["cleanup"]
+    assert "system:serviceaccount:kube-system:generic-garbage-collector" in cleanup
+    deleted, edited, owners = policy["validations"]
+    assert deleted["expression"] == "request.operation != 'DELETE' || variables.cleanup"
+    assert "object.spec == oldObject.spec" in edited["expression"]
+    assert "variables.instead" in edited["messageExpression"]
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert "edit the ServingDeployment instead" in variables["instead"]
+    assert "ownerReferences" in owners["expression"] and "serving.slipstream.dev/name" in owners["expression"]
+    pods = one(rendered, "ValidatingAdmissionPolicy", "r-slipstream-engine-pods")["spec"]
+    assert [r["resources"] for r in pods["matchConstraints"]["resourceRules"]] == [["pods"]]
+    (pod_check,) = pods["validations"]
+    assert "object.spec == oldObject.spec" in pod_check["expression"]
+    assert one(rendered, "ValidatingAdmissionPolicyBinding", "r-slipstream-engine-pods")["spec"]["validationActions"] == ["Deny"]
     assert one(rendered, "ValidatingAdmissionPolicyBinding", "r-slipstream-owned-objects")["spec"]["validationActions"] == ["Deny"]
     off = [d for d in docs("admissionPolicies.ownedObjects.enabled=false", tmp=tmp_path)
-           if d["kind"].startswith("ValidatingAdmissionPolicy") and "owned" in d["metadata"]["name"]]  # fmt: skip
+           if d["kind"].startswith("ValidatingAdmissionPolicy") and not d["metadata"]["name"].endswith("-confine")]  # fmt: skip
     assert off == []
 
 

@@ -48,7 +48,7 @@ from conftest import eventually
 from slipstream import localkube
 from slipstream.demo import loopbench
 from slipstream.engine import metrics as engine_metrics
-from slipstream.localkube import components, ports
+from slipstream.localkube import ports
 from slipstream.localkube import stack as stack_mod
 
 TIME_SCALE = 10.0
@@ -710,49 +710,3 @@ def test_a_second_writer_of_replicas_is_reported_not_fought(faults: Faults) -> N
 
     eventually(taken_back, deadline_s=DEADLINE_S, what="replicas taken back")
     cluster.kubectl("delete", "sd", name, f"--namespace={NS}", "--wait=false")
-
-
-def test_a_real_hpa_on_the_engine_deployment_is_reported_not_fought(faults: Faults) -> None:
-    """A real HorizontalPodAutoscaler (kube-controller-manager's controller, its sync every
-    `components.HPA_SYNC_S`) on the engine Deployment with minReplicas above the spec's replicas: the HPA scales the
-    Deployment up through the scale subresource each time the operator puts it back; after
-    a few such writes the operator reports ReplicasManagedElsewhere naming the writer, with
-    one Warning, and leaves the HPA's value alone."""
-    cluster, name = faults.cluster, "autoscaled"
-    apply(cluster, NS, fixed(name, replicas=1))
-    eventually(lambda: reconciled(cluster, NS, name), deadline_s=DEADLINE_S, what="reconciled")
-    hpa = {
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-                 "minReplicas": 2, "maxReplicas": 3},
-    }  # fmt: skip
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(hpa))
-    try:
-        def reported() -> None:
-            c = condition_of(cluster, NS, name, "ReplicasManagedElsewhere")
-            assert c["status"] == "True" and "kube-controller-manager" in c["message"], c
-            one_warning(cluster, name, "ReplicasContested")
-
-        # Three of the HPA's syncs after three reverts, on a loaded machine.
-        eventually(reported, deadline_s=DEADLINE_S + 60, what="the HPA reported")
-        rescales = hpa_rescales(cluster, name)
-        generation = must_get(cluster, "deployment", name, NS)["metadata"]["generation"]
-        # Two more HPA syncs in which nothing may fight: no revert, so no new rescale.
-        time.sleep(2 * components.HPA_SYNC_S + 5)
-        assert hpa_rescales(cluster, name) == rescales, "the operator kept reverting the HPA"
-        dep = must_get(cluster, "deployment", name, NS)
-        assert dep["spec"]["replicas"] == 2 and dep["metadata"]["generation"] == generation, dep["spec"]
-        print(f"real HPA: {rescales} rescales before the operator stood back")
-        assert 2 <= rescales <= 4, rescales
-    finally:
-        cluster.kubectl("delete", "hpa", name, f"--namespace={NS}", "--wait=false", check=False)
-        cluster.kubectl("delete", "sd", name, f"--namespace={NS}", "--wait=false", check=False)
-
-
-def hpa_rescales(cluster: localkube.Cluster, name: str) -> int:
-    """SuccessfulRescale Events the HPA controller posted for `name` (their counts summed)."""
-    listed = json.loads(cluster.kubectl("get", "events", f"--namespace={NS}", "-o", "json",
-                                        f"--field-selector=involvedObject.kind=HorizontalPodAutoscaler,"
-                                        f"involvedObject.name={name}").stdout)  # fmt: skip
-    return sum(e.get("count") or 1 for e in listed["items"] if e.get("reason") == "SuccessfulRescale")

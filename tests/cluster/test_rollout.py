@@ -1,6 +1,7 @@
 """The rollout on a real control plane: the generated admin Secret, the key only in env,
 a Fixed edit reaching the running engines in place, a stale engine corrected, failing admin
-endpoints rolled back after bounded retries, and one Warning per new problem.
+endpoints rolled back after bounded retries, one Warning per new problem, and the
+engine-pod runner keeping every simulator while the ConfigMap its env came from is gone.
 
 Engine pods are kwok pods with loopback IPs; the engine-pod runner
 (`localkube.podrunner`) starts one `slipstream engine-sim` per pod on the pod's own IP,
@@ -295,3 +296,50 @@ def _in(wanted: list[str], seen: list[str]) -> None:
 
 def _at_least(value: float, bound: float) -> None:
     assert value >= bound, f"{value} < {bound}"
+
+
+GC_USER = "system:serviceaccount:kube-system:generic-garbage-collector"
+"""An identity that may delete an owned ConfigMap under the default chart's policies (the
+garbage collector's; people are refused): used here to take the ConfigMap away."""
+
+
+def test_the_engine_pod_runner_keeps_each_simulator_while_its_configmap_is_gone(
+    cluster: localkube.Cluster, operator: Operator, runner: podrunner.PodRunner
+) -> None:
+    """The engine pods' env comes from the owned ConfigMap; a kubelet reads it only when it
+    starts a container. Deleting the ConfigMap (here as the garbage collector, which the
+    policy lets delete) leaves every simulator running, the same process, until and after
+    the tuning loop's next step creates it again: no restart, no pod replaced."""
+    ns = namespace(cluster, "cm-gone")
+    apply(cluster, ns, sd_doc("kept"))
+    eventually(lambda: reconciled(cluster, ns, "kept"), deadline_s=DEADLINE_S, what="kept reconciled")
+    engines(cluster, runner, ns, "kept")
+    pods = pod_identities(cluster, ns, "kept")
+    sims = {s["pod"]: (s["uid"], s["pid"]) for s in runner.simulators() if s["pod"].startswith(f"{ns}/")}
+    assert len(sims) == 2, sims
+    before = must_get(cluster, "configmap", "kept-engine-setting", ns)["metadata"]["uid"]
+    assert passes_while_gone(cluster, runner, ns, "kept-engine-setting"), "the ConfigMap was never gone for a pass"
+
+    def recreated() -> None:
+        assert must_get(cluster, "configmap", "kept-engine-setting", ns)["metadata"]["uid"] != before
+
+    eventually(recreated, deadline_s=DEADLINE_S, what="the ConfigMap recreated by the tuning loop")
+    runner.sync_once()  # and a pass after it came back
+    now = {s["pod"]: (s["uid"], s["pid"]) for s in runner.simulators() if s["pod"].startswith(f"{ns}/")}
+    assert now == sims, "a simulator was stopped or restarted"
+    ours = {k: v for k, v in runner.restarts().items() if k.startswith(f"{ns}/")}
+    assert ours and not any(ours.values()), ours
+    assert pod_identities(cluster, ns, "kept") == pods
+    cluster.kubectl("delete", "sd", "kept", f"--namespace={ns}", "--wait=false")
+
+
+def passes_while_gone(cluster: localkube.Cluster, runner: podrunner.PodRunner, ns: str, name: str, tries: int = 5) -> int:
+    """Delete the ConfigMap and run a pass of the runner; count the passes that ran while it
+    was gone (still absent after the pass: the tuning loop recreates it within a step)."""
+    seen = 0
+    for _ in range(tries):
+        cluster.kubectl("delete", "configmap", name, f"--namespace={ns}", f"--as={GC_USER}", "--ignore-not-found")
+        runner.sync_once()
+        if cluster.kubectl("get", "configmap", name, f"--namespace={ns}", check=False).returncode != 0:
+            seen += 1
+    return seen

@@ -93,6 +93,7 @@ NEEDED = [
     *[(v, "configmaps", GRANTED_NS) for v in ("get", "create", "patch")],
     *[(v, "podmonitors.monitoring.coreos.com", GRANTED_NS) for v in ("get", "create", "patch")],
     ("list", "pods", GRANTED_NS),
+    ("list", "horizontalpodautoscalers.autoscaling", GRANTED_NS),  # an HPA on an engine Deployment
     ("create", "events", GRANTED_NS),
     ("get", "secrets", GRANTED_NS),  # a Secret a spec names (rbac.secretNamespaces)
     ("create", "secrets", GRANTED_NS),  # the generated <name>-admin-key
@@ -130,6 +131,7 @@ DENIED = [
     ("list", "configmaps", GRANTED_NS),
     ("get", "pods", GRANTED_NS),
     ("create", "pods", GRANTED_NS),
+    ("patch", "horizontalpodautoscalers.autoscaling", GRANTED_NS),  # read, never written
     ("delete", "pods", GRANTED_NS),
     ("create", "pods/exec", GRANTED_NS),
     ("get", "pods/log", GRANTED_NS),

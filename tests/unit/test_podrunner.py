@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import copy
+import os
+import sys
+import urllib.error
+from email.message import Message
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,3 +111,65 @@ def test_the_operators_own_pod_template_translates_to_engine_flags():
                     "--schedule-policy": "srpt", "--chunked-prefill-size": "8192"}  # fmt: skip
     assert not any("$(" in a for a in argv), argv
     assert spec.env["SLIPSTREAM_ADMIN_API_KEY"] == "s3cret"
+
+
+class FakeApi:
+    """The apiserver as the runner reads it: one pod list and the objects its env names."""
+
+    def __init__(self, pods: list[dict[str, Any]], store: dict[tuple[str, str, str], dict[str, str]]) -> None:
+        self.pods, self.store = pods, store
+
+    def get_json(self, path: str) -> Any:
+        if "/pods?" in path:
+            return {"items": copy.deepcopy(self.pods)}
+        _, _, _, _, ns, kind, name = path.split("/")
+        if (kind, ns, name) not in self.store:
+            raise urllib.error.HTTPError(path, 404, "not found", Message(), None)
+        return {"data": dict(self.store[(kind, ns, name)])}
+
+
+def test_a_running_simulator_outlives_its_configmap_as_a_kubelets_container_would(tmp_path: Path) -> None:
+    """Deleting (or emptying) the ConfigMap an engine pod's env came from leaves its
+    simulator running, the same process, with no restart counted; a pod that starts while
+    the ConfigMap is gone gets none until it is back; a deleted pod's simulator stops."""
+    env = [{"name": "SLIPSTREAM_LONG_PREFILL_TOKEN_THRESHOLD",
+            "valueFrom": {"configMapKeyRef": {"name": "kimi-engine-setting", "key": "threshold"}}}]  # fmt: skip
+    first = pod(["--port", "30000"], env)
+    api = FakeApi([first], {("configmaps", "ns", "kimi-engine-setting"): {"threshold": "2048"}})
+    sleeper = (sys.executable, "-c", "import time; time.sleep(120)")
+    runner = podrunner.PodRunner(api.get_json, tmp_path, command=sleeper, base_env={})
+    try:
+        runner.sync_once()
+        (started,) = runner.simulators()
+        assert started["pid"] > 0
+        del api.store[("configmaps", "ns", "kimi-engine-setting")]
+        second = copy.deepcopy(first)
+        second["metadata"] |= {"name": "kimi-1", "uid": "u-2"}
+        second["status"]["podIP"] = "127.3.0.8"
+        api.pods.append(second)
+        for _ in range(3):
+            runner.sync_once()
+        (kept,) = runner.simulators()
+        assert (kept["uid"], kept["pid"], kept["restarts"]) == ("u-1", started["pid"], 0)
+        assert os.kill(kept["pid"], 0) is None  # still alive
+        api.store[("configmaps", "ns", "kimi-engine-setting")] = {"threshold": "4096"}
+        runner.sync_once()
+        assert sorted(s["uid"] for s in runner.simulators()) == ["u-1", "u-2"]
+        assert next(s for s in runner.simulators() if s["uid"] == "u-1")["pid"] == started["pid"]
+        api.pods = [second]
+        runner.sync_once()
+        assert [s["uid"] for s in runner.simulators()] == ["u-2"]
+    finally:
+        runner.stop()
+
+
+def test_keeps_is_false_for_another_pod_a_deleted_one_or_a_new_ip() -> None:
+    spec = podrunner.plan(pod(["--port", "1"], []), lookup, time_scale=1, command=("sim",))
+    assert spec is not None
+    assert podrunner.keeps(pod(["--port", "1"], []), spec)
+    moved = pod(["--port", "1"], [], ip="127.3.0.9")
+    assert not podrunner.keeps(moved, spec)
+    assert not podrunner.keeps(pod(["--port", "1"], [], phase="Succeeded"), spec)
+    deleting = pod(["--port", "1"], [])
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-07T00:00:00Z"
+    assert not podrunner.keeps(deleting, spec)

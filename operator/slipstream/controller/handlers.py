@@ -30,7 +30,7 @@ from slipstream.controller import loop, objects, stages, status, tuning
 from slipstream.controller import settings as settings_
 from slipstream.controller.clients import adminkeys, apisession
 from slipstream.controller.clients import kube as kube_
-from slipstream.controller.watch import deployments, drift, replicas
+from slipstream.controller.watch import autoscalers, deployments, drift, replicas
 from slipstream.controller.watch import judged as judged_
 from slipstream.engine import support
 
@@ -183,20 +183,53 @@ class Judgement:
     left it otherwise (`judged.Judged.record`)."""
     paths: list[str] = field(default_factory=list)
     """What was reverted (empty: nothing drifted)."""
-    contest: str | None = None
+    contest: Contest | None = None
     """Why spec.replicas is now left to another writer, or None."""
 
 
-def revert_drift(
-    kube: kube_.Kube, kind: str, live: dict[str, Any], reverts: replicas.Reverts | None = None, now: float = 0.0
-) -> Judgement | None:
-    """Blocking. When a person or another controller changed fields the operator owns in
-    `live` (a Deployment or Service), apply them back. Returns the judgement, or None when
-    there was nothing to judge against (the owner gone or being deleted, its spec invalid
-    or not reconciled yet, the object gone or not the one the spec renders)."""
-    meta = live.get("metadata") or {}
+@dataclass(frozen=True)
+class Contest:
+    """spec.replicas handed to another writer: the condition's reason, the Event's, and the
+    message of both."""
+
+    reason: str
+    event: str
+    message: str
+
+    @classmethod
+    def fight(cls, message: str) -> Contest:
+        """Another writer came back after each revert (`replicas`): a Warning."""
+        return cls("OtherWriter", "ReplicasContested", message)
+
+    @classmethod
+    def autoscaler(cls, message: str) -> Contest:
+        """An HPA targets the Deployment (`autoscalers`): left to it at once, no revert."""
+        return cls(autoscalers.REASON, "AutoscalerFound", message)
+
+
+def hpas_of(kube: kube_.Kube, namespace: str, name: str) -> list[str]:
+    """Blocking. The HPAs that target the engine Deployment `name` (one LIST). Without the
+    right to list them (a chart older than this operator) none are known: another writer
+    is then told apart by its coming back (`replicas`), as before."""
+    try:
+        found = kube.items(autoscalers.API_VERSION, autoscalers.KIND, namespace)
+    except kube_.ApiError as error:
+        if error.status not in (403, 404):
+            raise
+        log.warning("%s/%s: cannot list HorizontalPodAutoscalers (HTTP %d)", namespace, name, error.status)
+        return []
+    return autoscalers.targeting(found, name)
+
+
+def desired_of(
+    kube: kube_.Kube, kind: str, meta: dict[str, Any]
+) -> tuple[dict[str, Any], models.ServingDeployment, dict[str, Any]] | None:
+    """Blocking. The owner of an owned Deployment or Service (by the metadata `meta` an
+    event carried) as read now, its model, and the object its spec renders; None when
+    there is nothing to judge against (the owner gone, another one of that name, being
+    deleted, its spec invalid or not reconciled yet, or the object not one the spec renders)."""
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("kind") == models.KIND), None)
-    if owner is None or meta.get("deletionTimestamp"):
+    if owner is None:
         return None
     found = kube.get(models.API_VERSION, models.KIND, meta["namespace"], owner["name"])
     if found is None or found["metadata"].get("uid") != owner.get("uid") or found["metadata"].get("deletionTimestamp"):
@@ -210,6 +243,43 @@ def revert_drift(
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
     if desired["metadata"]["name"] != meta["name"]:
         return None
+    if kind == "Deployment" and replicas.contested(sd):  # left to another writer
+        desired = replicas.without_replicas(desired)
+    return found, sd, desired
+
+
+def recreate_deleted(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> dict[str, Any] | None:
+    """Blocking. An owned Deployment or Service was deleted (the admission policy off, or
+    by a controller it lets through) while its ServingDeployment stands: create it again
+    from the spec, now rather than at the next spec change. Returns the owner it was
+    recreated for, or None (the owner gone or going: the garbage collector's deletes; a
+    spec with no such object; already there again)."""
+    meta = live.get("metadata") or {}
+    judged = desired_of(kube, kind, meta)
+    if judged is None:
+        return None
+    found, sd, desired = judged
+    if kind == "Deployment" and support.refusal(sd.spec) is not None:
+        return None  # reconcile keeps a refused spec's Deployment away
+    if kube.get(desired["apiVersion"], kind, meta["namespace"], meta["name"]) is not None:
+        return None
+    kube.apply(desired)
+    return found
+
+
+def revert_drift(
+    kube: kube_.Kube, kind: str, live: dict[str, Any], reverts: replicas.Reverts | None = None, now: float = 0.0
+) -> Judgement | None:
+    """Blocking. When a person or another controller changed fields the operator owns in
+    `live` (a Deployment or Service), apply them back. Returns the judgement, or None when
+    there was nothing to judge against (`desired_of`, or the object gone)."""
+    meta = live.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    judged = desired_of(kube, kind, meta)
+    if judged is None:
+        return None
+    found, sd, desired = judged
     # The event may be older than the object (several arrive for one edit): judge the object now.
     current = kube.get(desired["apiVersion"], kind, meta["namespace"], meta["name"])
     if current is None:
@@ -218,15 +288,18 @@ def revert_drift(
     if kind == "Deployment":
         have = (current.get("spec") or {}).get("replicas")
         who = replicas.writers(current, kube_.FIELD_MANAGER)
-        if replicas.contested(sd):
-            desired = replicas.without_replicas(desired)
-        elif reverts is not None and who and have != desired["spec"].get("replicas"):
+        # Contested: desired_of left spec.replicas out, and there is nothing to count.
+        if not replicas.contested(sd) and reverts is not None and who and have != desired["spec"].get("replicas"):
             key = f"{meta['namespace']}/{meta['name']}"
             generation = int(current["metadata"].get("generation") or 0)
-            if reverts.note(key, generation, now):  # a writer that comes back each time: stop fighting
+            if hpas := hpas_of(kube, meta["namespace"], meta["name"]):  # an autoscaler: never fought
                 reverts.forget(key)
                 desired = replicas.without_replicas(desired)
-                contest = replicas.message(who, have, sd.spec.replicas)
+                contest = Contest.autoscaler(autoscalers.message(hpas, have, sd.spec.replicas))
+            elif reverts.note(key, generation, now):  # a writer that comes back each time: stop fighting
+                reverts.forget(key)
+                desired = replicas.without_replicas(desired)
+                contest = Contest.fight(replicas.message(who, have, sd.spec.replicas))
     paths = drift.of_object(desired, current)
     if not paths:
         return Judgement(found, current, [], contest)
@@ -268,10 +341,10 @@ def write_status(
             (fresh.get("status") or {}).get("conditions") or [], patch, owned)}
 
 
-def contest_replicas(kube: kube_.Kube, body: dict[str, Any], message: str) -> None:
+def contest_replicas(kube: kube_.Kube, body: dict[str, Any], contest: Contest) -> None:
     """Blocking. Record in status that spec.replicas is left to another writer."""
     sd = models.ServingDeployment.model_validate(body)
-    conds = status.set_condition(sd.status.conditions, replicas.CONDITION, True, "OtherWriter", message,
+    conds = status.set_condition(sd.status.conditions, replicas.CONDITION, True, contest.reason, contest.message,
                                  sd.metadata.generation, utcnow())  # fmt: skip
     write_status(kube, body, {"conditions": [c.to_k8s() for c in conds]}, owned=(replicas.CONDITION,))
 
@@ -427,13 +500,18 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
             kopf.event(body, type="Warning", reason="InvalidSpec", message=message)
         RECONCILES.labels("invalid").inc()
         raise kopf.PermanentError(message) from None  # until the spec changes
-    # A user's change of spec.replicas takes the field back from another writer.
-    taken_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
-    keep = taken_back or not replicas.contested(sd)
+    # A user's change of spec.replicas takes the field back from another writer, but not
+    # from an autoscaler that targets the Deployment (`autoscalers`): that one keeps it.
+    hpas = await asyncio.to_thread(hpas_of, ctx.kube, sd.metadata.namespace, sd.metadata.name)
+    wants_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
+    taken_back = wants_back and not hpas
+    keep = not hpas and (taken_back or not replicas.contested(sd))
     outcome = await asyncio.to_thread(apply_objects, ctx.kube, ctx.keys, sd, keep,
                                       ctx.config.engine_scrape_interval_seconds)
     record_changes(body, sd, outcome)
     conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
+    if hpas:
+        conditions = left_to_autoscaler(body, sd, conditions, hpas, outcome.deployment, wants_back)
     if taken_back:
         conditions = [c for c in conditions if c.type != replicas.CONDITION]
         kopf.event(body, type="Normal", reason="ReplicasTakenBack",
@@ -455,6 +533,35 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
     )  # fmt: skip
 
 
+def left_to_autoscaler(
+    body: kopf.Body, sd: models.ServingDeployment, conditions: list[models.Condition], hpas: list[str],
+    deployment: dict[str, Any] | None, wants_back: bool,
+) -> list[models.Condition]:
+    """The conditions with spec.replicas left to the HPAs `hpas` (one AutoscalerFound Event
+    when that is news); a change of spec.replicas meanwhile is not applied, and an Event
+    says why (both set: the autoscaler wins, docs/operator.md, "Autoscalers")."""
+    if wants_back:
+        kopf.event(body, type="Normal", reason="ReplicasLeftToAutoscaler",
+                   message=autoscalers.held_message(hpas, sd.spec.replicas))  # fmt: skip
+    if autoscalers.held_by(conditions, replicas.CONDITION):
+        return conditions
+    have = ((deployment or {}).get("spec") or {}).get("replicas")
+    message = autoscalers.message(hpas, have, sd.spec.replicas)
+    kopf.event(body, type="Normal", reason="AutoscalerFound", message=message)
+    return status.set_condition(conditions, replicas.CONDITION, True, autoscalers.REASON, message,
+                                sd.metadata.generation, utcnow())  # fmt: skip
+
+
+def autoscaler_gone(ctx: Context, sd: models.ServingDeployment) -> ApplyOutcome | None:
+    """Blocking. When the replicas were left to an HPA that no longer targets the engine
+    Deployment: apply the spec (spec.replicas included) and return what that did; else None."""
+    if not autoscalers.held_by(sd.status.conditions, replicas.CONDITION):
+        return None
+    if hpas_of(ctx.kube, sd.metadata.namespace, sd.metadata.name):
+        return None
+    return apply_objects(ctx.kube, ctx.keys, sd, True, ctx.config.engine_scrape_interval_seconds)
+
+
 async def refresh(ctx: Context, body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     """The timer: readiness from the engine Deployment (as the drift watch last saw it)."""
     try:
@@ -463,6 +570,11 @@ async def refresh(ctx: Context, body: kopf.Body, patch: kopf.Patch, **_: Any) ->
         return  # reconcile reports it (InvalidSpec)
     if sd.status.observed_generation is None:
         return  # not reconciled yet: reconcile writes the first status
+    if (back := await asyncio.to_thread(autoscaler_gone, ctx, sd)) is not None:
+        record_changes(body, sd, back)
+        kopf.event(body, type="Normal", reason="ReplicasTakenBack",
+                   message=f"no HorizontalPodAutoscaler targets the engine Deployment any more: the operator "
+                   f"sets its replicas ({sd.spec.replicas}) again")  # fmt: skip
     asked = time.monotonic()
     deployment = ctx.views.get(sd.metadata.namespace, sd.metadata.name, asked)
     if deployment is None:  # not seen by the watch, deleted, or its view too old
@@ -471,6 +583,8 @@ async def refresh(ctx: Context, body: kopf.Body, patch: kopf.Patch, **_: Any) ->
         )
         ctx.views.answered(sd.metadata.namespace, sd.metadata.name, deployment, asked)
     conditions = status.with_readiness(sd, sd.status.conditions, deployment, utcnow())
+    if back is not None:
+        conditions = [c for c in conditions if c.type != replicas.CONDITION]
     if replicas.contested(sd) and deployment is not None and not replicas.writers(deployment, kube_.FIELD_MANAGER):
         # The operator owns spec.replicas alone again (taken back): a condition a stale
         # write put back must not outlive it.
@@ -556,7 +670,9 @@ async def reverted(ctx: Context, kind: str, body: kopf.Body, event: str | None, 
         return
     ctx.judged.record(found.settled, found.owner)
     if found.contest is not None:
-        kopf.event(cast(kopf.Body, found.owner), type="Warning", reason="ReplicasContested", message=found.contest)
+        kind_of_event = "Normal" if found.contest.reason == autoscalers.REASON else "Warning"
+        kopf.event(cast(kopf.Body, found.owner), type=kind_of_event, reason=found.contest.event,
+                   message=found.contest.message)  # fmt: skip
     if found.paths:
         paths = found.paths
         OBJECT_CHANGES.labels(kind, "reverted").inc()
@@ -571,9 +687,25 @@ async def owner_seen(ctx: Context, body: kopf.Body, type: str | None, **_: Any) 
     ctx.judged.owner_seen(dict(body), type)
 
 
+async def recreated(ctx: Context, kind: str, body: kopf.Body, logger: kopf.Logger) -> None:
+    """Repair a deleted owned object within this event, with a Warning (`recreate_deleted`)."""
+    try:
+        owner = await asyncio.to_thread(recreate_deleted, ctx.kube, kind, dict(body))
+    except kube_.ApiError as error:  # its namespace going away, say: nothing to repair
+        logger.warning("recreating the deleted %s failed: %s", kind, error)
+        return
+    if owner is None:
+        return
+    OBJECT_CHANGES.labels(kind, "recreated").inc()
+    kopf.event(cast(kopf.Body, owner), type="Warning", reason="Recreated",
+               message=f"Recreated {kind} {body['metadata']['name']}, which was deleted while ServingDeployment "
+               f"{owner['metadata']['name']} owns it (delete the ServingDeployment to remove what it owns)")  # fmt: skip
+
+
 async def drift_event(ctx: Context, kind: str, body: kopf.Body, type: str | None, logger: kopf.Logger) -> None:
     if type == "DELETED":
         ctx.judged.forget(dict(body))
+        await recreated(ctx, kind, body, logger)
     elif type in (None, "MODIFIED"):
         await reverted(ctx, kind, body, type, logger)
 

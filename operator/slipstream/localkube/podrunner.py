@@ -28,6 +28,12 @@ gets no simulator (and one warning), so nothing here can listen on, or send
 traffic to, a routable address. The cluster's pod CIDR is a loopback range of
 its own (see localkube.podcidr).
 
+As a kubelet resolves a container's env once, when it starts the container, the
+runner resolves a pod's env only to start its simulator: a running simulator is
+kept while its pod exists and runs, whatever happens to the ConfigMaps and
+Secrets its env came from (``keeps``). Deleting the owned ConfigMap once stopped
+and restarted every simulator of the deployment, though no pod changed (issue 40).
+
 A simulator that exits while its pod still runs is started again, after the
 kubelet-like backoff of localkube.restarts, and the restart counted (``restarts()``): the closed-loop test asserts the count stays
 zero, as it asserts the pods' UIDs and restart counts do. When the pod is
@@ -236,6 +242,19 @@ def plan(
     )
 
 
+def keeps(pod: Mapping[str, Any], spec: SimSpec) -> bool:
+    """Whether the simulator started as ``spec`` goes on running for ``pod``: the same pod
+    (UID), still Running on the same IP and not being deleted. Its env is not read again:
+    a kubelet reads env only when a container starts."""
+    meta, status = pod["metadata"], pod.get("status", {})
+    return (
+        meta.get("uid") == spec.uid
+        and not meta.get("deletionTimestamp")
+        and status.get("phase") == "Running"
+        and status.get("podIP") == spec.ip
+    )
+
+
 # -- the runner ------------------------------------------------------------------------
 
 
@@ -333,8 +352,13 @@ class PodRunner:
         """Bring the simulators in line with the pods, once."""
         pods = self._list_pods()
         wanted: dict[str, SimSpec] = {}
+        with self._lock:
+            started = {uid: entry.spec for uid, entry in self._running.items()}
         for pod in pods:
             uid = pod["metadata"]["uid"]
+            if uid in started and keeps(pod, started[uid]):
+                wanted[uid] = started[uid]  # running: its env was read when it started
+                continue
             try:
                 spec = plan(
                     pod,

@@ -42,6 +42,7 @@ PLURALS = {
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",
     ("apps/v1", "Deployment"): "deployments",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("serving.slipstream.dev/v1alpha1", "ServingDeployment"): "servingdeployments",
@@ -266,6 +267,10 @@ class Kube:
         """The pods matching a label selector (one LIST)."""
         query = [("labelSelector", ",".join(f"{k}={v}" for k, v in sorted(selector.items())))]
         return list(self.request("GET", path_of("v1", "Pod", namespace), query=query).get("items", []))
+
+    def items(self, api_version: str, kind: str, namespace: str) -> list[dict[str, Any]]:
+        """Every object of a kind in a namespace (one LIST)."""
+        return list(self.request("GET", path_of(api_version, kind, namespace)).get("items", []))
 
     def patch_status(
         self, api_version: str, plural: str, namespace: str, name: str, patch: dict[str, Any],

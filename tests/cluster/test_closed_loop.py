@@ -44,6 +44,7 @@ import math
 import os
 import re
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -155,6 +156,25 @@ def live_setting(url: str, key: str) -> tuple[Any, ...]:
     with urllib.request.urlopen(request, timeout=5) as response:
         info = json.load(response)
     return (info.get("long_prefill_token_threshold"), info.get("long_prefill_mode"), info.get("schedule_policy"))
+
+
+def metrics_available(lp: Loop, name: str) -> tuple[str, str]:
+    """(status, reason) of the ServingDeployment's MetricsAvailable condition ("" if none)."""
+    conditions = ((lp.target.get_sd(NAMESPACE, name) or {}).get("status") or {}).get("conditions") or []
+    found = [c for c in conditions if c.get("type") == "MetricsAvailable"]
+    return (found[0]["status"], found[0].get("reason", "")) if found else ("", "")
+
+
+def best_scrape_since(lp: Loop, name: str, since: float) -> dict[str, float]:
+    """Pod -> the best `up` (1: a scrape succeeded) Prometheus recorded for the engine pods of
+    `name` from one second after `since` (wall time) to now: a sample is stamped when its
+    scrape begins, so one begun before `since` is left out."""
+    window_s = max(1, int(time.time() - since - 1))
+    query = f'max_over_time(up{{namespace="{NAMESPACE}",servingdeployment="{name}"}}[{window_s}s])'
+    url = f"{lp.target.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        result = json.load(response)["data"]["result"]
+    return {r["metric"].get("pod", "?"): float(r["value"][1]) for r in result}
 
 
 def setting(s: loop.StatusSample) -> tuple[Any, ...]:
@@ -340,17 +360,53 @@ def test_the_loop_follows_the_traffic_safely(closed_loop: Loop, capsys: pytest.C
         pytest.fail(f"{check[:1000]}\n{report}", pytrace=False)
 
     # 2. Metrics withheld: heterogeneous traffic from a settled fleet on documents, and no change.
+    # "No change" proves the hold only if the window really lacked data and the loop saw that:
+    # every scrape of the engines in it failed (Prometheus's own `up`), MetricsAvailable
+    # turned False for missing data and stayed so to the end, and the status was read
+    # throughout, on the setting the window began with.
     key = admin_key(lp, "auto")
     urls = lp.target.targets(NAMESPACE, "auto").refresh()
+    settled = {url: live_setting(url, key) for url in urls}
+    withheld = loop.Watcher(lp.target, NAMESPACE, "auto")
+    withheld.poll()
+    first, seen = withheld.latest, len(withheld.events)
+    assert first is not None and first.threshold is not None, "no status with a setting was read"
     for url in urls:
         post_fault(url, key, {"metrics": "error"})
-    withheld = loop.Watcher(lp.target, NAMESPACE, "auto").start()
+    withheld_from = time.time()
     giants, _ = phases.plan(4 * INTERVAL_S, replicas=REPLICAS, kinds=(het,))
-    loop.LoadRun(giants.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE).start().join(timeout_s=300)
-    withheld.stop()
-    assert not changes(withheld.samples), f"moved while metrics were withheld: {changes(withheld.samples)}"
+    load = loop.LoadRun(giants.requests, lp.target.targets(NAMESPACE, "auto"), TIME_SCALE)
+    withheld.t0 = load.start().t0
+    withheld.start()
+    availability: list[tuple[float, str, str]] = []  # (twin s, status, reason) of MetricsAvailable
+    try:
+        deadline = time.monotonic() + 300
+        while load.running() and time.monotonic() < deadline:
+            availability.append((withheld.twin_now(), *metrics_available(lp, "auto")))
+            time.sleep(1.0)  # a reading a second while the window lasts
+        load.join(timeout_s=1)
+    finally:
+        load.stop()
+        withheld.stop()
+    scraped = best_scrape_since(lp, "auto", withheld_from)
     for url in urls:
         post_fault(url, key, {"metrics": "ok"})
+    known = [s for s in withheld.samples if s.threshold is not None]
+    turns = [f"{t:.0f} s {status} {reason}" for i, (t, status, reason) in enumerate(availability)
+             if i == 0 or availability[i - 1][1:] != (status, reason)]  # fmt: skip
+    print(f"metrics withheld: {len(known)} status reads over {known[-1].twin_s - known[0].twin_s:.0f} twin s; "
+          f"MetricsAvailable from twin s {', '.join(turns)}; best scrape per pod {scraped}")  # fmt: skip
+    assert len(scraped) == REPLICAS and not any(scraped.values()), f"a scrape succeeded in the window: {scraped}"
+    stale = [i for i, (_, status, reason) in enumerate(availability) if (status, reason) == ("False", "StaleMetrics")]
+    assert stale, f"MetricsAvailable never went False for missing data: {availability}"
+    assert all(status == "False" for _, status, _ in availability[stale[0]:]), (
+        f"MetricsAvailable turned True again while metrics were withheld: {availability}")
+    assert known[-1].twin_s - known[0].twin_s >= 3 * INTERVAL_S, "the status was not read throughout the window"
+    assert not changes(withheld.samples), f"moved while metrics were withheld: {changes(withheld.samples)}"
+    assert {setting(s) for s in known} == {setting(first)}, sorted({setting(s) for s in known})
+    assert {url: live_setting(url, key) for url in urls} == settled, "an engine's setting moved"
+    starts = [e for e in withheld.events[seen:] if e.get("reason") in ("CanaryStarted", "CanarySkipped", "RolloutStarted")]
+    assert not starts, f"a rollout started while metrics were withheld:\n{story(starts)}"
 
     # 3. A canary whose TTFT regresses is rolled back; the fleet ends uniform. A fresh
     # ceiling deployment that starts capped (threshold 4096, srpt) under documents: the tuner steps

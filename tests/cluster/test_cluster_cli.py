@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from test_faults import thresholds
-from test_operator_reconcile import must_get, pod_identities
+from test_operator_reconcile import events, must_get, pod_identities
 from test_rollout import engines, in_sync
 
 from conftest import eventually, processes_mentioning
@@ -139,6 +139,16 @@ def restarted(up: UpCluster, name: str, old_pid: int, restarts: int) -> dict[str
     return row
 
 
+ROLLOUT_STARTS = {"CanaryStarted", "CanarySkipped", "RolloutStarted"}
+"""The Events a rollout posts once, when it starts (rollout.machine.start)."""
+
+
+def start_events(cluster: Any, name: str) -> dict[str, str]:
+    """The rollout-starting Events of ServingDeployment `name`: uid -> reason and message."""
+    return {e["metadata"]["uid"]: f"{e['reason']}: {e.get('message', '')}" for e in events(cluster, NS, name)
+            if e["reason"] in ROLLOUT_STARTS}  # fmt: skip
+
+
 def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Path) -> None:
     """An Auto deployment under heterogeneous traffic starts a rollout (a canary, or straight
     to every pod when the harder cap skips its canary); its engines refuse every change
@@ -146,7 +156,12 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
     Canary or Promoting, and the operator is SIGKILLed there. The supervisor reaps it and
     starts it again with no hand restart; the engines take changes again, and the restarted
     operator resumes the rollout from status and ends it (promoted, or rolled back by its
-    analysis) with every pod on one setting and no engine pod replaced. Then a SIGKILLed
+    analysis) with every pod on one setting and no engine pod replaced. The rollout that ends
+    is the interrupted one, not a fresh one that replaced it: the same candidate, baseline
+    and reason in status.rollout, the same `startedAt` when it was held in Promoting (the
+    phase that ends it; a Canary goes on to phases of their own), and no rollout-starting
+    Event (CanaryStarted, CanarySkipped, RolloutStarted) besides the one it posted before
+    the kill. Then a SIGKILLed
     Prometheus comes back the same way, `cluster restart` restarts one on request, and
     `cluster status` says ready again."""
     workdir = tmp_path / "cluster"
@@ -193,6 +208,15 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
             return rollout
 
         rollout = eventually(in_flight, deadline_s=CANARY_S, what="a rollout held by its engines' failing writes")
+
+        def its_start_event() -> dict[str, str]:
+            # The rollout in flight posted its start Event (kopf posts after the step's status
+            # write): wait for it, so that one posted later can only be a new rollout's.
+            found = start_events(sv, name)
+            assert len(found) == 1, found
+            return found
+
+        started_before = eventually(its_start_event, deadline_s=RESTART_S, what="the rollout's start Event")
         operator = up.component("operator")
         os.kill(operator["pid"], signal.SIGKILL)
         for engine in pods.values():
@@ -213,6 +237,13 @@ def test_a_sigkilled_operator_is_restarted_and_finishes_its_rollout(tmp_path: Pa
 
         ended = eventually(finished, deadline_s=RESTART_S, what="the rollout ended, every pod on one setting")
         print(f"after the restart the rollout ended {ended['result']}: {ended.get('message') or ''}")
+        # The interrupted rollout is the one that ended, resumed from status: a restarted
+        # operator that started afresh would post another start Event and a new startedAt.
+        assert start_events(sv, name) == started_before, "a new rollout started after the restart"
+        if rollout["phase"] == "Promoting":
+            assert (ended["result"], ended["startedAt"]) == ("Promoted", rollout["startedAt"]), (ended, rollout)
+        for key in ("candidate", "baseline", "reason"):
+            assert ended.get(key) == rollout.get(key), (key, ended, rollout)
         assert pod_identities(sv, NS, name) == identities, "no engine pod replaced"
         load.stop()  # the rollout has ended: the rest of the traffic adds nothing
         load.join(timeout_s=CANARY_LOAD_S / TIME_SCALE + 120)

@@ -24,6 +24,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -314,6 +315,79 @@ def started(cluster: localkube.Cluster, name: str) -> None:
     assert st.get("observedGeneration") and "MetricsAvailable" in {c["type"] for c in st.get("conditions", [])}, st
 
 
+LAST_STEP = re.compile(r"^slipstream_tuning_last_step_timestamp_seconds\{([^}]*)\} (\S+)$", re.M)
+
+
+def operator_metrics(op: Operator) -> str:
+    """The operator's /metrics; unreadable (a stalled or dead operator), an AssertionError,
+    so that `eventually` waits on and names it."""
+    try:
+        with urllib.request.urlopen(op.metrics_url, timeout=5) as response:
+            return response.read().decode()
+    except OSError as error:
+        raise AssertionError(f"the operator's metrics are unreadable: {error!r}") from error
+
+
+def last_steps(op: Operator) -> dict[str, float]:
+    """ServingDeployment of NS -> when its tuning loop last finished a step (the operator's
+    `slipstream_tuning_last_step_timestamp_seconds`, failed steps included)."""
+    out = {}
+    for labels, value in LAST_STEP.findall(operator_metrics(op)):
+        named = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if named.get("namespace") == NS:
+            out[named["servingdeployment"]] = float(value)
+    return out
+
+
+def steps_taken(faults: Faults, names: Sequence[str], n: int) -> dict[str, list[float]]:
+    """Wait until the tuning loop of each of `names` has finished `n` more steps an interval
+    apart (its last-step gauge moved; a rollout's faster polls between them do not count),
+    bounded by `n` intervals and DEADLINE_S. What stands for "n intervals in which nothing
+    may move" is n looks by the operator, not a sleep: a stalled or dead operator moves
+    nothing in any sleep, and fails this. Returns the counted step times (Unix s)."""
+    op = faults.operators[0]
+    first = eventually(lambda: last_steps(op), deadline_s=DEADLINE_S, what="the operator's metrics")
+    base = {name: first.get(name, 0.0) for name in names}
+    counted: dict[str, list[float]] = {name: [] for name in names}
+
+    def stepped() -> dict[str, list[float]]:
+        now = last_steps(op)
+        for name in names:
+            last = counted[name][-1] if counted[name] else base[name]
+            if name in now and now[name] >= last + 0.9 * WALL_INTERVAL_S:
+                counted[name].append(now[name])
+        short = {name: len(times) for name, times in counted.items() if len(times) < n}
+        assert not short, f"steps an interval apart so far (of {n}): {short}"
+        return counted
+
+    return eventually(stepped, deadline_s=n * WALL_INTERVAL_S + DEADLINE_S,
+                      what=f"{n} more tuning steps of {list(names)}")  # fmt: skip
+
+
+DRIFT_EVENTS = re.compile(r'^slipstream_drift_events_(?:judged|skipped)_total\{kind="Deployment"\} (\S+)$', re.M)
+
+
+def deployment_events(op: Operator) -> float:
+    """Events of owned Deployments the operator's drift watch has handled (judged or skipped)."""
+    return sum(float(v) for v in DRIFT_EVENTS.findall(operator_metrics(op)))
+
+
+def events_handled(faults: Faults, name: str, n: int) -> None:
+    """Touch the engine Deployment `name` `n` times (a label the operator does not own; an
+    annotation would count as a change of the Deployment's generation)
+    and wait, each time, until the drift watch has handled one more Deployment event: n
+    chances to revert it, seen taken. kopf handles one object's events one at a time, so
+    the wait for a last touch beyond the n ends after the n-th handling (a revert included)
+    has finished."""
+    op = faults.operators[0]
+    for i in range(n + 1):
+        before = eventually(lambda: deployment_events(op), deadline_s=DEADLINE_S, what="the operator's metrics")
+        faults.cluster.kubectl("label", "deployment", name, f"--namespace={NS}", "--overwrite",
+                               f"test.slipstream.dev/touch={i}")  # fmt: skip
+        eventually(lambda before=before: deployment_events(op) > before, deadline_s=DEADLINE_S,
+                   what=f"the drift watch handled touch {i + 1} of Deployment {name}")  # fmt: skip
+
+
 def thresholds(pods: dict[str, Engine]) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for pod, engine in pods.items():
@@ -360,9 +434,9 @@ def test_prometheus_faults_hold_the_setting_warn_once_back_off_and_recover(fault
         eventually(lambda sd=sd, fault=fault: metrics_condition(cluster, sd, False, PROMETHEUS_FAULTS[fault]),
                    deadline_s=DEADLINE_S, what=f"{sd}: MetricsAvailable False")  # fmt: skip
 
-    # Hold the faults for six more intervals: the healthy loop's reads are timed meanwhile.
+    # Hold the faults for six more steps of every loop: the healthy loop's reads are timed meanwhile.
     hold_from = time.monotonic()
-    time.sleep(6 * WALL_INTERVAL_S)  # the faults last this long; nothing is awaited here
+    steps_taken(faults, [*names.values(), "prom-healthy"], 6)
     elapsed = time.monotonic() - t0
     for fault, sd in names.items():
         c = metrics_condition(cluster, sd, False, PROMETHEUS_FAULTS[fault])
@@ -412,7 +486,7 @@ def test_prometheus_stopped_and_traffic_at_zero_move_nothing_and_recover(faults:
     eventually(lambda: started(cluster, "quiet"), deadline_s=DEADLINE_S, what="quiet observed")
     idle = eventually(lambda: metrics_condition(cluster, "quiet", False, {"NoTraffic", "NoSeries", "TooFewSamples"}),
                       deadline_s=DEADLINE_S, what="no traffic")  # fmt: skip
-    time.sleep(3 * WALL_INTERVAL_S)  # three idle intervals
+    steps_taken(faults, ["quiet"], 3)  # three idle steps
     assert status(cluster, "quiet")["threshold"] == 4096
     one_warning(cluster, "quiet", metrics_condition(cluster, "quiet", False)["reason"])
     print(f"no traffic: {idle['reason']}: {idle['message'][:160]}")
@@ -434,7 +508,7 @@ def test_prometheus_stopped_and_traffic_at_zero_move_nothing_and_recover(faults:
     try:
         down = eventually(lambda: metrics_condition(cluster, "quiet", False, {"PrometheusUnreachable"}),
                           deadline_s=DEADLINE_S, what="Prometheus down seen")  # fmt: skip
-        time.sleep(3 * WALL_INTERVAL_S)  # three intervals with Prometheus down
+        steps_taken(faults, ["quiet"], 3)  # three steps with Prometheus down
         one_warning(cluster, "quiet", "PrometheusUnreachable", earlier)
         assert status(cluster, "quiet")["threshold"] == setting
         print(f"Prometheus stopped: {down['message'][:200]}")
@@ -460,7 +534,7 @@ def test_prometheus_stopped_and_traffic_at_zero_move_nothing_and_recover(faults:
 
     before = eventually(idle, deadline_s=DEADLINE_S + 30, what="the rollout in flight concluded")
     moves = [r for r in reasons(cluster, NS, "quiet") if r in {"CanaryStarted", "RolloutStarted", "ThresholdChanged"}]
-    time.sleep(2 * WALL_INTERVAL_S)  # two intervals on empty data; nothing is awaited here
+    steps_taken(faults, ["quiet"], 2)  # two steps on empty data
     after = status(cluster, "quiet")
     assert (after["threshold"], after["rollout"].get("phase", "Idle")) == (before["threshold"], "Idle"), after
     assert [r for r in reasons(cluster, NS, "quiet") if r in {"CanaryStarted", "RolloutStarted", "ThresholdChanged"}] \
@@ -690,9 +764,13 @@ def test_a_second_writer_of_replicas_is_reported_not_fought(faults: Faults) -> N
 
         eventually(reported, deadline_s=DEADLINE_S, what="the other writer reported")
         fought = writes
-        time.sleep(3 * WALL_INTERVAL_S)  # three intervals in which nothing may fight
+        generation = must_get(cluster, "deployment", name, NS)["metadata"]["generation"]
+        # Three steps and three Deployment events handled in which nothing may fight.
+        steps_taken(faults, [name], 3)
+        events_handled(faults, name, 3)
         assert writes == fought, f"the operator kept reverting: {writes - fought} more writes"
-        assert must_get(cluster, "deployment", name, NS)["spec"]["replicas"] == 2
+        dep = must_get(cluster, "deployment", name, NS)
+        assert dep["spec"]["replicas"] == 2 and dep["metadata"]["generation"] == generation, dep["spec"]
         reverted = [e for e in warnings(cluster, name, "DriftReverted") if "spec.replicas" in e["message"]]
         print(f"other writer: {fought} writes before the operator stood back; replica reverts {len(reverted)}")
         assert fought <= 4, fought

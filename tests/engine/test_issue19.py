@@ -4,7 +4,9 @@
   by wrapping the real match function the policy calls; the milliseconds are printed by
   ``tests/engine/bench_srpt_cost.py``, not asserted here;
 - n-gram-embedding models (LongCat-Flash) are refused with T > 0 or srpt;
-- priority preemption counts the partials' KV reservation (``partial_reserve``);
+- priority preemption counts the partials' KV reservation (``partial_reserve``): it
+  preempts nothing when the reservation leaves no room, and still preempts (no more
+  than it must) when there is room;
 - a tight KV pool: prefill passes of ceiling, floor and pristine."""
 
 from __future__ import annotations
@@ -115,11 +117,13 @@ def test_ngram_run_time_update_is_refused():
     assert eng.s.long_prefill_token_threshold == 0
 
 
-def test_preempt_counts_the_partials_reservation():
-    # Four request slots: two low-priority decodes and two partial prefills hold them,
-    # so a high-priority arrival can only get in by preemption; the partials' reserved
-    # remainder (about 28,000 tokens) leaves it no room even after preempting both.
-    eng = h.make_engine(chunked_prefill_size=8192, threshold=2048, kv_tokens=40_000, max_reqs=4)
+def preempt_case(kv_tokens: int) -> tuple[h.Engine, dict[str, int]]:
+    """Four request slots: two low-priority decodes and two partial prefills hold them,
+    so a high-priority arrival can only get in by priority preemption (the adder's
+    ``preempt_to_schedule``), whose token count the patch extends by the partials'
+    reserved remainder (about 24,000 tokens). Returns the engine and the allocation of
+    the pass that considers the arrival."""
+    eng = h.make_engine(chunked_prefill_size=8192, threshold=2048, kv_tokens=kv_tokens, max_reqs=4)
     s = eng.s
     s.enable_priority_scheduling = True
     s.enable_priority_preemption = True
@@ -135,13 +139,50 @@ def test_preempt_counts_the_partials_reservation():
     assert [r.rid for r in s.partial_reqs] == ["A", "B"]
     high = eng.add(10_000, rid="high")
     high.priority = 10
-    alloc = eng.step()
+    return eng, eng.step()
+
+
+def test_preempt_counts_the_partials_reservation():
+    # A 40,000-token pool: the partials' reservation leaves "high" no room even after
+    # preempting both decodes, so neither is preempted for nothing.
+    eng, alloc = preempt_case(40_000)
+    s = eng.s
     running = [r.rid for r in s.running_batch.reqs]
     waiting = [r.rid for r in s.waiting_queue]
     print(f"\npreempt: alloc {alloc}, running {running}, waiting {waiting}")
     assert "high" not in alloc  # the reservation leaves it no room either way
     assert set(running) >= {"dec0", "dec1"}, "running requests were preempted for nothing"
     assert waiting == ["high"]
+
+
+@pytest.mark.parametrize(
+    ("kv_tokens", "preempted"),
+    [(43_000, {"dec0", "dec1"}), (60_000, {"dec1"})],
+    ids=["room-after-both", "room-after-one"],
+)
+def test_preempt_still_happens_when_the_reservation_leaves_room(kv_tokens, preempted):
+    """The counterpart of the test above: with the same partials in flight, a pool with
+    room for "high" once the partials' reservation is held back still preempts, and no
+    more than it must. At 43,000 tokens the room is there only after both decodes go
+    (a patch that counted the reservation twice, or never preempted, admits nothing);
+    at 60,000 one slot is all "high" lacks, and the most recent low-priority decode
+    (dec1, sglang's order) is the one preempted. The preempted decodes give back their
+    request slots and KV, go back to the waiting queue, and finish after all."""
+    eng, alloc = preempt_case(kv_tokens)
+    s = eng.s
+    running = {r.rid for r in s.running_batch.reqs}
+    waiting = {r.rid for r in s.waiting_queue}
+    print(f"\npreempt ({kv_tokens}): alloc {alloc}, running {running}, waiting {waiting}")
+    assert "high" in alloc, "high was not admitted although preemption leaves it room"
+    assert waiting == preempted
+    assert running == {"dec0", "dec1"} - preempted
+    decodes = {r.rid: r for r in s.running_batch.reqs + s.waiting_queue}
+    for rid in preempted:
+        assert h.pool_idx(decodes[rid]) is None, f"{rid} kept its request slot"
+    eng.run_to_completion()
+    for rid in ("dec0", "dec1"):
+        assert len(decodes[rid].output_ids) == 2000, rid  # resumed, not dropped
+    assert eng.slots_free() == 4 and eng.kv_free() == kv_tokens
 
 
 def tight_pool_case(mode: str | None) -> dict:

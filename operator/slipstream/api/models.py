@@ -347,7 +347,9 @@ class EngineSpec(Model):
 
 class TenantTarget(Model):
     name: str = Field(min_length=1, max_length=253, description="Value of the tenant label.")
-    ttft_p99_seconds: float = Field(gt=0, le=3600, description="p99 TTFT target of this tenant.")
+    ttft_p99_seconds: float = Field(
+        gt=0, le=3600, description="p99 time-to-first-token target of this tenant, in seconds (no default: required)."
+    )
 
 
 class Objective(Model):
@@ -359,7 +361,8 @@ class Objective(Model):
         description="Metric label naming the tenant (an allowed custom label of the engine).",
     )
     ttft_p99_seconds: float = Field(
-        default=2.0, gt=0, le=3600, description="p99 TTFT target of every tenant not listed in tenants."
+        default=2.0, gt=0, le=3600,
+        description="p99 time-to-first-token target of every tenant not listed in tenants, in seconds. Default 2.0 (seconds).",
     )
     tenants: list[TenantTarget] = Field(
         default_factory=list,
@@ -416,13 +419,19 @@ class Tuning(Model):
     )
     model_config = _rules(*cel_rules)
 
-    mode: TuningMode = Field(default="Fixed", description="Auto | Recommend | Fixed | Off.")
+    mode: TuningMode = Field(
+        default="Fixed",
+        description="Auto (the operator tunes and rolls out), Recommend (it tunes and reports only), "
+        "Fixed (the spec's threshold, engineMode and schedulePolicy) or Off (the stock engine). Default Fixed.",
+    )
     threshold: int | None = Field(
         default=None,
         ge=0,
         le=1048576,
-        description="T (--long-prefill-token-threshold): required for Fixed, the starting value "
-        "otherwise; 0 turns the cap off. Per engine scheduler: with DP attention (--dp-size N) "
+        description="T (--long-prefill-token-threshold), in tokens (uncached prompt tokens per "
+        "request per prefill round): required for Fixed, the starting value otherwise; 0 turns the "
+        "cap off. No default: unset starts at 0 (off) outside Fixed; a multiple of engine.pageSize, at most "
+        "engine.chunkedPrefillSize. Per engine scheduler: with DP attention (--dp-size N) "
         "SGLang gives each DP rank chunkedPrefillSize / N tokens a round, so T must be <= that.",
     )
     engine_mode: EngineMode = Field(
@@ -432,9 +441,12 @@ class Tuning(Model):
         "where a request of at most T uncached tokens waits, or did in the last few seconds; stock "
         "otherwise). Default ceiling.",
     )
-    schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
-    min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T) Auto may choose.")
-    max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T) Auto may choose.")
+    schedule_policy: SchedulePolicy = Field(
+        default="fcfs",
+        description="--schedule-policy: the admission order in Fixed, the starting one otherwise. Default fcfs.",
+    )
+    min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T, a count) Auto may choose. Default 1.")
+    max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T, a count) Auto may choose. Default 8.")
     orders: list[SchedulePolicy] = Field(
         default_factory=lambda: ["fcfs", "lpm", "srpt"],
         min_length=1,

@@ -237,8 +237,19 @@ class HiCache(Model):
 
 
 class Capabilities(Model):
-    add: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to add.")
-    drop: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to drop (e.g. ALL).")
+    """Linux capabilities of the engine container. Default: every one dropped, none added.
+    SGLang serving (HTTP, the scheduler and tokenizer processes, NCCL over /dev/shm and
+    CUDA IPC between the ranks of one pod) needs none; RDMA transports that pin memory
+    (InfiniBand, GPUDirect RDMA, Mooncake over RDMA) may need IPC_LOCK added."""
+
+    add: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Linux capabilities to add back. Default none: SGLang needs none (IPC_LOCK only for RDMA transports).",
+    )  # fmt: skip
+    drop: list[str] = Field(
+        default_factory=lambda: ["ALL"], max_length=64,
+        description="Linux capabilities to drop. Default [ALL]; [] keeps the container runtime's default set.",
+    )  # fmt: skip
 
 
 class ContainerSecurityContext(Model):
@@ -251,7 +262,9 @@ class ContainerSecurityContext(Model):
     run_as_non_root: bool | None = Field(default=None, description="Refuse to start as UID 0.")
     run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
     run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
-    capabilities: Capabilities | None = None
+    capabilities: Capabilities = _section(
+        Capabilities, "Linux capabilities. Default: drop ALL, add none (SGLang needs none)."
+    )
 
 
 class PodSecurityContext(Model):

@@ -195,6 +195,9 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
+        # An engine never calls the Kubernetes API: no ServiceAccount token in the pod, so a
+        # compromised engine holds no credential (the operator reads the engines, not back).
+        "automountServiceAccountToken": False,
     }
     if engine.node_selector:
         pod_spec["nodeSelector"] = dict(engine.node_selector)

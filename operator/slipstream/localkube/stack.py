@@ -106,6 +106,9 @@ class Stack:
         self.operator: processes.Component | None = None
         self.operator_kubeconfig: Path | None = None
         self._operator_health: str | None = None
+        self.operator_ready_url: str | None = None
+        """The operator's /readyz (`controller.runtime.readiness`): `cluster status` asks it."""
+        self.operator_metrics_url: str | None = None
         self.runner: podrunner.PodRunner | None = None
 
     @classmethod
@@ -173,13 +176,16 @@ class Stack:
     def start_operator(self) -> None:
         """The operator as a process with the chart ServiceAccount's token; waits until healthy."""
         self.operator_kubeconfig = self.cluster.token_kubeconfig(RELEASE_NAMESPACE, SERVICE_ACCOUNT)
-        health_port, metrics_port = ports.free_ports(2)
+        health_port, metrics_port, ready_port = ports.free_ports(3)
         env = {
             **os.environ,
             "KUBECONFIG": str(self.operator_kubeconfig),
             "SLIPSTREAM_METRICS_PORT": str(metrics_port),
+            "SLIPSTREAM_READY_PORT": str(ready_port),
             **self.operator_env(),
         }
+        self.operator_ready_url = f"http://{ports.LOOPBACK}:{ready_port}/readyz"
+        self.operator_metrics_url = f"http://{ports.LOOPBACK}:{metrics_port}/metrics"
         url = f"http://{ports.LOOPBACK}:{health_port}/healthz"
         # As the image runs it: without the tooling and the packages the image lacks.
         argv = [sys.executable, "-m", "slipstream.runtime_only", f"--peering={PEERING}", f"--liveness={url}"]
@@ -230,9 +236,11 @@ class Stack:
         window) is divided by S, so a spec written for production (a 60 s interval)
         runs here as it would there, only S times faster, and the tuner reads the
         engines' rates in twin time. The operator may reach
-        engine pods only in this cluster's loopback pod CIDR.
+        engine pods only in this cluster's loopback pod CIDR, and its metrics and /readyz
+        listen on loopback only (docs/localkube.md), not on every address as in a pod.
         """
         env = {
+            "SLIPSTREAM_LISTEN_ADDRESS": ports.LOOPBACK,
             "SLIPSTREAM_TUNING_TIME_SCALE": f"{1.0 / self.options.time_scale:.6g}",
             "SLIPSTREAM_ENGINE_TIME_SCALE": f"{self.options.time_scale:.6g}",
             "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
@@ -310,6 +318,8 @@ class Stack:
             "pod_cidr": self.cluster.pod_cidr,
             "prometheus_url": self.prometheus.url if self.prometheus is not None else None,
             "operator_log": str(self.operator.log_path) if self.operator is not None else None,
+            "operator_ready_url": self.operator_ready_url,
+            "operator_metrics_url": self.operator_metrics_url,
             "logs": str(self.cluster.log_dir),
             "time_scale": self.options.time_scale,
         }

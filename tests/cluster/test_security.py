@@ -434,7 +434,7 @@ def test_the_network_policy_is_accepted_by_the_apiserver(cluster: localkube.Clus
     tests check its rules; here the apiserver validates it as an object."""
     rendered = cluster.helm(
         "template", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", "--show-only=templates/networkpolicy.yaml",
-        "--set=networkPolicy.enabled=true", "--set=networkPolicy.apiServer.cidrs={127.0.0.1/32}",
+        "--set=networkPolicy.egress.enabled=true", "--set=networkPolicy.apiServer.cidrs={127.0.0.1/32}",
     ).stdout  # fmt: skip
     result = cluster.kubectl("apply", "--dry-run=server", f"--namespace={RELEASE_NS}", "-f", "-", input=rendered)
     assert "networkpolicy.networking.k8s.io/sec-slipstream created (server dry run)" in result.stdout, result.stdout

@@ -183,6 +183,12 @@ class ControllerSettings:
     cooldown already stop flapping on unchanged traffic; the twin's `auto` uses 3, where it
     cut changes on the shared traces from 15 to 9. Env: SLIPSTREAM_TUNER_DWELL_COOLDOWNS."""
 
+    engine_network_policy: str = ""
+    """JSON of who may reach the engines (`controller.netpol.Peers`: the operator's namespace
+    and pod labels, Prometheus' selectors, client namespaces), rendered by the chart from
+    its values: every ServingDeployment then gets an owned NetworkPolicy on its engine pods.
+    Empty: none is made. Env: SLIPSTREAM_ENGINE_NETWORK_POLICY."""
+
     engine_networks: str = ""
     """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a
     test machine, where nothing but loopback may be reached); a pod outside them counts as

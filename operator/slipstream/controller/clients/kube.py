@@ -44,6 +44,7 @@ PLURALS = {
     ("apps/v1", "Deployment"): "deployments",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("serving.slipstream.dev/v1alpha1", "ServingDeployment"): "servingdeployments",
 }
 

@@ -51,7 +51,7 @@ def rules_for(rendered: list[dict[str, Any]], resource: str) -> list[tuple[str, 
 def test_renders_offline_without_kube_version(tmp_path: Path) -> None:
     kinds = {d["kind"] for d in docs(tmp=tmp_path)}
     assert {"Deployment", "ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering", "ServiceAccount"} <= kinds
-    assert "NetworkPolicy" not in kinds  # opt-in
+    assert "NetworkPolicy" in kinds  # the operator's own, on by default
 
 
 def test_no_rule_grants_wildcards_and_secrets_are_read_only_where_granted(tmp_path: Path) -> None:
@@ -115,11 +115,11 @@ def test_health_port_equal_to_the_metrics_port_is_refused(tmp_path: Path) -> Non
 
 
 def test_network_policy_limits_egress_to_apiserver_prometheus_engines_and_dns(tmp_path: Path) -> None:
-    rendered = docs("networkPolicy.enabled=true", "networkPolicy.apiServer.cidrs={10.0.0.1/32}", tmp=tmp_path)
+    rendered = docs("networkPolicy.egress.enabled=true", "networkPolicy.apiServer.cidrs={10.0.0.1/32}", tmp=tmp_path)
     policy = one(rendered, "NetworkPolicy", "r-slipstream")["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "slipstream", "app.kubernetes.io/instance": "r"}
-    assert [[p["port"] for p in rule["ports"]] for rule in policy["ingress"]] == [[9090], [8080]]
+    assert [[p["port"] for p in rule["ports"]] for rule in policy["ingress"]] == [[9090], [8080, 8081]]
     apiserver, prometheus, engines, dns = policy["egress"]
     assert apiserver == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}],
                          "to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}  # fmt: skip
@@ -131,12 +131,68 @@ def test_network_policy_limits_egress_to_apiserver_prometheus_engines_and_dns(tm
     assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {(53, "UDP"), (53, "TCP")}
     assert len(policy["egress"]) == 4  # nothing else leaves the operator pod
 
-    scoped = one(docs("networkPolicy.enabled=true", "watchNamespace=team-a", tmp=tmp_path), "NetworkPolicy", "r-slipstream")
+    scoped = one(docs("networkPolicy.egress.enabled=true", "watchNamespace=team-a", tmp=tmp_path), "NetworkPolicy", "r-slipstream")
     engines = scoped["spec"]["egress"][2]
     assert engines["to"][0]["namespaceSelector"] == {"matchExpressions": [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}  # fmt: skip
     bad = helm_template("networkPolicy.enabled=true", "networkPolicy.apiServer.cidrs={nonsense}", tmp=tmp_path, check=False)
     assert bad.returncode != 0 and "cidrs" in bad.stderr, bad.stderr
+
+
+def test_by_default_the_operator_policy_admits_only_its_ports_and_leaves_egress_open(tmp_path: Path) -> None:
+    """Hardened by default where it cannot break the operator: ingress to the metrics,
+    health and readiness ports only; egress rules (which need the cluster's apiserver and
+    Prometheus addresses) only with networkPolicy.egress.enabled."""
+    policy = one(docs(tmp=tmp_path), "NetworkPolicy", "r-slipstream")["spec"]
+    assert policy["policyTypes"] == ["Ingress"] and "egress" not in policy, policy
+    assert [[p["port"] for p in rule["ports"]] for rule in policy["ingress"]] == [[9090], [8080, 8081]]
+    assert all("from" not in rule for rule in policy["ingress"])  # the ports, from any source (Prometheus, kubelet)
+    off = [d for d in docs("networkPolicy.enabled=false", tmp=tmp_path) if d["kind"] == "NetworkPolicy"]
+    assert off == []
+
+
+def operator_container(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = one(rendered, "Deployment", "r-slipstream")["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_the_operator_gets_a_readiness_probe_on_readyz_that_accepts_a_standby(tmp_path: Path) -> None:
+    """Ready: serving, or standing by behind the active replica; a probe that failed on the
+    standby would hold every rollout of a two-replica Deployment."""
+    container = operator_container(docs(tmp=tmp_path))
+    probe = container["readinessProbe"]
+    assert probe["httpGet"] == {"path": "/readyz?standby=ok", "port": "ready"}, probe
+    assert {"name": "ready", "containerPort": 8081} in container["ports"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SLIPSTREAM_READY_PORT"] == "8081"
+    moved = {e["name"]: e.get("value") for e in operator_container(docs("readinessPort=9191", tmp=tmp_path))["env"]}
+    assert moved["SLIPSTREAM_READY_PORT"] == "9191"
+    for clash in ("readinessPort=8080", "readinessPort=9090"):
+        bad = helm_template(clash, tmp=tmp_path, check=False)
+        assert bad.returncode != 0 and "readinessPort must differ" in bad.stderr, (clash, bad.stderr)
+
+
+def test_the_engines_network_policy_peers_reach_the_operator_and_rbac_lets_it_write_them(tmp_path: Path) -> None:
+    """The chart renders who may reach the engines into the operator's environment (the
+    operator makes one NetworkPolicy per ServingDeployment from it) and grants the write."""
+    from slipstream.controller import netpol
+
+    rendered = docs("networkPolicy.engines.clientNamespaces={gateway}",
+                    "networkPolicy.prometheus.namespaceSelector.matchLabels.team=obs", tmp=tmp_path)  # fmt: skip
+    env = {e["name"]: e.get("value") for e in operator_container(rendered)["env"]}
+    peers = netpol.Peers.parse(env["SLIPSTREAM_ENGINE_NETWORK_POLICY"])
+    assert peers == netpol.Peers(
+        operator_namespace="ops",
+        operator_pods={"app.kubernetes.io/name": "slipstream", "app.kubernetes.io/instance": "r"},
+        prometheus={"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring", "team": "obs"}},
+                    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}},
+        client_namespaces=("gateway",),
+    )  # fmt: skip
+    rules = [rule for _, rule in rules_for(rendered, "networkpolicies")]
+    assert rules == [{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get", "create", "patch"]}]
+    off = docs("networkPolicy.engines.enabled=false", tmp=tmp_path)
+    assert "SLIPSTREAM_ENGINE_NETWORK_POLICY" not in {e["name"] for e in operator_container(off)["env"]}
+    assert not rules_for(off, "networkpolicies")
 
 
 OPERATOR = "system:serviceaccount:ops:r-slipstream"

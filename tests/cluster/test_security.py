@@ -433,10 +433,14 @@ def test_engine_pods_meet_baseline_by_default_and_restricted_with_a_pod_security
 
 def test_the_network_policy_is_accepted_by_the_apiserver(cluster: localkube.Cluster, operator: Operator) -> None:
     """The local control plane enforces no NetworkPolicy (no CNI): the rendered-template
-    tests check its rules; here the apiserver validates it as an object."""
+    tests check its rules; here the apiserver validates it as an object. The default
+    install made the ingress-only one; the one with egress rules is applied over it."""
+    installed = must_get(cluster, "networkpolicy", FULLNAME, RELEASE_NS)
+    assert installed["spec"]["policyTypes"] == ["Ingress"], installed["spec"]
     rendered = cluster.helm(
         "template", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", "--show-only=templates/networkpolicy.yaml",
-        "--set=networkPolicy.enabled=true", "--set=networkPolicy.apiServer.cidrs={127.0.0.1/32}",
+        "--set=networkPolicy.egress.enabled=true", "--set=networkPolicy.apiServer.cidrs={127.0.0.1/32}",
     ).stdout  # fmt: skip
     result = cluster.kubectl("apply", "--dry-run=server", f"--namespace={RELEASE_NS}", "-f", "-", input=rendered)
-    assert "networkpolicy.networking.k8s.io/sec-slipstream created (server dry run)" in result.stdout, result.stdout
+    assert "networkpolicy.networking.k8s.io/sec-slipstream configured (server dry run)" in result.stdout, result.stdout
+    assert result.returncode == 0 and "error" not in result.stderr.lower(), result.stderr

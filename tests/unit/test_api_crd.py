@@ -194,3 +194,34 @@ def test_docs_name_every_timing_default() -> None:
     for path, (default, _) in LOOP_TIMINGS.items():
         field = path.removeprefix("spec.tuning.")
         assert any(line.startswith(f"| `{field}` | {default:g} ") for line in table.splitlines()), (field, table)
+
+
+def test_kubectl_explain_shows_every_default() -> None:
+    """`kubectl explain` shows descriptions, not every schema `default`: each field that
+    has a default says it in its description, with the value the schema applies."""
+    defaulted = [(path, node) for path, node in schema_nodes(version_schema()) if node.get("default", {}) != {}]
+    assert len(defaulted) >= 20
+    for path, node in defaulted:
+        text = node.get("description", "")
+        assert "default" in text.lower(), f"{path}: {text!r} does not say its default"
+        assert crdgen._default_text(node["default"]) in text, f"{path}: {text!r} does not give {node['default']!r}"
+    tuning = version_schema()["properties"]["spec"]["properties"]["tuning"]["properties"]
+    for field, said in (("mode", "Default Fixed"), ("engineMode", "Default ceiling"), ("schedulePolicy", "Default fcfs"),
+                        ("minConcurrency", "Default 1"), ("maxConcurrency", "Default 8")):  # fmt: skip
+        assert said in tuning[field]["description"], (field, tuning[field]["description"])
+
+
+UNITS = {
+    # field path: the unit its description must name
+    "spec.tuning.threshold": "in tokens",
+    "spec.tuning.objective.ttftP99Seconds": "in seconds",
+    "spec.tuning.objective.tenants[].ttftP99Seconds": "in seconds",
+    "spec.engine.chunkedPrefillSize": "token",
+    "spec.engine.pageSize": "in tokens",
+}
+
+
+@pytest.mark.parametrize("path", list(UNITS))
+def test_kubectl_explain_shows_each_unit(path: str) -> None:
+    nodes = dict(schema_nodes(version_schema()))
+    assert UNITS[path] in nodes["." + path]["description"], nodes["." + path]["description"]

@@ -20,7 +20,8 @@ from slipstream.controller.settings import ControllerSettings
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 COMMAND = re.compile(
-    r"slipstream (cluster (?:up|down|status)|simulate|bench|recommend|run|engine-sim|load|demo)\b([^`\n]*)"
+    r"slipstream (cluster (?:up|down|status|restart)|simulate|bench|recommend|run|engine-sim|load|demo|loopbench"
+    r"|canary-check)(?![\w-])([^`\n]*)"
 )
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 
@@ -53,6 +54,9 @@ def _doc_commands() -> list[tuple[str, str, str]]:
 def test_every_flag_the_docs_show_is_accepted_by_its_command():
     commands = _doc_commands()
     assert len(commands) > 50, "the docs' slipstream commands were not found: check COMMAND"
+    checked = {command for _, command, _ in commands}
+    # The commands whose flags the docs show most: each must be among those checked.
+    assert {"loopbench", "canary-check", "cluster up", "demo"} <= checked, sorted(checked)
     unknown = [
         f"{doc}: slipstream {command} {flag}"
         for doc, command, flag in commands

@@ -256,15 +256,23 @@ def test_status_changed_keeps_only_differing_fields() -> None:
 def test_engine_pods_get_a_security_context_and_the_spec_can_tighten_it() -> None:
     pod = objects.deployment(make())["spec"]["template"]["spec"]
     assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
-    assert pod["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
-    tight = make({"engine": {"securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True,
-                                                 "capabilities": {"drop": ["ALL"]}},
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    assert pod["automountServiceAccountToken"] is False
+    # An RDMA transport may need IPC_LOCK: added back, every other capability still dropped.
+    rdma = make({"engine": {"securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}})
+    rdma_caps = objects.deployment(rdma)["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+    assert rdma_caps == {"add": ["IPC_LOCK"], "drop": ["ALL"]}
+    tight = make({"engine": {"securityContext": {"runAsNonRoot": True, "readOnlyRootFilesystem": True},
                              "podSecurityContext": {"runAsUser": 1000, "fsGroup": 1000}}})  # fmt: skip
     spec = objects.deployment(tight)["spec"]["template"]["spec"]
     assert spec["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
     assert spec["containers"][0]["securityContext"] == {
         "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-        "capabilities": {"add": [], "drop": ["ALL"]}}  # fmt: skip
+        "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    # drop: [] keeps the runtime's default set: no capabilities field at all.
+    loose = make({"engine": {"securityContext": {"capabilities": {"drop": []}}}})
+    assert "capabilities" not in objects.deployment(loose)["spec"]["template"]["spec"]["containers"][0]["securityContext"]
 
 
 def test_monitors_scrape_at_the_interval_the_canary_sub_windows_assume() -> None:

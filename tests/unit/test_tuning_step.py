@@ -507,3 +507,15 @@ def test_a_model_mismatch_logs_its_window_for_an_offline_replay(caplog: pytest.L
     with caplog.at_level("INFO", logger="slipstream.controller.stages"):
         assert not recommender.recommend(sd, good, S(threshold=0), 1000.0).model_mismatch
     assert not [r for r in caplog.records if "To replay the check" in r.getMessage()]
+
+
+def test_engines_in_sync_is_unknown_not_true_when_no_engine_pod_runs() -> None:
+    """Zero pods all 'report' any setting: the condition says Unknown and why, not True."""
+    sd = make({"mode": "Fixed", "threshold": 4096})
+    none = {c.type: c for c in tuning.conditions(sd, [], decision(), [], None, "2026-01-01T00:00:00Z")}
+    assert (none["EnginesInSync"].status, none["EnginesInSync"].reason) == ("Unknown", tuning.NO_ENGINE_PODS)
+    assert "no engine pod" in none["EnginesInSync"].message
+    one = {c.type: c for c in tuning.conditions(sd, list(none.values()), decision(), [machine.Pod("a", S(threshold=4096))],
+                                                None, "2026-01-01T00:01:00Z")}  # fmt: skip
+    assert (one["EnginesInSync"].status, one["EnginesInSync"].reason) == ("True", "AllPodsOnSetting")
+    assert one["EnginesInSync"].last_transition_time == "2026-01-01T00:01:00Z"

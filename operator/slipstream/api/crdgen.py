@@ -99,7 +99,32 @@ def _structural(node: dict[str, Any], defs: dict[str, Any], path: str = "") -> d
         out["type"] = "string"
     if out.get("required") == []:
         del out["required"]
-    return out
+    return _with_default_said(out)
+
+
+def _default_text(value: Any) -> str:
+    """A default as YAML would write it: true, fcfs, [fcfs, lpm], 8192."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_default_text(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def _with_default_said(node: dict[str, Any]) -> dict[str, Any]:
+    """`kubectl explain` prints a field's description, and not its schema `default` on
+    every kubectl: a description that does not give its default gets "Default: X."
+    appended, so every default is read where users look. Section defaults ({}) are left out: the fields
+    inside say theirs."""
+    if "default" not in node or node["default"] == {}:
+        return node
+    description, value = node.get("description", ""), _default_text(node["default"])
+    if "default" in description.lower() and value in description:
+        return node
+    said = f"Default: {value}."
+    return {**node, "description": f"{description} {said}".strip()}
 
 
 def model_schema(model: type[models.Model], path: str = "") -> dict[str, Any]:

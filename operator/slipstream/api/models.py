@@ -237,8 +237,19 @@ class HiCache(Model):
 
 
 class Capabilities(Model):
-    add: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to add.")
-    drop: list[str] = Field(default_factory=list, max_length=64, description="Linux capabilities to drop (e.g. ALL).")
+    """Linux capabilities of the engine container. Default: every one dropped, none added.
+    SGLang serving (HTTP, the scheduler and tokenizer processes, NCCL over /dev/shm and
+    CUDA IPC between the ranks of one pod) needs none; RDMA transports that pin memory
+    (InfiniBand, GPUDirect RDMA, Mooncake over RDMA) may need IPC_LOCK added."""
+
+    add: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Linux capabilities to add back. Default none: SGLang needs none (IPC_LOCK only for RDMA transports).",
+    )  # fmt: skip
+    drop: list[str] = Field(
+        default_factory=lambda: ["ALL"], max_length=64,
+        description="Linux capabilities to drop. Default [ALL]; [] keeps the container runtime's default set.",
+    )  # fmt: skip
 
 
 class ContainerSecurityContext(Model):
@@ -251,7 +262,9 @@ class ContainerSecurityContext(Model):
     run_as_non_root: bool | None = Field(default=None, description="Refuse to start as UID 0.")
     run_as_user: int | None = Field(default=None, ge=0, le=2147483647)
     run_as_group: int | None = Field(default=None, ge=0, le=2147483647)
-    capabilities: Capabilities | None = None
+    capabilities: Capabilities = _section(
+        Capabilities, "Linux capabilities. Default: drop ALL, add none (SGLang needs none)."
+    )
 
 
 class PodSecurityContext(Model):
@@ -347,7 +360,9 @@ class EngineSpec(Model):
 
 class TenantTarget(Model):
     name: str = Field(min_length=1, max_length=253, description="Value of the tenant label.")
-    ttft_p99_seconds: float = Field(gt=0, le=3600, description="p99 TTFT target of this tenant.")
+    ttft_p99_seconds: float = Field(
+        gt=0, le=3600, description="p99 time-to-first-token target of this tenant, in seconds (no default: required)."
+    )
 
 
 class Objective(Model):
@@ -359,7 +374,8 @@ class Objective(Model):
         description="Metric label naming the tenant (an allowed custom label of the engine).",
     )
     ttft_p99_seconds: float = Field(
-        default=2.0, gt=0, le=3600, description="p99 TTFT target of every tenant not listed in tenants."
+        default=2.0, gt=0, le=3600,
+        description="p99 time-to-first-token target of every tenant not listed in tenants, in seconds. Default 2.0 (seconds).",
     )
     tenants: list[TenantTarget] = Field(
         default_factory=list,
@@ -416,13 +432,19 @@ class Tuning(Model):
     )
     model_config = _rules(*cel_rules)
 
-    mode: TuningMode = Field(default="Fixed", description="Auto | Recommend | Fixed | Off.")
+    mode: TuningMode = Field(
+        default="Fixed",
+        description="Auto (the operator tunes and rolls out), Recommend (it tunes and reports only), "
+        "Fixed (the spec's threshold, engineMode and schedulePolicy) or Off (the stock engine). Default Fixed.",
+    )
     threshold: int | None = Field(
         default=None,
         ge=0,
         le=1048576,
-        description="T (--long-prefill-token-threshold): required for Fixed, the starting value "
-        "otherwise; 0 turns the cap off. Per engine scheduler: with DP attention (--dp-size N) "
+        description="T (--long-prefill-token-threshold), in tokens (uncached prompt tokens per "
+        "request per prefill round): required for Fixed, the starting value otherwise; 0 turns the "
+        "cap off. No default: unset starts at 0 (off) outside Fixed; a multiple of engine.pageSize, at most "
+        "engine.chunkedPrefillSize. Per engine scheduler: with DP attention (--dp-size N) "
         "SGLang gives each DP rank chunkedPrefillSize / N tokens a round, so T must be <= that.",
     )
     engine_mode: EngineMode = Field(
@@ -432,9 +454,12 @@ class Tuning(Model):
         "where a request of at most T uncached tokens waits, or did in the last few seconds; stock "
         "otherwise). Default ceiling.",
     )
-    schedule_policy: SchedulePolicy = Field(default="fcfs", description="--schedule-policy.")
-    min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T) Auto may choose.")
-    max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T) Auto may choose.")
+    schedule_policy: SchedulePolicy = Field(
+        default="fcfs",
+        description="--schedule-policy: the admission order in Fixed, the starting one otherwise. Default fcfs.",
+    )
+    min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T, a count) Auto may choose. Default 1.")
+    max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T, a count) Auto may choose. Default 8.")
     orders: list[SchedulePolicy] = Field(
         default_factory=lambda: ["fcfs", "lpm", "srpt"],
         min_length=1,

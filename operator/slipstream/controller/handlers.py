@@ -26,7 +26,7 @@ import prometheus_client
 import pydantic
 
 from slipstream.api import models
-from slipstream.controller import loop, objects, stages, status, tuning
+from slipstream.controller import loop, netpol, objects, stages, status, tuning
 from slipstream.controller import settings as settings_
 from slipstream.controller.clients import adminkeys, apisession
 from slipstream.controller.clients import kube as kube_
@@ -130,11 +130,11 @@ def monitor(kube: kube_.Kube, sd: models.ServingDeployment, interval_s: float) -
 
 def apply_objects(
     kube: kube_.Kube, keys: adminkeys.AdminKeys, sd: models.ServingDeployment, keep_replicas: bool = True,
-    scrape_interval_s: float = 5.0,
+    scrape_interval_s: float = 5.0, peers: netpol.Peers | None = None,
 ) -> ApplyOutcome:
     """Blocking: run it in a thread. Applies every owned object that should exist;
     spec.replicas of the Deployment only with `keep_replicas` (not while another writer
-    has it: `replicas`)."""
+    has it: `replicas`); the engines' NetworkPolicy when `peers` says who may reach them."""
     setting = objects.configmap_setting(sd)
     # A spec the patched engine would refuse at start-up gets no pods (engine.support).
     problem = support.refusal(sd.spec) or secret_problem(kube, sd)
@@ -150,6 +150,8 @@ def apply_objects(
             if kube.create_if_missing(generated) is not None:
                 changes.append(("Secret", generated["metadata"]["name"], "created"))
     desired = [objects.configmap(sd, setting), objects.service(sd), monitor(kube, sd, scrape_interval_s)]
+    if peers is not None:  # before the pods exist: no engine starts reachable by everyone
+        desired.append(netpol.network_policy(sd, peers))
     if problem is None:
         dep = objects.deployment(sd)
         desired.append(dep if keep_replicas else replicas.without_replicas(dep))
@@ -402,6 +404,8 @@ class Context:
     reverts: replicas.Reverts = field(default_factory=replicas.Reverts)
     judged: judged_.Judged = field(default_factory=judged_.Judged)
     """The drift watch's last good judgement of each owned object (`judged`)."""
+    peers: netpol.Peers | None = None
+    """Who may reach the engines (`netpol`), from the settings; None: no NetworkPolicy."""
 
     @classmethod
     def build(cls, config: settings_.ControllerSettings, kube: kube_.Kube) -> Context:
@@ -413,7 +417,8 @@ class Context:
         deps = loop.Deps(kube=kube, config=config, keys=keys, observer=fleet, tokens=tokens.refresh,
                          recommender=recommender, latency=stages.latency_for(fleet, config, tokens), tuner=tuner,
                          twin_runs=loop.TwinRuns(config.tuner_concurrency(), recommender.memo is not None))  # fmt: skip
-        return cls(config, kube, keys, deps, tuner, deployments.Views(config.status_watch_seconds))
+        return cls(config, kube, keys, deps, tuner, deployments.Views(config.status_watch_seconds),
+                   peers=netpol.Peers.parse(config.engine_network_policy))  # fmt: skip
 
 
 RESOURCE = (models.GROUP, models.VERSION, models.PLURAL)
@@ -507,7 +512,7 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
     taken_back = wants_back and not hpas
     keep = not hpas and (taken_back or not replicas.contested(sd))
     outcome = await asyncio.to_thread(apply_objects, ctx.kube, ctx.keys, sd, keep,
-                                      ctx.config.engine_scrape_interval_seconds)
+                                      ctx.config.engine_scrape_interval_seconds, ctx.peers)
     record_changes(body, sd, outcome)
     conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
     if hpas:

@@ -159,6 +159,17 @@ def _resources(engine: models.EngineSpec) -> dict[str, dict[str, str]]:
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
+def _container_security(engine: models.EngineSpec) -> dict[str, Any]:
+    """The container's securityContext without empty capability lists: the apiserver drops
+    them (omitempty), and the drift watch would take a desired `add: []` absent from the
+    live object for a hand edit, every time."""
+    out = engine.security_context.to_k8s()
+    caps = {key: value for key, value in out.pop("capabilities", {}).items() if value}
+    if caps:
+        out["capabilities"] = caps
+    return out
+
+
 def _probe(period: int, failures: int) -> dict[str, Any]:
     return {
         "httpGet": {"path": "/health", "port": "http"},
@@ -185,7 +196,7 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "readinessProbe": _probe(period=10, failures=3),
         "livenessProbe": _probe(period=30, failures=4),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        "securityContext": engine.security_context.to_k8s(),
+        "securityContext": _container_security(engine),
     }
     pod_security = engine.pod_security_context.to_k8s()
     pod_security["seccompProfile"] = {"type": pod_security.pop("seccompProfileType")}
@@ -195,6 +206,9 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 60,
         "enableServiceLinks": False,
+        # An engine never calls the Kubernetes API: no ServiceAccount token in the pod, so a
+        # compromised engine holds no credential (the operator reads the engines, not back).
+        "automountServiceAccountToken": False,
     }
     if engine.node_selector:
         pod_spec["nodeSelector"] = dict(engine.node_selector)

@@ -28,6 +28,17 @@ class ControllerSettings:
     metrics_port: int = 9090
     """Port of the operator's own Prometheus metrics (0: off). Env: SLIPSTREAM_METRICS_PORT."""
 
+    ready_port: int = 0
+    """Port of the operator's `/readyz` (`controller.runtime.readiness`: serving, paused by
+    kopf's peering, or starting); 0: off. The chart sets it (readinessPort) and probes it.
+    Env: SLIPSTREAM_READY_PORT."""
+
+    listen_address: str = "0.0.0.0"
+    """Address the metrics and `/readyz` listeners bind. In a pod, every address: Prometheus
+    and the kubelet reach the pod IP. `slipstream cluster up` and the tests set 127.0.0.1:
+    on a shared machine nothing but loopback is used (docs/localkube.md).
+    Env: SLIPSTREAM_LISTEN_ADDRESS."""
+
     tuning_time_scale: float = 1.0
     """Factor on every duration of spec.tuning (intervalSeconds, cooldownSeconds,
     rollout.analysisWindowSeconds): 0.1 runs a 60 s interval every 6 s. Tests and the demo
@@ -171,6 +182,12 @@ class ControllerSettings:
     checks 3 intervals after each phase change), and the noise-aware hysteresis and the
     cooldown already stop flapping on unchanged traffic; the twin's `auto` uses 3, where it
     cut changes on the shared traces from 15 to 9. Env: SLIPSTREAM_TUNER_DWELL_COOLDOWNS."""
+
+    engine_network_policy: str = ""
+    """JSON of who may reach the engines (`controller.netpol.Peers`: the operator's namespace
+    and pod labels, Prometheus' selectors, client namespaces), rendered by the chart from
+    its values: every ServingDeployment then gets an owned NetworkPolicy on its engine pods.
+    Empty: none is made. Env: SLIPSTREAM_ENGINE_NETWORK_POLICY."""
 
     engine_networks: str = ""
     """Comma-separated CIDRs the operator may contact engine pods in (e.g. 127.0.0.0/8 on a

@@ -17,15 +17,15 @@ READY = "Ready"
 def set_condition(
     conditions: list[models.Condition],
     type_: str,
-    status: bool,
+    status: bool | None,
     reason: str,
     message: str,
     generation: int,
     now: str,
 ) -> list[models.Condition]:
     """Replace one condition (in its place, else appended); its lastTransitionTime moves only
-    when its status does."""
-    value: Literal["True", "False"] = "True" if status else "False"
+    when its status does. ``status`` None is Unknown: there is nothing to judge it on."""
+    value: Literal["True", "False", "Unknown"] = "Unknown" if status is None else "True" if status else "False"
     old = next((c for c in conditions if c.type == type_), None)
     since = old.last_transition_time if old is not None and old.status == value else now
     new = models.Condition(

@@ -34,6 +34,9 @@ CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC, ENGINE_SU
 
 PODS_UNREACHABLE = "PodsUnreachable"
 PODS_OFF_SETTING = "PodsOnOtherSetting"
+NO_ENGINE_PODS = "NoEnginePods"
+"""EnginesInSync is Unknown with this reason while no engine pod runs (spec.replicas 0, pods
+not yet started or all gone): there is no setting to be in sync with."""
 
 WARN_ON_FALSE = {METRICS_AVAILABLE: None, ENGINES_IN_SYNC: {PODS_UNREACHABLE}, ENGINE_SUPPORTED: None}
 """Condition -> the False reasons that are a Warning (None: all). A pod on another setting
@@ -231,6 +234,11 @@ def conditions(
     off = [p for p in pods if p.setting is not None and p.setting != decision.fleet]
     if decision.in_flight:
         out = status.set_condition(out, ENGINES_IN_SYNC, False, "RollingOut", "a rollout is in flight", gen, now)
+    elif not pods:
+        # True over no pods would say the fleet runs a setting no engine reported.
+        out = status.set_condition(out, ENGINES_IN_SYNC, None, NO_ENGINE_PODS,
+                                   f"no engine pod runs to report a setting (spec.replicas {sd.spec.replicas})",
+                                   gen, now)  # fmt: skip
     elif unreadable:
         listed = ", ".join(f"{p.name} ({machine.explain(p)})" for p in unreadable)
         out = status.set_condition(out, ENGINES_IN_SYNC, False, PODS_UNREACHABLE,

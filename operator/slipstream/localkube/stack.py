@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from slipstream.localkube import cluster as cluster_mod
 from slipstream.localkube import health, podrunner, ports, processes, restarts
@@ -94,6 +94,18 @@ class StackOptions:
     so a ServingDeployment written by hand can name http://127.0.0.1:9090."""
 
 
+class OperatorPorts(NamedTuple):
+    """The operator's listeners (loopback): kopf's health, its metrics, its /readyz."""
+
+    health: int
+    metrics: int
+    ready: int
+
+
+OPERATOR_COMPONENT = "slipstream-operator"
+"""Label `component` of the operator's scrape target: the dashboard's operator panels read its series."""
+
+
 class Stack:
     """A running stack; make one with Stack.start()."""
 
@@ -106,6 +118,10 @@ class Stack:
         self.operator: processes.Component | None = None
         self.operator_kubeconfig: Path | None = None
         self._operator_health: str | None = None
+        self.operator_ready_url: str | None = None
+        """The operator's /readyz (`controller.runtime.readiness`): `cluster status` asks it."""
+        self.operator_metrics_url: str | None = None
+        self.operator_ports: OperatorPorts | None = None
         self.runner: podrunner.PodRunner | None = None
 
     @classmethod
@@ -130,8 +146,11 @@ class Stack:
         t0 = time.monotonic()
         stack = cls(cluster, options, owns_cluster=owns_cluster)
         try:
+            if options.operator:
+                # Chosen before Prometheus starts: it scrapes the operator's metrics there.
+                stack.operator_ports = OperatorPorts(*ports.free_ports(3))
             if options.prometheus:
-                stack.prometheus = start_prometheus(cluster, options)
+                stack.prometheus = start_prometheus(cluster, options, stack.operator_ports)
                 log.info("stack: prometheus at %s", stack.prometheus.url)
             stack.runner = podrunner.PodRunner(
                 cluster.get_json,
@@ -173,13 +192,18 @@ class Stack:
     def start_operator(self) -> None:
         """The operator as a process with the chart ServiceAccount's token; waits until healthy."""
         self.operator_kubeconfig = self.cluster.token_kubeconfig(RELEASE_NAMESPACE, SERVICE_ACCOUNT)
-        health_port, metrics_port = ports.free_ports(2)
+        if self.operator_ports is None:
+            self.operator_ports = OperatorPorts(*ports.free_ports(3))
+        health_port, metrics_port, ready_port = self.operator_ports
         env = {
             **os.environ,
             "KUBECONFIG": str(self.operator_kubeconfig),
             "SLIPSTREAM_METRICS_PORT": str(metrics_port),
+            "SLIPSTREAM_READY_PORT": str(ready_port),
             **self.operator_env(),
         }
+        self.operator_ready_url = f"http://{ports.LOOPBACK}:{ready_port}/readyz"
+        self.operator_metrics_url = f"http://{ports.LOOPBACK}:{metrics_port}/metrics"
         url = f"http://{ports.LOOPBACK}:{health_port}/healthz"
         # As the image runs it: without the tooling and the packages the image lacks.
         argv = [sys.executable, "-m", "slipstream.runtime_only", f"--peering={PEERING}", f"--liveness={url}"]
@@ -230,9 +254,11 @@ class Stack:
         window) is divided by S, so a spec written for production (a 60 s interval)
         runs here as it would there, only S times faster, and the tuner reads the
         engines' rates in twin time. The operator may reach
-        engine pods only in this cluster's loopback pod CIDR.
+        engine pods only in this cluster's loopback pod CIDR, and its metrics and /readyz
+        listen on loopback only (docs/localkube.md), not on every address as in a pod.
         """
         env = {
+            "SLIPSTREAM_LISTEN_ADDRESS": ports.LOOPBACK,
             "SLIPSTREAM_TUNING_TIME_SCALE": f"{1.0 / self.options.time_scale:.6g}",
             "SLIPSTREAM_ENGINE_TIME_SCALE": f"{self.options.time_scale:.6g}",
             "SLIPSTREAM_STATUS_INTERVAL_SECONDS": "3",
@@ -310,6 +336,8 @@ class Stack:
             "pod_cidr": self.cluster.pod_cidr,
             "prometheus_url": self.prometheus.url if self.prometheus is not None else None,
             "operator_log": str(self.operator.log_path) if self.operator is not None else None,
+            "operator_ready_url": self.operator_ready_url,
+            "operator_metrics_url": self.operator_metrics_url,
             "logs": str(self.cluster.log_dir),
             "time_scale": self.options.time_scale,
         }
@@ -339,13 +367,27 @@ def write_env_file(path: Path, env: Mapping[str, str], argv: Sequence[str]) -> N
     path.write_text("\n".join(lines) + "\n")
 
 
-def start_prometheus(cluster: cluster_mod.Cluster, options: StackOptions) -> PrometheusHandle:
+def operator_target(metrics_port: int) -> prom_mod.StaticTarget:
+    """The operator's metrics as a scrape target. Its own labels are kept (honor_labels):
+    `slipstream_rollouts_total{namespace}` and the per-deployment gauges name the served
+    namespace, which a target label would rename to exported_namespace."""
+    return prom_mod.StaticTarget(
+        address=f"{ports.LOOPBACK}:{metrics_port}", namespace=RELEASE_NAMESPACE, pod="operator",
+        servingdeployment="", extra_labels={"component": OPERATOR_COMPONENT}, honor_labels=True,
+    )  # fmt: skip
+
+
+def start_prometheus(
+    cluster: cluster_mod.Cluster, options: StackOptions, operator: OperatorPorts | None = None
+) -> PrometheusHandle:
     """Prometheus scraping every engine pod each second, found through the apiserver
-    (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd)."""
+    (localkube.prometheus with its pod discovery: the pod role of kubernetes_sd), and the
+    operator's own metrics when it runs (the dashboard's operator panels)."""
     namespaces = (options.engine_namespace,) if options.engine_namespace else ()
     return prom_mod.PrometheusServer.start(
         cluster.workdir / "prometheus",
         scrape_interval_s=SCRAPE_INTERVAL_S,
+        static=[operator_target(operator.metrics)] if operator is not None else (),
         discovery=prom_mod.PodDiscovery(kubeconfig=cluster.kubeconfig, namespaces=namespaces),
         port=options.prometheus_port,
     )

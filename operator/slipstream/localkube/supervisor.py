@@ -39,6 +39,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -319,7 +321,8 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """One line per component, from the supervisor's last pass and checked now; exit 0 only
-    when every one runs (1: one is down or the stack is still starting; 3: no cluster)."""
+    when every one runs and the operator serves (1: one is down, the stack is still
+    starting, or the operator runs paused by kopf's peering; 3: no cluster)."""
     workdir = Path(args.workdir).expanduser().resolve()
     state = read_state(workdir)
     pid = int(state.get("supervisor_pid", 0)) if state else 0
@@ -329,10 +332,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = component_rows(state)
     down = [row for row in rows if row["state"] != "running"]
     phase = str(state.get("phase", "?"))
+    serving = operator_serving(state) if phase == "Ready" and not down else None
     if phase != "Ready":
         headline = phase.lower()
     elif down:
         headline = f"degraded: {len(down)} of {len(rows)} component(s) down ({', '.join(r['name'] for r in down)})"
+    elif serving is not None:
+        headline = serving
     else:
         headline = "ready"
     print(f"{headline} (supervisor pid {pid}, workdir {workdir})")
@@ -347,7 +353,33 @@ def cmd_status(args: argparse.Namespace) -> int:
         for sim in sims:
             ready = "ready" if sim["ready"] else "starting"
             print(f"    {sim['pod']:40s} {sim['url']:26s} {ready:8s} restarts {sim['restarts']}")
-    return 0 if phase == "Ready" and not down else 1
+    return 0 if phase == "Ready" and not down and serving is None else 1
+
+
+def operator_serving(state: dict[str, Any]) -> str | None:
+    """None when the operator's /readyz says it serves; else the headline that says why not.
+    A running operator process is not a serving one: restarted after a SIGKILL, kopf's
+    peering keeps it paused until the killed process's entry expires (the peering
+    lifetime), and it handles nothing meanwhile."""
+    url = state.get("operator_ready_url")
+    if not url:
+        return None  # a stack without an operator, or one started before /readyz
+    try:
+        with urllib.request.urlopen(str(url), timeout=2) as response:
+            report = json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        try:
+            report = json.loads(error.read())
+        except ValueError:
+            return f"operator not serving: /readyz answered {error.code}"
+    except (OSError, ValueError) as error:
+        return f"operator not serving: /readyz unreachable ({error})"
+    if report.get("state") == "serving":
+        return None
+    if report.get("state") == "paused":
+        return (f"operator paused: it runs but kopf's peering holds it ({report.get('why') or 'no reason given'}); "
+                "it serves once that peer's entry expires")  # fmt: skip
+    return f"operator {report.get('state', 'not serving')}: {report.get('why') or 'kopf has not started yet'}"
 
 
 def component_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -449,7 +481,7 @@ def add_parser(sub: Any) -> None:
         ("up", cmd_up, "start it in the background; prints the `export KUBECONFIG=...` line"),
         ("down", cmd_down, "stop everything it started"),
         ("status", cmd_status, "one line per component, with process ids and engine simulators; "
-                               "exit status 1 when one is down"),
+                               "exit status 1 when one is down or the operator is paused"),
         ("restart", cmd_restart, "restart one component now (operator, prometheus, kube-apiserver, ...)"),
     ):
         verb = verbs.add_parser(name, help=text)

@@ -45,6 +45,7 @@ PLURALS = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("serving.slipstream.dev/v1alpha1", "ServingDeployment"): "servingdeployments",
 }
 

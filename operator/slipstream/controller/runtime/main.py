@@ -11,7 +11,7 @@ import prometheus_client
 
 from slipstream.controller import handlers, settings
 from slipstream.controller.clients import kube
-from slipstream.controller.runtime import malloc
+from slipstream.controller.runtime import malloc, readiness
 
 
 def run(namespaces: Sequence[str], peering: str | None, liveness: str | None) -> None:
@@ -29,8 +29,17 @@ def run(namespaces: Sequence[str], peering: str | None, liveness: str | None) ->
     malloc.collect_cycles_every(config.gc_interval_seconds)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config, kube.Kube.default(pool=max(config.api_connections, config.worker_threads)))
+    serving = readiness.Serving(peering=peering is not None)
+    readiness.watch_peering(serving)
+
+    async def started(**_: object) -> None:
+        serving.mark_started()
+
+    kopf.on.startup(id="readiness", registry=registry)(started)
     if config.metrics_port:
-        prometheus_client.start_http_server(config.metrics_port)
+        prometheus_client.start_http_server(config.metrics_port, addr=config.listen_address)
+    if config.ready_port:
+        readiness.serve(serving, config.listen_address, config.ready_port)
     kopf.configure(verbose=False)
     kopf.run(
         registry=registry,

@@ -76,7 +76,9 @@ def twin_prediction(eng, rule, order, memory=False, max_partials=None, reflex=No
         w_cands.sort(key=key)
     partial_rids = ()
     if not admission.partials_first(rule, order):
-        partial_rids = {r.rid for r, _ in p_cands}
+        # Oldest first (the engine's partial_reqs, the twin's _partials): a capped reflex
+        # round's fill on refusal (admission step 3) goes to them in this order.
+        partial_rids = tuple(r.rid for r, _ in p_cands)
         w_cands = sorted(p_cands + w_cands, key=key)
         p_cands = []
     cand = lambda items: [Cand(r.rid, need) for r, need in items]  # noqa: E731
@@ -337,8 +339,16 @@ def test_reflex_paged_with_prefix_cache_matches_twin(mix, t, order, hold):
     max_partials=st.sampled_from([1, 2, 8]),
     hold=HOLDS,
 )
+# Capped rounds that refuse a new request and fill (admission step 3): the 9,000-token
+# prompt does not fit beside the partial's reserved remainder, so under srpt the partial
+# (after it in the merged order) takes T and then the budget left; the second 700-token
+# prompt would be a second partial (--max-partial-prefills 1), so the first one, capped at
+# T, takes the rest of its need.
+@example(mix=[(0, 17_000), (1, 1), (1, 9_000)], t=1024, order="srpt", max_partials=8, hold=0.0)
+@example(mix=[(0, 1), (0, 700), (0, 700)], t=512, order="fcfs", max_partials=1, hold=0.0)
 def test_reflex_memory_limited_mixes_match_twin(mix, t, order, max_partials, hold):
-    # The KV reservation and the partials bound in capped and uncapped rounds alike.
+    # The KV reservation and the partials bound in capped and uncapped rounds alike,
+    # and the fill of a capped round that refused a new request.
     check(
         {
             "chunked_prefill_size": 4096,

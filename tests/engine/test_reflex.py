@@ -146,13 +146,79 @@ def test_reflex_partials_keep_their_kv_reservation_in_uncapped_rounds():
         clock.advance(1.0)
         rounds.append(eng.step())
         assert len(rounds) < 200
-    # Round 1 is capped (s waits): s whole, then L0 up to T and L1 (the reservation
-    # of L0's remainder leaves no room for L1's 30,000). Then uncapped: L0 whole budget.
-    assert rounds[0] == {"s": 100, "L0": T}
+    # Round 1 is capped (s waits): s whole, then L0 up to T, and L1 is refused (the
+    # reservation of L0's remainder leaves no room for its 30,000), so the budget left
+    # goes to L0 (admission step 3's fill on refusal). Then uncapped: L0 whole budget.
+    assert rounds[0] == {"s": 100, "L0": C - 100}
     assert rounds[1] == {"L0": C}
     assert sum(r.get("L0", 0) for r in rounds) == 30_000
     assert eng.kv_free() == eng.kv_free_at_start
     assert eng.slots_free() == eng.slots_free_at_start
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "srpt"])
+@pytest.mark.parametrize("refusal", ["memory", "partials bound"])
+def test_reflex_a_capped_round_that_refuses_a_document_gives_the_giant_the_budget_left(
+    policy, refusal
+):
+    """Admission step 3 in a capped round (the twin's ``fill_on_refusal``): a giant in
+    progress, a short request and a 20,000-token document waiting. The document is refused
+    (memory: it does not fit beside the giant's reserved remainder in a 210,000-token pool;
+    or the partials bound, --max-partial-prefills 1: it would be a second partial), so the
+    short one is served whole and the giant takes the whole budget left, not T: a cap that
+    idles the pass only slows the prefill holding the memory the document waits for. The
+    document stays short (under a quarter of the giant's remainder), so every round until
+    the giant finishes is capped and filled: the giant takes as many rounds as in stock."""
+    memory = refusal == "memory"
+    eng, clock = reflex_engine(
+        hold=0.0, policy=policy, kv_tokens=210_000 if memory else 400_000,
+        max_partials=8 if memory else 1,
+    )  # fmt: skip
+    eng.check_kv = True
+    eng.add(GIANT, rid="G")
+    assert eng.step() == {"G": C}  # uncapped: nothing short waits
+    eng.add(100, rid="S")
+    eng.add(20_000, rid="D")
+    clock.advance(1.0)
+    got = eng.step()
+    assert got == {"G": C - 100, "S": 100}, got
+    # Under srpt in ceiling mode the short request goes first, by its key.
+    assert list(got) == (["S", "G"] if policy == "srpt" else ["G", "S"])
+    rounds = []
+    while eng.busy():
+        clock.advance(1.0)
+        rounds.append(eng.step())
+        assert len(rounds) < 200
+    giant = [r["G"] for r in rounds if "G" in r]
+    assert giant[:-1] == [C] * (len(giant) - 1), giant  # capped, filled: the whole budget
+    assert sum(giant) == GIANT - 2 * C + 100
+    assert all("D" not in r for r in rounds[: len(giant) - 1])  # refused while the giant runs
+    assert sum(r.get("D", 0) for r in rounds) == 20_000
+    assert eng.kv_free() == eng.kv_free_at_start
+    assert eng.slots_free() == eng.slots_free_at_start
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "srpt"])
+def test_reflex_a_capped_round_with_room_or_a_plain_ceiling_round_is_not_filled(policy):
+    """The fill needs a refusal and a reflex: with room the document is admitted at T
+    beside the giant (the ceiling's split, budget idle); ceiling mode, refusing it for
+    memory, never fills."""
+    roomy, clock = reflex_engine(hold=0.0, policy=policy, kv_tokens=400_000)
+    roomy.add(GIANT, rid="G")
+    assert roomy.step() == {"G": C}
+    roomy.add(100, rid="S")
+    roomy.add(20_000, rid="D")
+    clock.advance(1.0)
+    assert roomy.step() == {"G": T, "S": 100, "D": T}
+    ceiling = h.make_engine(
+        chunked_prefill_size=C, threshold=T, policy=policy, kv_tokens=210_000,
+        max_reqs=32, max_context_len=h.context_for(GIANT),
+    )  # fmt: skip
+    ceiling.add(GIANT, rid="G")
+    assert ceiling.step() == {"G": T}
+    ceiling.add(100, rid="S")
+    ceiling.add(20_000, rid="D")
+    assert ceiling.step() == {"G": T, "S": 100}  # D refused for memory, nothing filled
 
 
 # ---- the flags and the admin call ---------------------------------------------------

@@ -24,7 +24,7 @@ from slipstream import canarycheck
 from slipstream.api import models
 from slipstream.api.snapshot import WorkloadSnapshot
 from slipstream.controller.settings import ControllerSettings
-from slipstream.demo import driver, loopbench
+from slipstream.demo import driver, loopbench, soak
 from slipstream.enginesim import flags as enginesim_flags
 from slipstream.localkube import supervisor
 from slipstream.rollout import sequential
@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     supervisor.add_parser(sub)
     driver.add_parser(sub)
     loopbench.add_parser(sub)
+    soak.add_parser(sub)
     return parser
 
 

@@ -37,6 +37,10 @@ def test_live_auto_agrees_with_the_twins_loop(tmp_path: Path) -> None:
     print(f"\nlive Auto {agree['live_s']:.2f} s, the twin's loop {agree['twin_s']:.2f} s "
           f"({agree['ratio']:.2f}x); twin moves {out['twin_auto']['moves']}\n{story}")
     assert agree["within"], f"live {agree['live_s']:.2f} s vs twin {agree['twin_s']:.2f} s\n{story}"
-    # Auto moved in the heterogeneous phase, as the twin's loop did
-    assert out["twin_auto"]["moves"], out["twin_auto"]
-    assert auto["changes"] >= 1 or auto["rollbacks"] >= 1, story
+    # The live loop moves where the twin's loop moves, and holds where it holds: from the
+    # demo's reflex:4096/srpt the engines cap the heterogeneous phase's passes themselves,
+    # and leaving srpt waits for calm traffic, so on these phases neither need move.
+    if out["twin_auto"]["moves"]:
+        assert auto["changes"] >= 1 or auto["rollbacks"] >= 1, story
+    else:
+        assert auto["changes"] == 0, story

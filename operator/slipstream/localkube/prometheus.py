@@ -341,6 +341,11 @@ class PrometheusServer:
         self._component = processes.Component(old.name, old.argv, old.log_path, env=old.env)
         health.wait_healthy(self._component, f"{self.url}/-/ready", deadline_s=ready_deadline_s)
 
+    def stop_server(self) -> None:
+        """Stop the server's process alone (an outage): the pod discovery keeps running, and
+        ``restart`` starts it again on the same port and data."""
+        self._component.stop()
+
     def stop(self) -> None:
         """Stop the process group (SIGTERM, then SIGKILL) and the discovery; return once gone."""
         try:

@@ -122,7 +122,9 @@ class Shape:
         """Weights one token multiplies through per layer (its K experts and the router)."""
         mlp = 3 * self.hidden * self.intermediate
         if self.experts:
-            return self.attn_params_per_layer + self.active_experts * mlp + self.experts * self.hidden
+            return (
+                self.attn_params_per_layer + self.active_experts * mlp + self.experts * self.hidden
+            )
         return self.attn_params_per_layer + mlp
 
     @property
@@ -138,8 +140,9 @@ class Shape:
     @property
     def weight_bytes(self) -> float:
         """Layers and lm_head: what a pass that touches every expert reads."""
-        return float((self.params_per_layer * self.layers + self.vocab * self.hidden)
-                     * self.dtype_bytes)
+        return float(
+            (self.params_per_layer * self.layers + self.vocab * self.hidden) * self.dtype_bytes
+        )
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -148,14 +151,30 @@ class Shape:
 
 MODELS: dict[str, tuple[Shape, str]] = {
     "llama3-8b": (
-        Shape(hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, intermediate=14336,
-              vocab=128256),
+        Shape(
+            hidden=4096,
+            layers=32,
+            heads=32,
+            kv_heads=8,
+            head_dim=128,
+            intermediate=14336,
+            vocab=128256,
+        ),
         "meta-llama/Meta-Llama-3-8B config.json: hidden_size 4096, num_hidden_layers 32, "
         "num_attention_heads 32, num_key_value_heads 8, intermediate_size 14336, vocab_size 128256",
     ),
     "qwen3-30b-a3b": (
-        Shape(hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, intermediate=768,
-              experts=128, active_experts=8, vocab=151936),
+        Shape(
+            hidden=2048,
+            layers=48,
+            heads=32,
+            kv_heads=4,
+            head_dim=128,
+            intermediate=768,
+            experts=128,
+            active_experts=8,
+            vocab=151936,
+        ),
         "Qwen/Qwen3-30B-A3B config.json: hidden_size 2048, num_hidden_layers 48, "
         "num_attention_heads 32, num_key_value_heads 4, head_dim 128, moe_intermediate_size 768, "
         "num_experts 128, num_experts_per_tok 8, vocab_size 151936",
@@ -173,8 +192,9 @@ class Layer(torch.nn.Module):
         std = s.hidden**-0.5
 
         def w(*dims: int) -> torch.nn.Parameter:
-            return torch.nn.Parameter(torch.randn(*dims, dtype=dt, device=device) * std,
-                                      requires_grad=False)
+            return torch.nn.Parameter(
+                torch.randn(*dims, dtype=dt, device=device) * std, requires_grad=False
+            )
 
         self.qkv = w((s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden)
         self.o = w(s.hidden, s.heads * s.head_dim)
@@ -202,8 +222,13 @@ class Layer(torch.nn.Module):
         h = torch.bmm(F.silu(gate) * up, self.down[:touched])
         return torch.zeros_like(x).index_add_(0, rows, h.reshape(-1, s.hidden))
 
-    def forward(self, x: torch.Tensor, prefill_len: int, kv_buf: tuple[torch.Tensor, torch.Tensor] | None,
-                dec_cache: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        prefill_len: int,
+        kv_buf: tuple[torch.Tensor, torch.Tensor] | None,
+        dec_cache: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
         """x: (prefill_len + B, hidden): one request's chunk first, then B decode tokens.
 
         ``kv_buf``: the chunk's K, V buffers (kv_heads, s + prefill_len, head_dim) holding its
@@ -213,7 +238,8 @@ class Layer(torch.nn.Module):
         """
         s = self.s
         q, k, v = F.linear(F.rms_norm(x, (s.hidden,)), self.qkv).split(
-            [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
+            [s.heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1
+        )
         outs = []
         n = prefill_len
         if n:
@@ -225,8 +251,9 @@ class Layer(torch.nn.Module):
                 kv_buf[1][:, -n:] = vp
                 kp, vp = kv_buf
             mask = causal_lower_right(n, kp.shape[1])
-            a = F.scaled_dot_product_attention(qp.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0),
-                                               attn_mask=mask, enable_gqa=True)
+            a = F.scaled_dot_product_attention(
+                qp.unsqueeze(0), kp.unsqueeze(0), vp.unsqueeze(0), attn_mask=mask, enable_gqa=True
+            )
             outs.append(a.squeeze(0).transpose(0, 1).reshape(n, -1))
         b = x.shape[0] - n
         if b:
@@ -302,8 +329,9 @@ def pairs(length: int, cached: int = 0) -> int:
     return twin_cost.chunk_pairs(cached, length)
 
 
-def fit_prefill(points: Sequence[tuple[int, int, float]], weights_s: float = 0.0,
-                kv_s: float = 0.0) -> dict[str, Any]:
+def fit_prefill(
+    points: Sequence[tuple[int, int, float]], weights_s: float = 0.0, kv_s: float = 0.0
+) -> dict[str, Any]:
     """``t = overhead + L * linear_s + pairs(L, s) * attn_s`` over (L, s, t), coefficients
     >= 0, on the compute-bound points: a point whose fitted compute is under its memory
     floor (weights + s tokens of KV read) is dropped and the rest refitted (at most 3
@@ -311,15 +339,24 @@ def fit_prefill(points: Sequence[tuple[int, int, float]], weights_s: float = 0.0
     use = list(points)
     coef = [0.0, 0.0, 0.0]
     for _ in range(3):
-        coef = lstsq_nonneg([[1.0] * len(use), [float(p[0]) for p in use],
-                             [float(pairs(p[0], p[1])) for p in use]], [p[2] for p in use])
-        keep = [p for p in points
-                if p[0] * coef[1] + pairs(p[0], p[1]) * coef[2] >= weights_s + p[1] * kv_s]
+        coef = lstsq_nonneg(
+            [[1.0] * len(use), [float(p[0]) for p in use], [float(pairs(p[0], p[1])) for p in use]],
+            [p[2] for p in use],
+        )
+        keep = [
+            p
+            for p in points
+            if p[0] * coef[1] + pairs(p[0], p[1]) * coef[2] >= weights_s + p[1] * kv_s
+        ]
         if len(keep) < 3 or keep == use:
             break
         use = keep
-    return {"overhead_s": coef[0], "linear_s_per_token": coef[1], "attn_s_per_pair": coef[2],
-            "points_used": len(use)}
+    return {
+        "overhead_s": coef[0],
+        "linear_s_per_token": coef[1],
+        "attn_s_per_pair": coef[2],
+        "points_used": len(use),
+    }
 
 
 def fit_decode(batches: Sequence[int], seconds: Sequence[float]) -> dict[str, float]:
@@ -379,8 +416,12 @@ class Runner:
         n = max(1, min(measure_layers, shape.layers))
         self.scale = shape.layers / n
         self.layers = [Layer(shape, device) for _ in range(n)]
-        self.lm_head = (torch.randn(shape.vocab, shape.hidden, dtype=self.dt, device=device)
-                        * shape.hidden**-0.5 if shape.vocab else None)
+        self.lm_head = (
+            torch.randn(shape.vocab, shape.hidden, dtype=self.dt, device=device)
+            * shape.hidden**-0.5
+            if shape.vocab
+            else None
+        )
 
     def _kv(self, *dims: int) -> tuple[torch.Tensor, torch.Tensor]:
         k = torch.randn(*dims, dtype=self.dt, device=self.device)
@@ -393,8 +434,9 @@ class Runner:
         head = self.lm_head
         return timed(lambda: F.linear(x, head), self.device, repeats)
 
-    def pass_s(self, chunk: int, cached: int, batch: int, context: int, repeats: int,
-               graph: bool = False) -> float:
+    def pass_s(
+        self, chunk: int, cached: int, batch: int, context: int, repeats: int, graph: bool = False
+    ) -> float:
         """Seconds of one pass: a chunk after ``cached`` tokens and ``batch`` decodes at
         ``context``, the measured layers scaled to all of them, plus the logits rows."""
         s = self.shape
@@ -419,7 +461,9 @@ def _twin_profile(data: dict[str, Any]) -> twin_profiles.Profile:
     return twin_profiles.from_dict({k: v for k, v in data.items() if k in known}, "probe")
 
 
-def predict(model: twin_cost.CostModel, kind: str, tokens: int, n_pairs: int, kv_read: int) -> float:
+def predict(
+    model: twin_cost.CostModel, kind: str, tokens: int, n_pairs: int, kv_read: int
+) -> float:
     """The twin's charge for a pass (with the kind's overhead where the twin has kinds)."""
     kinds = {"prefill": "PREFILL", "decode": "DECODE", "mixed": "MIXED"}
     kind_id = getattr(twin_cost, kinds[kind], None)
@@ -438,9 +482,17 @@ def _median_residual(rows: Sequence[dict[str, Any]], model: twin_cost.CostModel)
     return max(0.0, statistics.median(residuals)) if residuals else 0.0
 
 
-def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None,
-          measure_layers: int = 2, repeats: int = 5, copy_bytes: int = 1 << 28,
-          description: str = "", shape_source: str = "") -> tuple[dict, dict, dict]:
+def probe(
+    shape: Shape,
+    name: str,
+    device: str = "cpu",
+    grid: Grid | None = None,
+    measure_layers: int = 2,
+    repeats: int = 5,
+    copy_bytes: int = 1 << 28,
+    description: str = "",
+    shape_source: str = "",
+) -> tuple[dict, dict, dict]:
     """Measure, fit and compare; returns (profile dict, measurements, comparison)."""
     torch.manual_seed(0)
     g = grid or Grid()
@@ -452,22 +504,50 @@ def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None
         for chunk in sorted(g.chunks):
             for cached in sorted(g.cached):
                 t = runner.pass_s(chunk, cached, 0, 0, repeats)
-                rows.append({"kind": "prefill", "chunk": chunk, "cached": cached, "tokens": chunk,
-                             "pairs": pairs(chunk, cached), "kv_read": cached, "measured_s": t})
+                rows.append(
+                    {
+                        "kind": "prefill",
+                        "chunk": chunk,
+                        "cached": cached,
+                        "tokens": chunk,
+                        "pairs": pairs(chunk, cached),
+                        "kv_read": cached,
+                        "measured_s": t,
+                    }
+                )
         for batch in sorted(g.batches):
             for context in sorted(g.contexts):
                 if batch * context * layer_kv > g.max_cache_bytes:
-                    skipped.append(f"decode B={batch} c={context}: KV over "
-                                   f"{g.max_cache_bytes / 2**30:.0f} GiB")
+                    skipped.append(
+                        f"decode B={batch} c={context}: KV over {g.max_cache_bytes / 2**30:.0f} GiB"
+                    )
                     continue
                 t = runner.pass_s(0, 0, batch, context, repeats, graph=True)
-                rows.append({"kind": "decode", "batch": batch, "context": context, "tokens": batch,
-                             "pairs": batch * context, "kv_read": batch * context, "measured_s": t})
+                rows.append(
+                    {
+                        "kind": "decode",
+                        "batch": batch,
+                        "context": context,
+                        "tokens": batch,
+                        "pairs": batch * context,
+                        "kv_read": batch * context,
+                        "measured_s": t,
+                    }
+                )
         for chunk, batch, context in g.mixed:
             t = runner.pass_s(chunk, 0, batch, context, repeats)
-            rows.append({"kind": "mixed", "chunk": chunk, "batch": batch, "context": context,
-                         "tokens": chunk + batch, "pairs": pairs(chunk) + batch * context,
-                         "kv_read": batch * context, "measured_s": t})
+            rows.append(
+                {
+                    "kind": "mixed",
+                    "chunk": chunk,
+                    "batch": batch,
+                    "context": context,
+                    "tokens": chunk + batch,
+                    "pairs": pairs(chunk) + batch * context,
+                    "kv_read": batch * context,
+                    "measured_s": t,
+                }
+            )
     bw = copy_bandwidth(device, copy_bytes, repeats)
     hbw = host_bandwidth(device, copy_bytes, repeats)
     weights_s = shape.weight_bytes / bw
@@ -480,27 +560,38 @@ def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None
         top = max(prefill, key=lambda r: r["chunk"])
         linear_s = max(top["measured_s"] - pf["overhead_s"], 1e-12) / top["chunk"]
     peak = shape.flops_per_token / linear_s
-    attn_rate = (shape.attn_flops_per_pair / pf["attn_s_per_pair"]
-                 if pf["attn_s_per_pair"] > 0 else peak)
+    attn_rate = (
+        shape.attn_flops_per_pair / pf["attn_s_per_pair"] if pf["attn_s_per_pair"] > 0 else peak
+    )
 
     dev_name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     stamp = time.strftime("%Y-%m-%d")
     n = len(runner.layers)
-    grid_words = (f"prefill chunks {sorted(g.chunks)} x cached {sorted(g.cached)}; decode batches "
-                  f"{sorted(g.batches)} x contexts {sorted(g.contexts)}"
-                  f"{' (CUDA graphs)' if device.startswith('cuda') else ' (eager)'}; mixed "
-                  f"{[list(m) for m in g.mixed]}")
+    grid_words = (
+        f"prefill chunks {sorted(g.chunks)} x cached {sorted(g.cached)}; decode batches "
+        f"{sorted(g.batches)} x contexts {sorted(g.contexts)}"
+        f"{' (CUDA graphs)' if device.startswith('cuda') else ' (eager)'}; mixed "
+        f"{[list(m) for m in g.mixed]}"
+    )
     where = f"engine_image/calibrate/probe.py on {dev_name}, {stamp}, torch {torch.__version__}"
     data: dict[str, Any] = {
         "name": name,
-        "description": description or (
+        "description": description
+        or (
             f"Measured by {where}: hidden {shape.hidden}, {shape.layers} layers, {shape.heads} heads "
             f"({shape.kv_heads} KV), head_dim {shape.head_dim}, intermediate {shape.intermediate}"
-            + (f", {shape.experts} experts ({shape.active_experts} active)" if shape.experts else "")
-            + f", vocab {shape.vocab}, {shape.dtype}; dummy weights."),
-        "source": (f"{where}; {grid_words}; {n} of {shape.layers} layers run, times scaled; "
-                   f"lm_head timed once; bandwidth from a {copy_bytes >> 20} MiB device copy; FLOPs, "
-                   f"weight and KV bytes from the shape ({shape_source or 'given on the command line'})."),
+            + (
+                f", {shape.experts} experts ({shape.active_experts} active)"
+                if shape.experts
+                else ""
+            )
+            + f", vocab {shape.vocab}, {shape.dtype}; dummy weights."
+        ),
+        "source": (
+            f"{where}; {grid_words}; {n} of {shape.layers} layers run, times scaled; "
+            f"lm_head timed once; bandwidth from a {copy_bytes >> 20} MiB device copy; FLOPs, "
+            f"weight and KV bytes from the shape ({shape_source or 'given on the command line'})."
+        ),
         "flops_per_token": float(shape.flops_per_token),
         "attn_flops_per_pair": float(shape.attn_flops_per_pair),
         "peak_flops": float(peak),
@@ -510,16 +601,21 @@ def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None
         "mem_bandwidth": float(bw),
         "overhead_s": float(pf["overhead_s"]),
         "host_bandwidth": float(hbw),
-        "overhead_source": (f"{where}: intercept of the least-squares fit over "
-                            f"{pf['points_used']} compute-bound prefill points"),
+        "overhead_source": (
+            f"{where}: intercept of the least-squares fit over "
+            f"{pf['points_used']} compute-bound prefill points"
+        ),
     }
     model = twin_cost.CostModel(_twin_profile(data))
     for kind in ("decode", "mixed"):
-        data[f"{kind}_overhead_s"] = float(_median_residual([r for r in rows if r["kind"] == kind], model))
+        data[f"{kind}_overhead_s"] = float(
+            _median_residual([r for r in rows if r["kind"] == kind], model)
+        )
         data[f"{kind}_overhead_source"] = (
             f"{where}: median over {sum(r['kind'] == kind for r in rows)} {kind} points of the "
             f"measured time less the twin's roofline"
-            + (" (CUDA-graph replay)" if kind == "decode" and device.startswith("cuda") else ""))
+            + (" (CUDA-graph replay)" if kind == "decode" and device.startswith("cuda") else "")
+        )
     if device.startswith("cuda"):
         data["hbm_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
         data["memory_source"] = f"{where}: torch.cuda.get_device_properties().total_memory"
@@ -530,8 +626,10 @@ def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None
     for r in rows:
         r["predicted_s"] = predict(model, r["kind"], r["tokens"], r["pairs"], r["kv_read"])
         r["error_pct"] = 100.0 * (r["predicted_s"] - r["measured_s"]) / r["measured_s"]
-    worst = {kind: max((abs(r["error_pct"]) for r in rows if r["kind"] == kind), default=None)
-             for kind in ("prefill", "decode", "mixed")}
+    worst = {
+        kind: max((abs(r["error_pct"]) for r in rows if r["kind"] == kind), default=None)
+        for kind in ("prefill", "decode", "mixed")
+    }
     comparison = {
         "profile": name,
         "device": dev_name,
@@ -542,8 +640,10 @@ def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None
         "points": rows,
     }
     chunks = sorted(g.chunks)
-    top_cached = [next(r["measured_s"] for r in prefill if r["chunk"] == c and r["cached"] == min(g.cached))
-                  for c in chunks]
+    top_cached = [
+        next(r["measured_s"] for r in prefill if r["chunk"] == c and r["cached"] == min(g.cached))
+        for c in chunks
+    ]
     decode_rows = [r for r in rows if r["kind"] == "decode"]
     measurements = {
         "shape": asdict(shape),
@@ -552,8 +652,11 @@ def probe(shape: Shape, name: str, device: str = "cpu", grid: Grid | None = None
         "skipped": skipped,
         "points": rows,
         "prefill_fit": pf,
-        "decode_fit": fit_decode([r["batch"] for r in decode_rows], [r["measured_s"] for r in decode_rows])
-        if decode_rows else None,
+        "decode_fit": fit_decode(
+            [r["batch"] for r in decode_rows], [r["measured_s"] for r in decode_rows]
+        )
+        if decode_rows
+        else None,
         "ridge_tokens_model": model.ridge_tokens(),
         "ridge_tokens_measured_knee": measured_knee(chunks, top_cached),
         "mem_bandwidth": bw,
@@ -572,9 +675,13 @@ def comparison_table(comparison: dict[str, Any]) -> str:
             point = f"B={r['batch']} ctx={r['context']}"
         else:
             point = f"L={r['chunk']} + B={r['batch']} ctx={r['context']}"
-        lines.append(f"{r['kind']:8s} {point:28s} {r['measured_s'] * 1e3:12.3f} "
-                     f"{r['predicted_s'] * 1e3:10.3f} {r['error_pct']:+7.1f}%")
-    worst = ", ".join(f"{k} {v:.1f}%" for k, v in comparison["max_abs_error_pct"].items() if v is not None)
+        lines.append(
+            f"{r['kind']:8s} {point:28s} {r['measured_s'] * 1e3:12.3f} "
+            f"{r['predicted_s'] * 1e3:10.3f} {r['error_pct']:+7.1f}%"
+        )
+    worst = ", ".join(
+        f"{k} {v:.1f}%" for k, v in comparison["max_abs_error_pct"].items() if v is not None
+    )
     lines.append(f"max |error|: {worst}; within 10% everywhere: {comparison['within_10pct']}")
     return "\n".join(lines)
 
@@ -599,14 +706,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--name", help="profile name (default: the model, or 'probe')")
     p.add_argument("--description", default="")
     p.add_argument("--model", choices=sorted(MODELS), help="a real model's shape (dummy weights)")
-    for dim in ("hidden", "layers", "heads", "kv-heads", "head-dim", "intermediate", "experts",
-                "active-experts", "vocab"):
+    for dim in (
+        "hidden",
+        "layers",
+        "heads",
+        "kv-heads",
+        "head-dim",
+        "intermediate",
+        "experts",
+        "active-experts",
+        "vocab",
+    ):
         p.add_argument(f"--{dim}", type=int, help="override or give the shape's " + dim)
     p.add_argument("--dtype", choices=sorted(DTYPES))
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     d = Grid()
     p.add_argument("--chunks", type=_ints, default=d.chunks, help="prefill chunk sizes L")
-    p.add_argument("--cached", type=_ints, default=d.cached, help="cached context s before the chunk")
+    p.add_argument(
+        "--cached", type=_ints, default=d.cached, help="cached context s before the chunk"
+    )
     p.add_argument("--batches", type=_ints, default=d.batches, help="decode batch sizes B")
     p.add_argument("--contexts", type=_ints, default=d.contexts, help="decode contexts c")
     p.add_argument("--mixed", type=_triples, default=d.mixed, help="mixed passes L:B:c,...")
@@ -616,20 +734,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--copy-mib", type=int, default=256)
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
-    dims = {f.name: getattr(a, f.name) for f in fields(Shape) if getattr(a, f.name, None) is not None}
+    dims = {
+        f.name: getattr(a, f.name) for f in fields(Shape) if getattr(a, f.name, None) is not None
+    }
     if a.model:
         base, shape_source = MODELS[a.model]
         shape = replace(base, **dims)
     else:
-        missing = [k for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate")
-                   if k not in dims]
+        missing = [
+            k
+            for k in ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate")
+            if k not in dims
+        ]
         if missing:
             p.error(f"give --model or every shape dimension (missing: {', '.join(missing)})")
         shape, shape_source = Shape(**dims), ""
     grid = Grid(a.chunks, a.cached, a.batches, a.contexts, a.mixed, a.max_cache_gib * 2**30)
     name = a.name or a.model or "probe"
-    profile, meas, comp = probe(shape, name, a.device, grid, a.measure_layers, a.repeats,
-                                a.copy_mib << 20, a.description, shape_source)
+    profile, meas, comp = probe(
+        shape,
+        name,
+        a.device,
+        grid,
+        a.measure_layers,
+        a.repeats,
+        a.copy_mib << 20,
+        a.description,
+        shape_source,
+    )
     out = Path(a.out)
     stem = out.name.removesuffix(".json")
     out.write_text(json.dumps(profile, indent=2) + "\n")
@@ -640,8 +772,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"profile -> {out}; measurements -> {side}; comparison -> {comp_path}")
     for line in meas["skipped"]:
         print(f"skipped: {line}")
-    print(f"ridge: {meas['ridge_tokens_model']} tokens (model), measured knee "
-          f"{meas['ridge_tokens_measured_knee']}")
+    print(
+        f"ridge: {meas['ridge_tokens_model']} tokens (model), measured knee "
+        f"{meas['ridge_tokens_measured_knee']}"
+    )
     print(comparison_table(comp))
     return 0
 

@@ -93,6 +93,8 @@ def test_shape_arithmetic_dense_and_moe():
     assert m.active_params_per_layer == attn + 2 * expert + 8 * 64  # K experts + router
     assert m.flops_per_token == 2 * (attn + 2 * expert + 8 * 64) * 2
     assert m.weight_bytes == ((attn + 8 * expert + 8 * 64) * 2 + 100 * 64) * 4
+    assert m.routed_expert_bytes == 8 * expert * 2 * 4  # the router is read by every pass
+    assert s.routed_expert_bytes == 0
     with pytest.raises(ValueError):
         probe.Shape(64, 2, 6, 4, 16, 128)  # heads not a multiple of kv_heads
     with pytest.raises(ValueError, match="active_experts"):
@@ -320,6 +322,14 @@ def test_probe_runs_a_moe_shape_and_skips_decode_points_over_the_cache_limit(tmp
     )
     prof = profiles.load(str(out))
     assert prof.flops_per_token == TINY_MOE.flops_per_token
+    # the touched-experts fields, so the twin charges a decode of B only the experts it uses
+    assert prof.routed_expert_bytes == TINY_MOE.routed_expert_bytes
+    assert (prof.routed_experts, prof.experts_per_token) == (8, 2)
+    model = cost.CostModel(prof)
+    dense = prof.weight_bytes - prof.routed_expert_bytes
+    assert model.weights_by_tokens[1] * prof.mem_bandwidth == pytest.approx(
+        dense + prof.routed_expert_bytes * 2 / 8
+    )
     meas = json.loads((tmp_path / "moe.measurements.json").read_text())
     # one layer's KV at B=2, c=4096: 2 * 4096 * 2 * 2 * 16 * 4 bytes = 2 MiB > 0.0001 GiB
     assert any("B=2 c=4096" in line for line in meas["skipped"])
@@ -333,3 +343,34 @@ def test_model_presets_need_no_dimensions_and_bad_calls_fail(capsys):
     with pytest.raises(SystemExit):
         probe.main(["--hidden", "64", "--out", "x.json"])
     assert "missing" in capsys.readouterr().err
+
+
+def test_refit_redoes_the_fits_from_the_measurements_file_alone(tmp_path):
+    """A refit (no device) of a run's measurements gives that run's profile: the same
+    numbers, the measured points untouched, the refit said in the source."""
+    data, meas, comp = run_probe(tmp_path)
+    refit_out = tmp_path / "again.json"
+    assert (
+        probe.main(["--refit", str(tmp_path / "tiny.measurements.json"), "--out", str(refit_out)])
+        == 0
+    )
+    again = json.loads(refit_out.read_text())
+    assert {k: v for k, v in again.items() if k != "source"} == {
+        k: v for k, v in data.items() if k != "source"
+    }
+    assert "--refit" in again["source"] and "--refit" not in data["source"]
+    comp_again = json.loads((tmp_path / "again.comparison.json").read_text())
+    assert [p["measured_s"] for p in comp_again["points"]] == [
+        p["measured_s"] for p in comp["points"]
+    ]
+    assert [p["predicted_s"] for p in comp_again["points"]] == pytest.approx(
+        [p["predicted_s"] for p in comp["points"]]
+    )
+    assert comp_again["refitted"] and "refitted" not in comp
+
+
+def test_refit_refuses_measurements_that_do_not_say_how_they_were_run(tmp_path):
+    _, meas, _ = run_probe(tmp_path)
+    del meas["run"]["grid"]
+    with pytest.raises(ValueError, match="grid"):
+        probe.refit(meas, "old.measurements.json")

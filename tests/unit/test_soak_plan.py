@@ -26,7 +26,7 @@ def test_faults_cover_every_kind_apart_within_the_run_and_repeat_with_the_seed()
     assert {f.kind for f in faults} == set(sp.FAULT_KINDS)
     starts = [f.at_s for f in faults]
     assert starts == sorted(starts) and starts[0] >= 600.0 and starts[-1] <= 12 * 3600.0 - 360.0
-    assert min(b - a for a, b in zip(starts, starts[1:])) >= 1800.0 - 0.2
+    assert min(b - a for a, b in zip(starts, starts[1:], strict=False)) >= 1800.0 - 0.2
     assert all((f.hold_s > 0) == (f.kind in sp.HELD) for f in faults)
     assert faults == sp.plan_faults(3, 12 * 3600.0, min_gap_s=1800.0, warmup_s=600.0, tail_s=360.0, hold_s=120.0)
     assert faults != sp.plan_faults(4, 12 * 3600.0, min_gap_s=1800.0, warmup_s=600.0, tail_s=360.0, hold_s=120.0)

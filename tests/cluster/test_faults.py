@@ -42,6 +42,7 @@ from test_operator_reconcile import (
     must_get,
     pod_identities,
     reconciled,
+    settled_peering,
 )
 from test_rollout import Engine, condition_of, engines, in_sync, reasons, sd_doc
 
@@ -709,11 +710,11 @@ def test_of_two_replicas_one_acts_and_the_other_takes_over_after_a_sigkill(fault
         assert len(peering.get("status", {})) >= 2, peering.get("status")
 
     eventually(both_announced, deadline_s=DEADLINE_S, what="both replicas in the peering object")
+    active = settled_peering(cluster, ops)
     apply(cluster, NS, fixed("peer-one", replicas=1))
     eventually(lambda: reconciled(cluster, NS, "peer-one"), deadline_s=DEADLINE_S, what="peer-one reconciled")
     acting = [op for op in ops if f"{NS}/peer-one reconciled" in op.log()]
-    assert len(acting) == 1, [op.name for op in acting]
-    active = acting[0]
+    assert acting == [active], ([op.name for op in acting], active.name)
     standby = next(op for op in ops if op is not active)
     assert active.proc is not None
     active.proc.send_signal(signal.SIGKILL)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import yaml
 
 from conftest import eventually
 from slipstream import localkube
+from slipstream.controller.runtime import readiness
 from slipstream.localkube import ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,11 +51,15 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = cluster.workdir / "logs" / f"operator-{name}.log"
         self.starts = 0
+        self.identity = ""
 
     def start(self) -> None:
         health, metrics = ports.free_ports(2)
         self.health_url = f"http://127.0.0.1:{health}/healthz"
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        self.starts += 1
+        # kopf's identity in the peering object (POD_ID): one per process, named for the test.
+        self.identity = f"{self.name}-{self.starts}-{secrets.token_hex(3)}"
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
@@ -63,9 +69,9 @@ class Operator:
             # Only loopback may be contacted on a test machine: engine pods elsewhere count
             # as unreachable.
             "SLIPSTREAM_ENGINE_NETWORKS": "127.0.0.0/8",
+            "POD_ID": self.identity,
             **self.extra_env,
         }
-        self.starts += 1
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"\n===== start {self.starts} =====\n".encode())
@@ -101,6 +107,30 @@ class Operator:
 
     def log_tail(self) -> str:
         return "\n".join(self.log().splitlines()[-40:])
+
+
+def settled_peering(cluster: localkube.Cluster, ops: list[Operator], deadline_s: float = DEADLINE_S) -> Operator:
+    """Wait until kopf let exactly one replica act, and return it. Both entries in the
+    peering object are not enough: a replica pauses only once it has read the other's
+    entry, and until then both may act (CI of 54363be saw both reconcile one object). The
+    entry of highest priority names the replica that must have resumed; each of the others
+    must be paused: its last peering line since its start is not kopf's "Resuming" (a
+    replica starts paused and says nothing when its first decision keeps it so)."""
+    def last_peering_line(op: Operator) -> str:
+        lines = [ln for ln in op.log().splitlines() if readiness.PAUSING in ln or readiness.RESUMING in ln]
+        return lines[-1] if lines else ""
+
+    def one_active() -> Operator:
+        peering = json.loads(cluster.kubectl("get", "clusterkopfpeering", PEERING, "-o", "json").stdout)
+        entries = peering.get("status") or {}
+        missing = [op.identity for op in ops if op.identity not in entries]
+        assert not missing, f"not yet in the peering object: {missing}"
+        top = max(ops, key=lambda op: int(entries[op.identity]["priority"]))
+        acting = [op.name for op in ops if readiness.RESUMING in last_peering_line(op)]
+        assert acting == [top.name], f"acting: {acting}; of highest priority: {top.name}"
+        return top
+
+    return eventually(one_active, deadline_s=deadline_s, what="one replica acting, the others paused by kopf")
 
 
 SECRET_NAMES = ("kimi-k3-admin", "deepseek-v4-flash-admin", "engine-admin")
@@ -278,10 +308,11 @@ def test_of_two_replicas_one_is_active(cluster: localkube.Cluster, operator: Ope
             assert len(peering.get("status", {})) >= 2, peering.get("status")
 
         eventually(both_announced, deadline_s=DEADLINE_S, what="both replicas in the peering object")
+        active = settled_peering(cluster, [operator, second])
         apply(cluster, ns, fixed_sd("one"))
         eventually(lambda: reconciled(cluster, ns, "one"), deadline_s=DEADLINE_S, what="one reconciled")
         handled = [op.name for op in (operator, second) if f"{ns}/one reconciled" in op.log()]
-        assert len(handled) == 1, f"handled by {handled}"
+        assert handled == [active.name], f"handled by {handled}, the replica of highest priority: {active.name}"
     finally:
         second.stop()
 

@@ -29,6 +29,34 @@ def test_weighted_percentile_is_the_percentile_of_the_expanded_values(pairs, q):
         assert got == pytest.approx(percentile(expanded, q), abs=1e-9)
 
 
+def _full_sort_percentile(values, weights, q):
+    """The rule before the tail selection: every pair sorted, then the weighted walk."""
+    pairs = sorted((v, w) for v, w in zip(values, weights, strict=True) if w > 0)
+    total = sum(w for _, w in pairs)
+    pos = (total - 1) * q / 100.0
+    lo = int(pos // 1)
+    return metrics._interpolate(pairs, lo, pos - lo)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([90.0, 99.0, 99.9, 100.0]),
+       st.sampled_from(["spread", "ties", "heavy"]))
+def test_weighted_percentile_tail_selection_is_exact(seed, q, shape):
+    """Past 8 x TAIL_SAMPLE pairs only the tail is sorted: the same float as the full sort,
+    also with ties at the threshold, zero weights and a few heavy weights."""
+    import random
+
+    rng = random.Random(seed)
+    n = 8 * metrics.TAIL_SAMPLE + rng.randrange(5000)
+    if shape == "ties":
+        values = [rng.choice((0.01, 0.02, 0.5)) for _ in range(n)]
+    else:
+        values = [rng.expovariate(1.0) for _ in range(n)]
+    heavy = (1, 1, 1, 0, 100_000) if shape == "heavy" else (0, 1, 1, 2, 50)
+    weights = [rng.choice(heavy) for _ in range(n)]
+    assert weighted_percentile(values, weights, q) == _full_sort_percentile(values, weights, q)
+
+
 def every_gap(result: engine.SimResult) -> list[float]:
     """All inter-token gaps, stream by stream (the per-stream work the twin avoids)."""
     gaps = []

@@ -26,19 +26,32 @@ from dataclasses import dataclass, replace
 
 from slipstream.sim import policies
 from slipstream.sim.cost import DECODE, CostModel
-from slipstream.sim.engine import simulate, solo_replay
+from slipstream.sim.engine import Job, simulate, solo_replay
 from slipstream.sim.policies import EngineConfig
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
 
+Solo = tuple[Job, ...]
+"""``solo_replay``'s jobs, kept: the replay depends on the requests' order, prompts and the
+engine's cache, never on the clock, so one replay serves the workload at every rate scale
+(``fit_by_slices`` used to replay it three times)."""
 
-def solo_busy_s(workload: Workload, profile: Profile, config: EngineConfig) -> float:
+
+def solo_jobs(workload: Workload, profile: Profile, config: EngineConfig) -> Solo:
+    """Every request alone, cache replayed in arrival order (``solo_replay``), as a tuple."""
+    return tuple(solo_replay(workload, profile, config))
+
+
+def solo_busy_s(workload: Workload, profile: Profile, config: EngineConfig,
+                solo: Solo | None = None) -> float:
     """Seconds of prefill the workload needs, each request alone, cache replayed in order."""
-    return sum(job.solo_s for job in solo_replay(workload, profile, config))
+    jobs = solo_replay(workload, profile, config) if solo is None else solo
+    return sum(job.solo_s for job in jobs)
 
 
 def scale_for_utilization(
-    workload: Workload, profile: Profile, config: EngineConfig, utilization: float
+    workload: Workload, profile: Profile, config: EngineConfig, utilization: float,
+    solo: Solo | None = None,
 ) -> float:
     """The rate scale X at which the estimated prefill busy fraction is ``utilization``."""
     if not 0.0 < utilization < 1.0:
@@ -46,7 +59,7 @@ def scale_for_utilization(
     span = workload.span_s
     if span <= 0:
         raise ValueError("the workload spans no time: use --rate-scale instead")
-    return utilization * span / solo_busy_s(workload, profile, config)
+    return utilization * span / solo_busy_s(workload, profile, config, solo)
 
 
 DEFAULT_TOLERANCE = 0.01
@@ -166,13 +179,14 @@ class SliceFit:
         return any(s.overload for s in self.slices)
 
 
-def offered_work_s(workload: Workload, profile: Profile, config: EngineConfig) -> float:
+def offered_work_s(workload: Workload, profile: Profile, config: EngineConfig,
+                   solo: Solo | None = None) -> float:
     """Engine seconds the workload needs with nothing batched: each request's prefill alone
     (cache replayed in order) plus a decode step of batch 1 per output token. An upper
     bound on stock's busy seconds, since batching only saves steps."""
     cost = CostModel(profile)
     total = 0.0
-    for job in solo_replay(workload, profile, config):
+    for job in solo_replay(workload, profile, config) if solo is None else solo:
         r = job.req
         ctx = int(r.prompt_tokens + r.output_tokens / 2)
         total += job.solo_s + r.output_tokens * cost.pass_time(1, ctx, ctx, 0, DECODE)
@@ -226,10 +240,13 @@ def _decoders(cost: CostModel, out_tokens: float, context: float, span: float) -
 
 
 def slice_loads(workload: Workload, profile: Profile, config: EngineConfig,
-                runs: Sequence[tuple[float, float, int]]) -> tuple[SliceLoad, ...]:
-    """Each slice's offered load at the workload's scale, with its stock sample's figures."""
+                runs: Sequence[tuple[float, float, int]], solo_jobs: Solo | None = None
+                ) -> tuple[SliceLoad, ...]:
+    """Each slice's offered load at the workload's scale, with its stock sample's figures
+    (``solo_jobs``: the replay at any scale, ``Solo``)."""
     n = len(runs)
-    solo = {job.req.rid: job.solo_s for job in solo_replay(workload, profile, config)}
+    jobs = solo_replay(workload, profile, config) if solo_jobs is None else solo_jobs
+    solo = {job.req.rid: job.solo_s for job in jobs}
     cost = CostModel(profile)
     pool = config.kv_pool_tokens if config.kv_pool_tokens is not None else profile.kv_pool_tokens
     pool = pool or None
@@ -255,8 +272,9 @@ def fit_by_slices(workload: Workload, profile: Profile, config: EngineConfig, ta
                   sample: float = SAMPLE) -> SliceFit:
     """The rate scale at which stock's busy fraction (decodes included) over the slice
     samples is ``target`` and their KV peak stays below the pool."""
-    upper = scale_for_utilization(workload, profile, config, target)
-    guess = min(upper, target * workload.span_s / offered_work_s(workload, profile, config))
+    solo = solo_jobs(workload, profile, config)
+    upper = scale_for_utilization(workload, profile, config, target, solo)
+    guess = min(upper, target * workload.span_s / offered_work_s(workload, profile, config, solo))
     pool = config.kv_pool_tokens if config.kv_pool_tokens is not None else profile.kv_pool_tokens
     seen: dict[float, list[tuple[float, float, int]]] = {}
 
@@ -285,5 +303,5 @@ def fit_by_slices(workload: Workload, profile: Profile, config: EngineConfig, ta
     method = (f"stock simulated on the first {sample:.0%} of each of {n} equal time slices; "
               f"{len(seen)} sample set(s); analytic first guess {guess:.4g} (offered work, "
               f"nothing batched), bound {upper:.4g} (prefill alone)")
-    return SliceFit(scale, fit, kv_limited, slice_loads(scaled, profile, config, runs_at(scale)),
-                    method)
+    return SliceFit(scale, fit, kv_limited, slice_loads(scaled, profile, config, runs_at(scale),
+                                                          solo), method)

@@ -35,7 +35,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from slipstream.demo import loop, soak_plan
 from slipstream.demo.soak_plan import FaultRun, FleetSample, MemorySample, SoakFault, SoakLimits
@@ -81,7 +81,7 @@ def engine_setting(url: str, timeout_s: float = 2.0) -> tuple[int, str, str]:
     return threshold, mode, order
 
 
-def setting_of(doc: dict[str, Any] | None) -> tuple[int, str, str] | None:
+def status_setting(doc: dict[str, Any] | None) -> tuple[int, str, str] | None:
     if not doc or doc.get("threshold") is None:
         return None
     return (
@@ -101,8 +101,33 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-class Samplers:
+class Background:
+    """A daemon thread running ``_run`` until ``stop``, which its loop polls through
+    ``_stop`` (an Event it also sleeps on, so a stop ends the wait at once)."""
+
+    name = "soak"
+    join_s = 10.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.join_s)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class Samplers(Background):
     """Background sampling of the fleet and the operator's memory, once a SAMPLE_S."""
+
+    name = "soak-samplers"
 
     def __init__(
         self,
@@ -115,16 +140,7 @@ class Samplers:
         self.fleet: list[FleetSample] = []
         self.memory: list[MemorySample] = []
         self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-samplers", daemon=True)
-
-    def start(self) -> Samplers:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -147,31 +163,28 @@ class Samplers:
                 engines[url] = engine_setting(url)
             except (OSError, ValueError):
                 self.errors += 1
-        self.fleet.append(FleetSample(self.twin_now(), setting_of(status), str(rollout.get("phase") or "Idle"),
-                                      setting_of(rollout.get("candidate")), engines))  # fmt: skip
+        self.fleet.append(FleetSample(self.twin_now(), status_setting(status), str(rollout.get("phase") or "Idle"),
+                                      status_setting(rollout.get("candidate")), engines))  # fmt: skip
 
 
-class Injector:
-    """Injects the planned faults at their twin times in a thread; records each."""
+class Injector(Background):
+    """Injects the planned faults at their twin times in a thread; records each.
+
+    canary_wait_s: how long (twin s) an operator kill waits for a canary in flight before
+    it kills anyway."""
+
+    name = "soak-faults"
+    join_s = READY_S
 
     def __init__(self, stack: Any, target: loop.Target, faults: list[SoakFault], twin_now: Callable[[], float],
-                 samplers: Samplers, seed: int):  # fmt: skip
+                 samplers: Samplers, seed: int, canary_wait_s: float = CANARY_WAIT_S):  # fmt: skip
         self.stack, self.target, self.faults, self.twin_now = stack, target, faults, twin_now
         self.samplers = samplers
-        self.canary_wait_s = CANARY_WAIT_S
+        self.canary_wait_s = canary_wait_s
         self.rng = random.Random(f"slipstream-soak-targets-{seed}")
         self.runs: list[FaultRun] = []
         self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="soak-faults", daemon=True)
-
-    def start(self) -> Injector:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=READY_S)
+        super().__init__()
 
     def _wait_twin(self, at_s: float) -> bool:
         while self.twin_now() < at_s:
@@ -297,9 +310,9 @@ def soak(stack: Any, target: loop.Target, args: argparse.Namespace) -> dict[str,
     watcher = loop.Watcher(target, NAMESPACE, NAME, on_event=_print_event)
     load = loop.LoadRun(workload.requests, service, target.time_scale)
     samplers = Samplers(target, stack, service, watcher.twin_now)
-    injector = Injector(stack, target, faults, watcher.twin_now, samplers, args.seed)
     # A kill waiting for a canary leaves the next fault its slot.
-    injector.canary_wait_s = min(CANARY_WAIT_S, args.fault_gap_s / 2)
+    injector = Injector(stack, target, faults, watcher.twin_now, samplers, args.seed,
+                        canary_wait_s=min(CANARY_WAIT_S, args.fault_gap_s / 2))
     wall0 = time.monotonic()
     load.start()
     watcher.t0 = load.t0

@@ -48,3 +48,19 @@ def test_the_answer_becomes_sub_windows_and_garbage_is_left_out():
     assert windows[1].baseline == {("acme", "le1k"): sequential.CellHistogram(7, 3.5)}
     # a sub-window with no cell on one side is no observation: Continue
     assert sequential.decide(windows[1:], sequential.SequentialRule()).outcome == "Continue"
+
+
+def test_a_sub_window_prometheus_answered_nothing_for_is_blind_and_an_idle_one_is_not():
+    """A scrape gap (no two samples in a sub-window's range: no series at all) is no
+    evidence and moves the analysis limit out; an idle series answers a zero increase and
+    is a quiet sub-window, scraped."""
+    samples = [
+        sample("canary/0/count", 10), sample("canary/0/sum", 5.0),
+        sample("baseline/0/count", 20), sample("baseline/0/sum", 8.0),
+        sample("canary/2/count", 0), sample("canary/2/sum", 0.0),  # idle: a zero increase
+        sample("canary/3/count", 3, tenant=""), sample("canary/3/sum", 3, tenant=""),  # garbage only
+    ]
+    windows = stages.size_class_cells(samples, [110.0, 120.0, 130.0, 140.0], 10.0)
+    assert [w.scraped for w in windows] == [True, False, True, False]
+    assert windows[2].canary == {} and windows[2].baseline == {}
+    assert sequential.blind_s(windows) == 20.0

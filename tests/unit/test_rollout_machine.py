@@ -4,6 +4,7 @@ what the controller does: read, decide, apply, read back)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pytest
@@ -156,6 +157,23 @@ def test_an_undecided_sequential_verdict_continues_the_analysis_until_its_limit(
     g = fleet_in_analysis()
     assert machine.analysis_final(g.state, POLICY, T0 + 5 + 3 * 300)
     assert g.step(AUTO, T0 + 5 + 3 * 300, undecided).action == "RollBack"
+
+
+def test_a_scrape_gap_moves_the_analysis_limit_out_by_its_length_at_most_once_more() -> None:
+    """A Prometheus outage inside the analysis leaves few sub-windows; the rule must not be
+    made to decide on them at the usual limit (the soak's prometheus-outage fault found a
+    truncated Promote on two). The limit moves out by the blind seconds, capped at one
+    more limit, and an undecided verdict holds until then."""
+    g = fleet_in_analysis()
+    limit = T0 + 5 + 3 * 300
+    assert not machine.analysis_final(g.state, POLICY, limit, blind_s=120)
+    assert machine.analysis_final(g.state, POLICY, limit + 120, blind_s=120)
+    assert not machine.analysis_final(g.state, POLICY, limit + 899, blind_s=10_000)
+    assert machine.analysis_final(g.state, POLICY, limit + 900, blind_s=10_000), "capped at one more limit"
+    blind = dataclasses.replace(sequential_verdict(2.0, 3), blind_s=120)
+    d = g.step(AUTO, limit, blind)
+    assert d.action == "Hold" and "analysis continues" in d.message
+    assert g.step(AUTO, limit + 120, blind).action == "RollBack"
 
 
 def test_a_sequential_promote_promotes() -> None:

@@ -3,6 +3,8 @@ scaled), conditions, one Warning per new problem, the status patch, and the cana
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -383,6 +385,44 @@ def test_the_sequential_rule_reads_sub_windows_since_the_analysis_began(canary_m
     assert short.outcome == "Continue"
     final = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 3 * 30))
     assert final.outcome == outcome
+
+
+class GappedCells(RecordedCells):
+    """`RecordedCells` with a scrape gap: the sub-windows that start in [gap_from, gap_to)
+    seconds after the analysis began have no series at all."""
+
+    def __init__(self, canary_mean_s: float, gap: tuple[float, float]) -> None:
+        super().__init__(canary_mean_s)
+        self.gap = gap
+
+    async def sub_windows(self, *args: Any) -> list[sequential.SubWindow]:
+        windows = await super().sub_windows(*args)
+        start = args[4]
+        return [sequential.SubWindow(w.start_s, w.end_s, {}, {}, scraped=False)
+                if self.gap[0] <= w.start_s - start < self.gap[1] else w for w in windows]  # fmt: skip
+
+
+def test_a_scrape_gap_in_the_analysis_holds_the_truncated_decision_until_its_length_is_made_up() -> None:
+    """A canary no better and no worse leans to Promote at the limit (truncated); with 20 of
+    its 30 sub-windows blind it must not decide on the other 10 then, but 20 s later."""
+    import asyncio
+
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_sub_window_seconds=10,
+                                          engine_scrape_interval_seconds=0.5)  # fmt: skip
+    source = GappedCells(math.sqrt(2.0), gap=(5.0, 25.0))  # scores 0.5 each: the statistic stays at 0
+    deps = loop.Deps(kube=None, config=config, keys=None, latency=lambda sd: source)  # type: ignore[arg-type]
+    sd = make({"mode": "Auto", "intervalSeconds": 60, "rollout": {"analysisWindowSeconds": 300}})
+    t0 = 1_800_000_000.0
+    state = models.RolloutStatus(phase="Analysis", canary_pods=["kimi-0"], started_at=machine.stamp(t0))
+    pods = {"kimi-0": "http://a", "kimi-1": "http://b"}
+    at_limit = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 30))
+    assert at_limit.outcome == "Continue" and at_limit.blind_s == 20.0
+    assert "20 s of the analysis had no samples" in at_limit.summary
+    later = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 50))
+    assert later.outcome == "Promote" and "Promote (truncated)" in later.summary
+    ungapped = RecordedCells(math.sqrt(2.0))
+    deps = dataclasses.replace(deps, latency=lambda sd: ungapped)
+    assert asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 30)).outcome == "Promote"
 
 
 @pytest.mark.parametrize(("scale", "scrape_s", "expected_s"), [(1.0, 5.0, 10.0), (1.0, 15.0, 30.0), (0.125, 1.0, 2.0),

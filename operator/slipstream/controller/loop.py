@@ -426,8 +426,9 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
     if windows and not any(w.canary or w.baseline for w in windows):
         return None
     rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
-    final = machine.analysis_final(state, pol, now)
-    return analysis.from_sequential(sequential.decide(windows, rule, final, pods=(len(canaries), len(others))))
+    blind = sequential.blind_s(windows)
+    final = machine.analysis_final(state, pol, now, blind)
+    return analysis.from_sequential(sequential.decide(windows, rule, final, pods=(len(canaries), len(others))), blind)
 
 
 async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:

@@ -337,8 +337,12 @@ def size_class_cells(samples: Sequence[parse.Sample], ends: Sequence[float], sub
                      tenant_label: str = queries.TENANT_LABEL) -> list[sequential.SubWindow]:  # fmt: skip
     """`queries.size_class_windows`' answer as sub-windows. A series with no tenant, a size
     class outside `buckets.SIZE_CLASS_NAMES`, a non-finite value or no ``_count`` is left
-    out: a missing cell is no observation (the rule then says Continue), never a guess."""
+    out: a missing cell is no observation (the rule then says Continue), never a guess. A
+    sub-window no valid series answered for is unscraped (`SubWindow.scraped`): a gap in
+    Prometheus' samples, which moves the analysis limit out, not an idle spell (an idle
+    series answers a zero increase)."""
     parts: dict[tuple[str, int, sequential.Cell], dict[str, float]] = {}
+    answered: set[int] = set()
     for sample in samples:
         side, _, rest = sample.label(queries.PART_LABEL).partition("/")
         index, _, part = rest.partition("/")
@@ -346,10 +350,11 @@ def size_class_cells(samples: Sequence[parse.Sample], ends: Sequence[float], sub
         if not (tenant and cls in buckets.SIZE_CLASS_NAMES and index.isdigit() and math.isfinite(sample.value)):
             continue
         parts.setdefault((side, int(index), (tenant, cls)), {})[part] = sample.value
+        answered.add(int(index))
     sides: dict[str, list[dict[sequential.Cell, sequential.CellHistogram]]] = {
         "canary": [{} for _ in ends], "baseline": [{} for _ in ends]}
     for (side, k, cell), got in parts.items():
         if side in sides and k < len(ends) and got.get("count", 0.0) > 0 and "sum" in got:
             sides[side][k][cell] = sequential.CellHistogram(got["count"], got["sum"])
-    return [sequential.SubWindow(end - sub_s, end, sides["canary"][k], sides["baseline"][k])
+    return [sequential.SubWindow(end - sub_s, end, sides["canary"][k], sides["baseline"][k], k in answered)
             for k, end in enumerate(ends)]  # fmt: skip

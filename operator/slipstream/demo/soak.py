@@ -14,9 +14,10 @@
 
 Faults as injected: ``kube-apiserver`` and ``etcd`` restarted (``Cluster.restart``);
 ``prometheus-restart`` (``PrometheusServer.restart``) and ``prometheus-outage`` (stopped
-for ``hold_s``, then started on its port and data); ``operator-sigkill`` (SIGKILL while a
-rollout is in flight if one starts within ``CANARY_WAIT_S`` twin s, the stack then starts
-it again as a kubelet would); ``engine-pod-delete`` (one engine pod deleted; it ends when
+for ``hold_s``, then started on its port and data); ``operator-sigkill`` (armed at its
+time, it fires at the first canary in flight after it, while no other fault is being
+injected, or at the end of the faults' span if none comes; the stack then starts the
+operator again as a kubelet would: ``Killer``); ``engine-pod-delete`` (one engine pod deleted; it ends when
 the Service has every replica again); ``admin-timeout`` (one engine's admin endpoint hangs
 for ``hold_s``).
 """
@@ -46,9 +47,8 @@ REPLICAS = 2
 INTERVAL_S = 60
 COOLDOWN_S = 180
 ANALYSIS_S = 120
-CANARY_WAIT_S = 600.0
-"""Twin seconds an operator-sigkill fault waits for a rollout in flight before it kills
-anyway (at most half the least gap between faults)."""
+MID_CANARY = ("Canary", "Analysis")
+"""The rollout phases an armed operator kill waits for."""
 PEERING_LIFETIME_S = 10
 """The operator's kopf peering lifetime here (wall s; the chart's default is 60): a
 SIGKILLed operator's successor waits this out before it acts."""
@@ -168,42 +168,55 @@ class Samplers(Background):
 
 
 class Injector(Background):
-    """Injects the planned faults at their twin times in a thread; records each.
+    """Injects the planned faults at their twin times in a thread; records each. The
+    operator kills go to a `Killer` of their own, so that waiting for a canary delays no
+    other fault; ``busy`` keeps any two faults from being injected at once.
 
-    canary_wait_s: how long (twin s) an operator kill waits for a canary in flight before
-    it kills anyway."""
+    deadline_s: the twin time by which an armed kill fires, canary or not."""
 
     name = "soak-faults"
     join_s = READY_S
 
     def __init__(self, stack: Any, target: loop.Target, faults: list[SoakFault], twin_now: Callable[[], float],
-                 samplers: Samplers, seed: int, canary_wait_s: float = CANARY_WAIT_S):  # fmt: skip
-        self.stack, self.target, self.faults, self.twin_now = stack, target, faults, twin_now
+                 samplers: Samplers, seed: int, deadline_s: float):  # fmt: skip
+        self.stack, self.target, self.twin_now = stack, target, twin_now
+        self.faults = [f for f in faults if f.kind != "operator-sigkill"]
         self.samplers = samplers
-        self.canary_wait_s = canary_wait_s
         self.rng = random.Random(f"slipstream-soak-targets-{seed}")
         self.runs: list[FaultRun] = []
         self.error: BaseException | None = None
+        self.busy = threading.Lock()
+        self.killer = Killer(self, [f for f in faults if f.kind == "operator-sigkill"], deadline_s)
         super().__init__()
 
-    def _wait_twin(self, at_s: float) -> bool:
+    def start(self) -> Self:
+        self.killer.start()
+        return super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        self.killer.stop()
+        self.error = self.error or self.killer.error
+        self.runs.sort(key=lambda r: r.start_s)
+
+    def wait_twin(self, at_s: float, stop: threading.Event) -> bool:
         while self.twin_now() < at_s:
-            if self._stop.wait(0.2):
+            if stop.wait(0.2):
                 return False
         return True
+
+    def record(self, fault: SoakFault, start: float, note: str) -> None:
+        self.runs.append(FaultRun(fault, start, self.twin_now(), note))
+        print(f"  [{start:7.0f}s] fault {fault.kind}: {note} (ended {self.twin_now():.0f} s)", flush=True)
 
     def _run(self) -> None:
         try:
             for fault in self.faults:
-                if not self._wait_twin(fault.at_s):
+                if not self.wait_twin(fault.at_s, self._stop):
                     return
-                start = self.twin_now()
-                note = self.inject(fault)
-                self.runs.append(FaultRun(fault, start, self.twin_now(), note))
-                print(
-                    f"  [{start:7.0f}s] fault {fault.kind}: {note} (ended {self.twin_now():.0f} s)",
-                    flush=True,
-                )
+                with self.busy:
+                    start = self.twin_now()
+                    self.record(fault, start, self.inject(fault))
         except BaseException as exc:  # noqa: BLE001 - the run reports it
             self.error = exc
 
@@ -223,27 +236,11 @@ class Injector(Background):
             self._stop.wait(fault.hold_s / scale)
             prometheus.restart()
             return f"stopped for {fault.hold_s:.0f} twin s"
-        if kind == "operator-sigkill":
-            return self.kill_operator()
         if kind == "engine-pod-delete":
             return self.delete_pod()
         if kind == "admin-timeout":
             return self.hang_admin(fault.hold_s)
         raise ValueError(f"unknown fault kind {kind!r}")
-
-    def kill_operator(self) -> str:
-        deadline = self.twin_now() + self.canary_wait_s
-        while self.twin_now() < deadline and not self._stop.is_set():
-            latest = self.samplers.fleet[-1] if self.samplers.fleet else None
-            if latest is not None and latest.rollout_phase not in ("", "Idle"):
-                break
-            self._stop.wait(0.2)
-        latest = self.samplers.fleet[-1] if self.samplers.fleet else None
-        phase = latest.rollout_phase if latest is not None else "?"
-        os.kill(self.stack.operator.pid, signal.SIGKILL)
-        time.sleep(1.0)  # the kubelet's first restart backoff (restarts.RestartBackoff.initial_s)
-        self.stack.restart_operator()
-        return f"SIGKILLed with the rollout {phase}, started again"
 
     def delete_pod(self) -> str:
         pods = sorted(p["metadata"]["name"] for p in self.target.pods(NAMESPACE, NAME))
@@ -274,6 +271,51 @@ class Injector(Background):
         return f"{url}'s admin endpoint hung for {hold_s:.0f} twin s"
 
 
+class Killer(Background):
+    """The operator kills: each armed at its planned twin time, fired at the first sample
+    that shows a canary in flight (`MID_CANARY`) while no other fault is being injected, or
+    at ``deadline_s`` whatever the rollout does. Its fault starts when it fires."""
+
+    name = "soak-kills"
+    join_s = READY_S
+
+    def __init__(self, injector: Injector, kills: list[SoakFault], deadline_s: float):
+        self.injector, self.kills, self.deadline_s = injector, kills, deadline_s
+        self.error: BaseException | None = None
+        super().__init__()
+
+    def _run(self) -> None:
+        inj = self.injector
+        try:
+            for fault in self.kills:
+                if not inj.wait_twin(fault.at_s, self._stop) or not self.fire(fault):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - the run reports it
+            self.error = exc
+
+    def fire(self, fault: SoakFault) -> bool:
+        """Wait for a canary (or the deadline), kill, start again; False when stopped."""
+        inj = self.injector
+        while not self._stop.is_set():
+            latest = inj.samplers.fleet[-1] if inj.samplers.fleet else None
+            late = inj.twin_now() >= self.deadline_s
+            mid = latest is not None and latest.rollout_phase in MID_CANARY
+            if (mid or late) and inj.busy.acquire(timeout=0.2):
+                try:
+                    start = inj.twin_now()
+                    phase = latest.rollout_phase if latest is not None else "?"
+                    os.kill(inj.stack.operator.pid, signal.SIGKILL)
+                    time.sleep(1.0)  # the kubelet's first restart backoff (restarts.RestartBackoff.initial_s)
+                    inj.stack.restart_operator()
+                    inj.record(fault, start, f"SIGKILLed with the rollout {phase} (armed at {fault.at_s:.0f} s), "
+                                             "started again")  # fmt: skip
+                finally:
+                    inj.busy.release()
+                return True
+            self._stop.wait(0.2)
+        return False
+
+
 def limits_for(time_scale: float) -> SoakLimits:
     """The checks' bounds for the soak's ServingDeployment at ``time_scale``: a rollout
     may last its canary's analysis window, a few retry rounds and an operator restart's
@@ -290,8 +332,9 @@ def limits_for(time_scale: float) -> SoakLimits:
 def soak(stack: Any, target: loop.Target, args: argparse.Namespace) -> dict[str, Any]:
     """Run the soak on a started stack; return its figures and checks."""
     duration = args.hours * 3600.0
+    tail_s = 2 * ANALYSIS_S + INTERVAL_S
     faults = soak_plan.plan_faults(args.seed, duration, min_gap_s=args.fault_gap_s, warmup_s=args.warmup_s,
-                                   tail_s=2 * ANALYSIS_S + INTERVAL_S, hold_s=args.hold_s)  # fmt: skip
+                                   tail_s=tail_s, hold_s=args.hold_s)  # fmt: skip
     workload, spans = soak_plan.diurnal_workload(args.seed, duration, args.phase_s, REPLICAS, args.start_hour)
     print(f"soak: {duration / 3600:.1f} twin h at x{target.time_scale:g} ({duration / target.time_scale / 60:.0f} "
           f"wall min), {len(workload.requests)} requests in {len(spans)} phases, {len(faults)} faults", flush=True)  # fmt: skip
@@ -310,9 +353,7 @@ def soak(stack: Any, target: loop.Target, args: argparse.Namespace) -> dict[str,
     watcher = loop.Watcher(target, NAMESPACE, NAME, on_event=_print_event)
     load = loop.LoadRun(workload.requests, service, target.time_scale)
     samplers = Samplers(target, stack, service, watcher.twin_now)
-    # A kill waiting for a canary leaves the next fault its slot.
-    injector = Injector(stack, target, faults, watcher.twin_now, samplers, args.seed,
-                        canary_wait_s=min(CANARY_WAIT_S, args.fault_gap_s / 2))
+    injector = Injector(stack, target, faults, watcher.twin_now, samplers, args.seed, deadline_s=duration - tail_s)
     wall0 = time.monotonic()
     load.start()
     watcher.t0 = load.t0

@@ -79,6 +79,9 @@ class Verdict:
     undecided: bool = False
     """The sequential rule's Continue: keep analysing (``passed`` is False, and it is no
     failure either); only `sequential.decide` gives one, and never once it is final."""
+    blind_s: float = 0.0
+    """Seconds of the analysis Prometheus had no samples for (`sequential.blind_s`): the
+    machine moves the analysis limit out by as much (`machine.analysis_final`)."""
 
     @property
     def outcome(self) -> sequential.Call:
@@ -117,9 +120,13 @@ def compare(
     return Verdict(True, f"no tenant regressed beyond {max_regression_percent:g}%: {listed}", rows)
 
 
-def from_sequential(result: sequential.SequentialResult) -> Verdict:
-    """The sequential rule's result as the rollout machine's verdict."""
-    return Verdict(result.outcome == "Promote", result.summary, undecided=result.outcome == "Continue")
+def from_sequential(result: sequential.SequentialResult, blind_s: float = 0.0) -> Verdict:
+    """The sequential rule's result as the rollout machine's verdict; ``blind_s``: seconds
+    of its sub-windows without samples, which the summary names."""
+    summary = result.summary
+    if blind_s > 0:
+        summary += f"; {blind_s:.0f} s of the analysis had no samples (a scrape gap): its limit moves out by as much"
+    return Verdict(result.outcome == "Promote", summary, undecided=result.outcome == "Continue", blind_s=blind_s)
 
 
 def failed_read(error: str) -> Verdict:

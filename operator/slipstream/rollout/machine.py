@@ -26,7 +26,8 @@ The rollout, step by step:
    baseline pods' (`analysis.compare`): any tenant worse by more than
    `max_regression_percent`, or no figures to judge by, rolls back; otherwise promote. A
    sequential verdict may be undecided: the analysis then goes on, step by step, until
-   `analysis_limit_factor` windows, where an undecided verdict rolls back. A target that
+   `analysis_limit_factor` windows (plus any scrape gap in it, up to as much again), where
+   an undecided verdict rolls back. A target that
    changed meanwhile rolls back too (the next rollout starts from the fleet).
    A queue-mix jump during phases Canary or Analysis voids a canary that does not cap
    harder than the fleet (`voidable`): its candidate was chosen for the mix before the
@@ -281,10 +282,14 @@ def analysis_due(state: models.RolloutStatus, policy: RolloutPolicy, now: float)
     return state.phase == "Analysis" and started is not None and now - started >= policy.analysis_window_s
 
 
-def analysis_final(state: models.RolloutStatus, policy: RolloutPolicy, now: float) -> bool:
-    """Whether the analysis has reached its limit: the rule must now say Promote or Rollback."""
+def analysis_final(state: models.RolloutStatus, policy: RolloutPolicy, now: float, blind_s: float = 0.0) -> bool:
+    """Whether the analysis has reached its limit: the rule must now say Promote or Rollback.
+    ``blind_s`` seconds without samples (a scrape gap, `sequential.blind_s`) move the limit
+    out by as much, at most by the limit again: no decision on the sub-windows an outage
+    left, and no analysis without end."""
     started = seconds(state.started_at)
     limit = policy.analysis_limit_factor * policy.analysis_window_s
+    limit += min(max(blind_s, 0.0), limit)
     return state.phase == "Analysis" and started is not None and now - started >= limit
 
 
@@ -467,7 +472,7 @@ class _Step:
             left = started + self.policy.analysis_window_s - self.now
             return self.decision("Hold", self.state, self.baseline, message=f"analysis: {left:.0f} s left")
         if verdict is not None and verdict.undecided:
-            if analysis_final(self.state, self.policy, self.now):
+            if analysis_final(self.state, self.policy, self.now, verdict.blind_s):
                 return self.roll_back(f"canary analysis undecided at its limit: {verdict.summary}")
             return self.decision("Hold", self.state, self.baseline, message=f"analysis continues: {verdict.summary}")
         if verdict is None or not verdict.passed:

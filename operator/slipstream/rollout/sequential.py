@@ -44,6 +44,12 @@ This rule compares like with like and lets evidence accumulate:
    at least ``starved_min`` per baseline pod, rolls back: it is not keeping up with its
    share of the traffic. A canary that keeps up (slower or not) gives as many as the
    baseline, so this clause changes nothing for it.
+7. Blind. A sub-window without a single series on either side (`SubWindow.scraped`) is a
+   scrape gap, not a quiet spell, and the analysis limit moves out by its length
+   (`blind_s`; `machine.analysis_final` caps the move at one more limit): a truncated
+   Promote must not be decided on the few sub-windows a Prometheus outage left. The soak
+   found it: a 60 s outage inside a 120 s analysis left two sub-windows, and the rule
+   promoted on them at the limit.
 
 At the defaults one sub-window adds at most 0.7 against a rollback bound of 2.98, so no
 burst shorter than five sub-windows (one giant prompt blocking the canary for a while) can
@@ -85,6 +91,16 @@ class SubWindow:
     end_s: float
     canary: Mapping[Cell, CellHistogram]
     baseline: Mapping[Cell, CellHistogram]
+    scraped: bool = True
+    """Whether Prometheus answered any series for this sub-window, on either side, idle
+    ones (a zero increase) included. False: it has no two scrapes in its range (Prometheus
+    down, stopped or not scraping), so it is no evidence at all, not a quiet sub-window
+    (rule 7)."""
+
+
+def blind_s(windows: Sequence[SubWindow]) -> float:
+    """Seconds of the sub-windows Prometheus has no samples for (rule 7)."""
+    return sum(w.end_s - w.start_s for w in windows if not w.scraped)
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,15 @@ def test_blocking_after_a_blocked_module_was_loaded_is_refused() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO / "operator"), "PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
     assert out.returncode != 0 and "already loaded, so they cannot be blocked: ['json'" in out.stderr
+
+
+def test_mypy_strict_checks_every_runtime_package() -> None:
+    """Issue 42 item 4: `make lint` runs mypy strict over every package the image keeps
+    (every folder of the package not in TOOLING), so a new runtime package is checked from
+    its first commit, not left out of a hand-kept list."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    runtime = {f"slipstream.{d.name}" for d in PACKAGE.iterdir()
+               if d.is_dir() and (d / "__init__.py").exists() and d.name not in TOOLING}  # fmt: skip
+    assert config.get("strict") is True
+    assert runtime <= set(config["packages"]), sorted(runtime - set(config["packages"]))
+    assert {"slipstream.controller", "slipstream.tune", "slipstream.observe", "slipstream.api"} <= runtime

@@ -461,7 +461,7 @@ class Tuning(Model):
     min_concurrency: int = Field(default=1, ge=1, le=256, description="Fewest concurrent prefills (C // T, a count) Auto may choose. Default 1.")
     max_concurrency: int = Field(default=8, ge=1, le=256, description="Most concurrent prefills (C // T, a count) Auto may choose. Default 8.")
     orders: list[SchedulePolicy] = Field(
-        default_factory=lambda: ["fcfs", "lpm", "srpt"],
+        default_factory=lambda: list[SchedulePolicy](("fcfs", "lpm", "srpt")),
         min_length=1,
         max_length=5,
         json_schema_extra={"x-kubernetes-list-type": "set"},

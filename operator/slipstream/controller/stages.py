@@ -207,7 +207,7 @@ class TwinRecommender:
                 state, settings, config = self._inputs(sd, fleet, snap.kv_pools, jumped, snap.overload)
                 engine_snap = in_engine_time(snap, self.config.engine_time_scale)
                 decision = tuner_.with_twin(engine_snap, state, settings, profile, config, now, self.memo)
-                if decision.reason == modelcheck.MODEL_MISMATCH:
+                if not isinstance(decision, guardrails.Move) and decision.reason == modelcheck.MODEL_MISMATCH:
                     log_mismatch(sd, engine_snap, state.current, decision.message, self.config.twin_profile)
                 return self._summary(decision, fleet, sd, snap, self._mix(engine_snap, settings))
             finally:
@@ -265,10 +265,10 @@ class TwinRecommender:
             HETEROGENEITY.labels(sd.metadata.namespace, sd.metadata.name).set(mix)
         outcome = type(decision).__name__
         DECISIONS.labels(outcome, outcome if isinstance(decision, guardrails.Move) else decision.reason).inc()
-        mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         if isinstance(decision, guardrails.Move):
             return tuning.Recommendation(engine_setting(decision.to), True, with_note(decision.reason, pool), mix,
                                          prediction, gain=rec.sure_gain if rec is not None else 0.0)  # fmt: skip
+        mismatch = decision.message if decision.reason == modelcheck.MODEL_MISMATCH else ""
         best = engine_setting(rec.best.setting) if rec is not None else fleet
         other_way = sd is not None and guardrails.other_way(decision, sd.spec.engine.chunked_prefill_size)
         return tuning.Recommendation(best, False, with_note(f"{decision.reason}: {decision.message}", pool), mix,

@@ -85,11 +85,17 @@ class DiscoveryServer:
                     body, status = json.dumps(discovery.groups()).encode(), 200
                 except Exception as exc:  # noqa: BLE001 - any apiserver failure: keep old targets
                     body, status = f"listing pods failed: {exc}".encode(), 500
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    # Prometheus gave up on this poll (its SD timeout, while the apiserver or
+                    # etcd is down) and asks again at its next refresh: nothing to answer, and
+                    # no traceback for socketserver to print into the soak's or demo's output.
+                    pass
 
             def log_message(self, *args: object) -> None:
                 pass

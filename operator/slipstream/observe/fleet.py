@@ -118,7 +118,7 @@ class FleetObserver:
                 break
             flight = self._flights.get(key)
             mine = flight is None or flight.done()
-            if mine:
+            if flight is None or mine:
                 flight = self._flights[key] = asyncio.ensure_future(self._read(key, now))
                 flight.add_done_callback(self._retrieved)
             # Shielded: this caller's cancellation leaves the read to the others (and to the

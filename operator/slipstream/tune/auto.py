@@ -123,6 +123,7 @@ class TwinAuto:
     def _step_now(self, view: RoundView, now: float, jumped: bool) -> Setting | None:
         """One step of the tuner at ``now`` (``jumped``: the queue mix brought it forward):
         the setting it moves to, or None."""
+        assert self._started is not None  # set by the first call
         self._next_step = now + self.interval_s
         # A window reaching back before the first call would count the time before any
         # traffic as idle and halve the rates (as increase() over a younger series would).

@@ -89,7 +89,7 @@ def _mix(data: Any, where: str) -> TenantMix:
 
 def _fallback(value: Any) -> str | None:
     if value is None or value in MIX_FALLBACKS:
-        return value
+        return None if value is None else str(value)
     raise ValueError(f"mix_fallback must be null or one of {MIX_FALLBACKS}, got {value!r}")
 
 

@@ -434,7 +434,7 @@ def decide(snapshot: WorkloadSnapshot, recommendation: Ranking | None, state: Tu
     if worse:
         return Hold(WORSE_TTFT, f"{describe(best, c)} changes only the order or mode and predicts a worse "
                     f"worst-tenant p99 TTFT ({ttft_now:.2f} s -> {ttft_best:.2f} s): {rec.reason}", rec)  # fmt: skip
-    if by_gain:
+    if by_gain and left_at is not None:
         return Hold(DWELL, f"{describe(best, c)} was left {now - left_at:.0f} s ago: no return within "
                     f"{dwell_s:.0f} s ({settings.dwell_cooldowns:g} cooldowns): {rec.reason}", rec)
     if not rec.feasible:

@@ -92,7 +92,7 @@ def score(figures: Mapping[K, Sequence[float]], quantile: float = 1.0) -> list[S
     return [Scored(c, r, upper_quantile(r, quantile)) for c, r in regrets(figures).items()]
 
 
-def choose(figures: Mapping[K, Sequence[float]], preference: Callable[[K], object],
+def choose(figures: Mapping[K, Sequence[float]], preference: Callable[[K], tuple[int, ...]],
            quantile: float = 1.0, tie_tolerance: float = 0.05,
            eligible: Callable[[K], bool] | None = None) -> tuple[Scored[K], list[Scored[K]]]:
     """(the robust choice, every candidate scored): steps 1-3, least score among the

@@ -53,6 +53,7 @@ def answers(n: int, window_s: float, at: float) -> dict[tuple[str, str], bytes]:
     """Each fleet query's answer for scalebench's N deployments (its exporter's counters'
     increase over the window, by deployment, tenant and bucket, as Prometheus sums them)."""
     from slipstream import scalebench as sb
+    from slipstream.api import buckets
 
     out: dict[str, list[dict[str, object]]] = {f: [] for _, f in FIELDS}
 
@@ -65,7 +66,7 @@ def answers(n: int, window_s: float, at: float) -> dict[tuple[str, str], bytes]:
         for tenant, rate, ttft, tokens in sb.TENANTS:
             t = {**dep, "tenant": tenant}
             count = rate * (1 + 0.1 * (i % 5)) * window_s
-            for field, bounds, mean in (("ttft", sb.TTFT_BUCKETS, ttft), ("uncached", sb.TOKEN_BUCKETS, tokens)):
+            for field, bounds, mean in (("ttft", buckets.TTFT_BOUNDS_S, ttft), ("uncached", buckets.PROMPT_TOKENS, tokens)):
                 for b in bounds:
                     add(field, {**t, "le": str(b), "part": "bucket"}, count * (1 - math.exp(-b / mean)))
                 add(field, {**t, "le": "+Inf", "part": "bucket"}, count)

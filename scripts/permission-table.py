@@ -40,7 +40,7 @@ def main() -> int:
     args = parser.parse_args()
     text = DOC.read_text()
     new = text
-    for mode, sets in chartrbac.MODES.items():
+    for mode, sets in chartrbac.INSTALLS.items():
         new = chartrbac.replace_section(new, mode, chartrbac.table(rendered(sets)))
     if args.check:
         return 0 if new == text else 1

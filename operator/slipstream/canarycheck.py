@@ -1,6 +1,6 @@
 """How often the sequential canary rule rolls back a good setting, and how often it catches a bad one.
 
-``slipstream canary-check`` runs `rollout.sequential.decide` on twin traffic, offline:
+``slipstream canary-check`` runs `rollout.sequential.evaluate` on twin traffic, offline:
 
 1. The workload is the fleet's traffic. For each pair, the Service's split is drawn (each
    request to a pod uniformly at random, as kube-proxy does, one RNG per pair seed): one
@@ -115,7 +115,7 @@ def analyse(canary: FirstTokens, baseline: FirstTokens, start_s: float, check: C
         windows.append(sequential.SubWindow(a, b, histograms(canary, a, b), histograms(baseline, a, b)))
     first = max(1, math.ceil(check.analysis_window_s / check.sub_window_s))
     for k in range(first, n + 1):
-        result = sequential.decide(windows[:k], rule, final=k == n, pods=(1, check.pods - 1))
+        result = sequential.evaluate(windows[:k], rule, final=k == n, pods=(1, check.pods - 1))
         if result.outcome != "Continue":
             return result, k * check.sub_window_s
     raise AssertionError("the final evaluation always decides")

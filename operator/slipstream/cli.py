@@ -46,7 +46,6 @@ from slipstream.tune.candidates import TuningSpec, modes_for
 from slipstream.tune.guardrails import GuardrailSettings
 from slipstream.tune.tuner import TunerSettings
 
-DEFAULT_PROFILE = "kimi-k3-8xh200"
 DEFAULT_UTILIZATION = 0.7
 
 
@@ -84,7 +83,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant", action="append", default=[], metavar="NAME",
                    help="tenant name of the matching --trace (default: the file stem)")
     p.add_argument("--profile", help="cost profile name or JSON file (default: the scenario's, "
-                   f"else {DEFAULT_PROFILE}); built-in: " + ", ".join(profiles.builtin_names()))
+                   f"else {profiles.DEFAULT_PROFILE}); built-in: " + ", ".join(profiles.builtin_names()))
     p.add_argument("--chunked-prefill-size", type=int, metavar="C",
                    help="override the engine's token budget per pass")
     p.add_argument("--cache-tokens", type=int, help="override the prefix-cache capacity (tokens)")
@@ -293,7 +292,7 @@ def load_workload(args: argparse.Namespace) -> Loaded:
         if args.srpt_aging <= 0:
             raise CliError("--srpt-aging must be > 0 tokens per second")
         config = replace(config, srpt_aging_tokens_per_s=args.srpt_aging)
-    profile = profiles.load(profile_name or DEFAULT_PROFILE)
+    profile = profiles.load(profile_name or profiles.DEFAULT_PROFILE)
     for origin, part in origins:
         _check_fits_pool(part, config, profile, origin)
     target = args.target_utilization
@@ -588,7 +587,7 @@ def _snapshot_file(args: argparse.Namespace,
     if snap.kv_pools and pool.note:
         print(pool.note, file=sys.stderr)
     config = _engine_flags(args, policies.EngineConfig(kv_pool_tokens=pool.tokens), cache=False)
-    profile = profiles.load(args.profile or DEFAULT_PROFILE)
+    profile = profiles.load(args.profile or profiles.DEFAULT_PROFILE)
     return snap, config, profile, policies.parse(args.current or "stock", config)
 
 

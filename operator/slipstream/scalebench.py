@@ -46,6 +46,7 @@ import yaml
 from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
+from slipstream.api import buckets
 from slipstream.controller import settings as controller_settings
 from slipstream.engine import metrics as names
 from slipstream.localkube import cluster as cluster_mod
@@ -59,11 +60,6 @@ NAMESPACES = 10
 TENANTS = (("chat", 10.0, 0.35, 1500.0), ("batch", 5.0, 2.5, 24000.0))
 """(tenant, requests/s, mean TTFT s, mean uncached prompt tokens): a mixed fleet, so the
 tuner has a heterogeneous mix to recommend for."""
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
-TOKEN_BUCKETS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000,
-                 10000, 12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000,
-                 60000, 80000, 100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000)
-# fmt: skip
 
 
 @dataclass(frozen=True)
@@ -218,7 +214,7 @@ class FleetExporter:
 
     def render(self, elapsed_s: float) -> bytes:
         out: list[str] = []
-        histos = ((names.TTFT_SECONDS, TTFT_BUCKETS, 2), (names.UNCACHED_PROMPT_TOKENS, TOKEN_BUCKETS, 3))
+        histos = ((names.TTFT_SECONDS, buckets.TTFT_BOUNDS_S, 2), (names.UNCACHED_PROMPT_TOKENS, buckets.PROMPT_TOKENS, 3))
         for metric, kind in ((names.TTFT_SECONDS, "histogram"), (names.UNCACHED_PROMPT_TOKENS, "histogram"),
                              (names.PROMPT_TOKENS_TOTAL, "counter"), (names.CACHED_TOKENS_TOTAL, "counter"),
                              (names.NUM_QUEUE_REQS, "gauge"), (names.LONG_PREFILL_TOKEN_THRESHOLD, "gauge"),

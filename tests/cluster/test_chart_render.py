@@ -279,7 +279,7 @@ def test_owned_objects_policy_matches_spec_writes_and_scale_by_anyone_but_the_op
 
 def test_docs_permission_tables_match_the_charts_rbac(tmp_path: Path) -> None:
     doc = (CHART.parents[1] / "docs" / "operator.md").read_text()
-    for mode, sets in chartrbac.MODES.items():
+    for mode, sets in chartrbac.INSTALLS.items():
         rendered = docs(*sets, tmp=tmp_path, release=chartrbac.RELEASE)
         assert chartrbac.section(doc, mode) == chartrbac.table(rendered), (
             f"docs/operator.md's {mode} permission table differs from the chart: "

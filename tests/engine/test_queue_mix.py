@@ -28,6 +28,7 @@ from sglang.srt.observability import metrics_collector as mc
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
+from slipstream.api import buckets
 from slipstream.engine import metrics as names
 
 BASE = {"model_name": "m", "engine_type": "unified"}
@@ -166,7 +167,7 @@ def test_queue_mix_series_at_zero_on_a_tenants_first_arrival(mgr):
     m, reg = mgr
     arrive(m, "acme", 150_000, "a1")
     s = scrape(reg)
-    for cls in names.SIZE_CLASS_NAMES:
+    for cls in buckets.SIZE_CLASS_NAMES:
         assert value(s, names.TTFT_BY_SIZE_CLASS_SECONDS + "_count", tenant="acme", size_class=cls) == 0
         for cache in names.CACHE_PARTS:
             assert value(s, names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL, tenant="acme",
@@ -234,8 +235,6 @@ def test_queue_mix_batch_send_counts_each_request(mgr):
 
 
 def test_queue_mix_size_classes_match_the_operator():
-    from slipstream.api import buckets
-
     assert mc.SIZE_CLASSES == buckets.SIZE_CLASSES
     assert [mc.size_class_of(n) for n in (1_000, 1_001, 300_000, 300_001)] == [
         "le1k", "le8k", "le300k", "gt300k",

@@ -13,7 +13,7 @@ import pytest
 from enginesim_util import ADMIN, KEY, sse_events, tenant, with_sim
 from prometheus_client.parser import text_string_to_metric_families
 
-from slipstream.api import models
+from slipstream.api import buckets, models
 from slipstream.engine import admin as admin_client
 from slipstream.engine import metrics as names
 from slipstream.enginesim import metrics as sim_metrics
@@ -331,13 +331,13 @@ def test_metrics_have_sglang_names_buckets_labels_and_the_patch_gauges() -> None
         ttft = families[names.TTFT_SECONDS]
         assert ttft.type == "histogram"
         bounds = sorted({float(smp.labels["le"]) for smp in ttft.samples if smp.name.endswith("_bucket")})
-        assert bounds == [*map(float, sim_metrics.TTFT_BUCKETS), math.inf]
+        assert bounds == [*buckets.TTFT_BOUNDS_S, math.inf]
         counts = {(smp.labels["tenant"], smp.labels["is_streaming"]): smp.value
                   for smp in ttft.samples if smp.name.endswith("_count")}
         assert counts == {("acme", "false"): 3, ("zeta", "true"): 2, ("", "false"): 1}
         uncached = families[names.UNCACHED_PROMPT_TOKENS]
         ubounds = sorted({float(smp.labels["le"]) for smp in uncached.samples if smp.name.endswith("_bucket")})
-        assert ubounds == [*map(float, sim_metrics.PROMPT_TOKEN_BUCKETS), math.inf]
+        assert ubounds == [*buckets.PROMPT_TOKENS, math.inf]
         usum = {smp.labels["tenant"]: smp.value for smp in uncached.samples if smp.name.endswith("_sum")}
         # The first request of each tenant computes the shared prefix; the later ones hit it.
         assert usum["acme"] < 3 * 2000 and usum["zeta"] < 2 * 2000

@@ -26,7 +26,7 @@ JUMP_AT = T0 + 25.0
 def window(now: float, giants: bool) -> snapshot.WorkloadSnapshot:
     """A valid 60 s window of 600 chat turns of 2k tokens; with `giants`, ten 350k-token
     prompts arrived too and three wait."""
-    chat = snapshot.TenantWindow("chat", 10.0, snapshot.histogram_of([0.3] * 600, buckets.TTFT_SECONDS),
+    chat = snapshot.TenantWindow("chat", 10.0, snapshot.histogram_of([0.3] * 600, buckets.TTFT_BOUNDS_S),
                                  snapshot.histogram_of([2000.0] * 600, buckets.PROMPT_TOKENS))  # fmt: skip
     classes = {name: snapshot.SizeClassWindow(name) for name in buckets.SIZE_CLASS_NAMES}
     classes["le8k"] = snapshot.SizeClassWindow("le8k", 600.0, 1_200_000.0)

@@ -24,7 +24,7 @@ def window(now: float, backlog: float) -> snapshot.WorkloadSnapshot:
     tokens waiting."""
     classes = {name: snapshot.SizeClassWindow(name) for name in buckets.SIZE_CLASS_NAMES}
     classes["le60k"] = snapshot.SizeClassWindow("le60k", 60.0, 1_200_000.0, 0.0, backlog / 20_000.0, backlog)
-    ttft = snapshot.histogram_of([1.0] * 60, buckets.TTFT_SECONDS)
+    ttft = snapshot.histogram_of([1.0] * 60, buckets.TTFT_BOUNDS_S)
     docs = snapshot.TenantWindow("docs", 1.0, ttft, snapshot.histogram_of([20_000.0] * 60, buckets.PROMPT_TOKENS))
     return snapshot.WorkloadSnapshot("prod/kimi", now, 60.0, (docs,), queue_mix=(snapshot.TenantMix(
         "docs", 1.0, tuple(classes.values())),))  # fmt: skip

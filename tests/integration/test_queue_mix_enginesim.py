@@ -158,4 +158,4 @@ def test_sub_window_cells_of_a_pod_subset_count_its_first_tokens(prom):
     cells = [h for w in windows for c, h in w.canary.items() if c == (BURST, "le1k")]
     assert cells and all(0 < h.mean_s < 10 for h in cells)
     # equal sides are never slower: the rule never rolls back on them
-    assert sequential.decide(windows, sequential.SequentialRule(min_samples=1), final=True).outcome == "Promote"
+    assert sequential.evaluate(windows, sequential.SequentialRule(min_samples=1), final=True).outcome == "Promote"

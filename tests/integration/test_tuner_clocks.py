@@ -27,7 +27,7 @@ def busy(now: float) -> snapshot.WorkloadSnapshot:
     chat = snapshot.TenantWindow(
         "chat",
         10.0,
-        snapshot.histogram_of([0.3] * 600, buckets.TTFT_SECONDS),
+        snapshot.histogram_of([0.3] * 600, buckets.TTFT_BOUNDS_S),
         snapshot.histogram_of([2000.0] * 600, buckets.PROMPT_TOKENS),
     )
     return snapshot.WorkloadSnapshot("prod/kimi", now, 60.0, (chat,))

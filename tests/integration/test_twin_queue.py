@@ -36,7 +36,7 @@ class Observer:
     async def snapshot(self, sd: models.ServingDeployment, window_s: float, now: float,
                        min_samples: int | None = None) -> snapshot.WorkloadSnapshot:  # fmt: skip
         prompts = [2000.0] * 590 + [60_000.0] * 10
-        chat = snapshot.TenantWindow("chat", 10.0, snapshot.histogram_of([0.3] * 600, buckets.TTFT_SECONDS),
+        chat = snapshot.TenantWindow("chat", 10.0, snapshot.histogram_of([0.3] * 600, buckets.TTFT_BOUNDS_S),
                                      snapshot.histogram_of(prompts, buckets.PROMPT_TOKENS))  # fmt: skip
         return snapshot.WorkloadSnapshot(f"{sd.metadata.namespace}/{sd.metadata.name}", now, 60.0, (chat,))
 

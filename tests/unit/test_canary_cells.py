@@ -47,7 +47,7 @@ def test_the_answer_becomes_sub_windows_and_garbage_is_left_out():
     assert windows[1].canary == {}
     assert windows[1].baseline == {("acme", "le1k"): sequential.CellHistogram(7, 3.5)}
     # a sub-window with no cell on one side is no observation: Continue
-    assert sequential.decide(windows[1:], sequential.SequentialRule()).outcome == "Continue"
+    assert sequential.evaluate(windows[1:], sequential.SequentialRule()).outcome == "Continue"
 
 
 def test_a_sub_window_prometheus_answered_nothing_for_is_blind_and_an_idle_one_is_not():

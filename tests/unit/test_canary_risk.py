@@ -33,7 +33,7 @@ def target(setting: S, gain: float = 0.9, proven: tuple[S, ...] = ()) -> machine
 
 
 def start(fleet: S, t: machine.RolloutTarget, state: models.RolloutStatus | None = None) -> machine.RolloutDecision:
-    return machine.decide(state, fleet, t, pods(fleet), POLICY, T0)
+    return machine.advance(state, fleet, t, pods(fleet), POLICY, T0)
 
 
 def assert_skipped(d: machine.RolloutDecision, fleet: S, words: str) -> None:

@@ -267,6 +267,7 @@ def test_a_new_tenants_size_class_series_start_at_zero_on_its_first_arrival() ->
     increase() counts the first giant's tokens (a series born holding them would add 0)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    from slipstream.api import buckets
     from slipstream.engine import metrics as names
     from slipstream.enginesim.metrics import EngineMetrics
 
@@ -281,7 +282,7 @@ def test_a_new_tenants_size_class_series_start_at_zero_on_its_first_arrival() ->
     m.arrived({"tenant": "code"})
     before = samples(m)
     tokens = names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL
-    for cls in names.SIZE_CLASS_NAMES:
+    for cls in buckets.SIZE_CLASS_NAMES:
         assert before[(tokens, cls, "uncached")] == 0
         assert before[(names.TTFT_BY_SIZE_CLASS_SECONDS + "_count", cls, "")] == 0
     m.first_token({"tenant": "code"}, True, 9.0, prompt_tokens=180_000)

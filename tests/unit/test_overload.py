@@ -54,7 +54,7 @@ def window(backlog: float, at: float = 1.0, served: float = 1_200_000.0) -> snap
     classes = {name: snapshot.SizeClassWindow(name) for name in buckets.SIZE_CLASS_NAMES}
     classes["le60k"] = snapshot.SizeClassWindow("le60k", 60.0, served, 0.0, backlog / 20_000.0, backlog)
     mix = snapshot.TenantMix("docs", 1.0, tuple(classes.values()))
-    ttft = snapshot.histogram_of([1.0] * 60, buckets.TTFT_SECONDS)
+    ttft = snapshot.histogram_of([1.0] * 60, buckets.TTFT_BOUNDS_S)
     tenant = snapshot.TenantWindow("docs", 1.0, ttft, snapshot.histogram_of([20_000.0] * 60, buckets.PROMPT_TOKENS))
     return snapshot.WorkloadSnapshot("prod/kimi", at, 60.0, (tenant,), queue_mix=(mix,))
 

@@ -49,7 +49,7 @@ def test_the_first_window_with_enough_samples_is_judged() -> None:
 def window(first_tokens: float, window_s: float = 60.0, waiting: float = 0.0,
            invalid: str | None = None) -> snapshot.WorkloadSnapshot:
     """A deployment's window: ``first_tokens`` 20K-token documents, ``waiting`` giants."""
-    ttft = snapshot.histogram_of([1.0] * int(first_tokens), buckets.TTFT_SECONDS)
+    ttft = snapshot.histogram_of([1.0] * int(first_tokens), buckets.TTFT_BOUNDS_S)
     tokens = snapshot.histogram_of([20_000.0] * int(first_tokens), buckets.PROMPT_TOKENS)
     classes = {name: snapshot.SizeClassWindow(name) for name in buckets.SIZE_CLASS_NAMES}
     classes["le60k"] = snapshot.SizeClassWindow("le60k", first_tokens, 20_000.0 * first_tokens)

@@ -14,7 +14,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slipstream.api import buckets
 from slipstream.api import snapshot as snap
-from slipstream.engine import metrics as names
 from slipstream.enginesim import bodies, flags
 from slipstream.enginesim.clock import Clock
 from slipstream.enginesim.pod import SimPod
@@ -30,10 +29,10 @@ DEP = {"namespace": "ns", "servingdeployment": "chat"}
 
 
 def test_size_classes_are_ascending_le_bounds_of_the_uncached_histogram():
-    uppers = [upper for _, upper in names.SIZE_CLASSES]
+    uppers = [upper for _, upper in buckets.SIZE_CLASSES]
     assert uppers == sorted(uppers) and math.isinf(uppers[-1]) and len(uppers) == 5
     assert all(u in buckets.PROMPT_TOKENS for u in uppers[:-1])
-    assert [names.size_class(n) for n in (1, 1000, 1001, 8000, 60_001, 300_000, 600_000)] == [
+    assert [buckets.size_class(n) for n in (1, 1000, 1001, 8000, 60_001, 300_000, 600_000)] == [
         "le1k", "le1k", "le8k", "le8k", "le300k", "le300k", "gt300k"]
 
 
@@ -136,7 +135,7 @@ def test_the_snapshot_keeps_arrivals_and_the_composition_per_size_class():
     chat, batch = s.mix_of("chat"), s.mix_of("batch")
     assert chat is not None and batch is not None
     assert chat.arrivals_per_s == pytest.approx(30 / 60)
-    assert [c.name for c in chat.classes] == list(names.SIZE_CLASS_NAMES)
+    assert [c.name for c in chat.classes] == list(buckets.SIZE_CLASS_NAMES)
     le1k = chat.size_class("le1k")
     assert le1k == snap.SizeClassWindow("le1k", 20, 8000, 30000, 6, 2400)
     assert le1k.cached_per_uncached == pytest.approx(30000 / 8000)

@@ -46,7 +46,7 @@ class Fleet:
 
     def step(self, target: machine.RolloutTarget | None, now: float, verdict: analysis.Verdict | None = None,
              mix_jump: str = "") -> machine.RolloutDecision:  # fmt: skip
-        d = machine.decide(self.state, self.fleet, target, self.pods(), POLICY, now, verdict, mix_jump)
+        d = machine.advance(self.state, self.fleet, target, self.pods(), POLICY, now, verdict, mix_jump)
         for name, setting in d.apply.items():
             if name not in self.failing | self.refusing:
                 self.settings[name] = setting
@@ -139,7 +139,7 @@ def sequential_verdict(canary_mean_s: float, windows: int, final: bool = False) 
     cells = {("a", "le1k"): sequential.CellHistogram(20, 20 * canary_mean_s)}
     base = {("a", "le1k"): sequential.CellHistogram(20, 20.0)}
     subs = [sequential.SubWindow(10.0 * k, 10.0 * (k + 1), cells, base) for k in range(windows)]
-    return analysis.from_sequential(sequential.decide(subs, sequential.SequentialRule(), final))
+    return analysis.from_sequential(sequential.evaluate(subs, sequential.SequentialRule(), final))
 
 
 def test_an_undecided_sequential_verdict_continues_the_analysis_until_its_limit() -> None:

@@ -23,19 +23,19 @@ def cells(mean_s: float, n: int = 20, classes: tuple[str, ...] = ("le1k", "le8k"
 def test_aa_pairs_promote_and_never_roll_back():
     # equal sides within the tolerance: the test crosses to Promote
     windows = [window(k, cells(1.0 + (0.03 if k % 2 else -0.03)), cells(1.0)) for k in range(36)]
-    result = sq.decide(windows, RULE)
+    result = sq.evaluate(windows, RULE)
     assert result.outcome == "Promote"
     assert result.llr <= RULE.lower and result.decided_at_s is not None
     assert "Promote" in result.summary and f"{RULE.upper:+.2f}" in result.summary
     # each side slower half the time: never a rollback on the way, Promote at the limit
     coin = [window(k, cells(1.5 if k % 2 else 0.7), cells(1.0)) for k in range(36)]
-    assert all(sq.decide(coin[:k], RULE).outcome != "Rollback" for k in range(1, 37))
-    assert sq.decide(coin, RULE, final=True).outcome == "Promote"
+    assert all(sq.evaluate(coin[:k], RULE).outcome != "Rollback" for k in range(1, 37))
+    assert sq.evaluate(coin, RULE, final=True).outcome == "Promote"
 
 
 def test_a_2x_slower_canary_rolls_back():
     windows = [window(k, cells(2.0), cells(1.0)) for k in range(36)]
-    result = sq.decide(windows, RULE)
+    result = sq.evaluate(windows, RULE)
     assert result.outcome == "Rollback"
     assert result.slower == result.observations
     assert result.decided_at_s is not None and result.decided_at_s < 36 * 10
@@ -48,8 +48,8 @@ def test_a_lone_giant_prompt_on_the_canary_does_not_roll_back():
     windows = [window(0, {**cells(8.0), **giant}, cells(1.0)), window(1, cells(6.0), cells(1.0))]
     windows += [window(k, cells(1.0), cells(1.0)) for k in range(2, 36)]
     for k in range(1, len(windows) + 1):
-        assert sq.decide(windows[:k], RULE).outcome != "Rollback"
-    assert sq.decide(windows, RULE, final=True).outcome == "Promote"
+        assert sq.evaluate(windows[:k], RULE).outcome != "Rollback"
+    assert sq.evaluate(windows, RULE, final=True).outcome == "Promote"
 
 
 def test_the_giants_own_cell_never_counts():
@@ -63,21 +63,21 @@ def test_missing_cells_and_too_few_samples_continue_never_roll_back():
     other_tenant = [window(k, {("code", "le1k"): sq.CellHistogram(50, 500.0)}, cells(1.0)) for k in range(36)]
     empty = [window(k, {}, {}) for k in range(36)]
     for windows in (few, other_tenant, empty):
-        result = sq.decide(windows, RULE)
+        result = sq.evaluate(windows, RULE)
         assert result.outcome == "Continue"
         assert result.observations == 0
     # at the limit, nothing to judge by keeps the running setting
-    assert sq.decide(empty, RULE, final=True).outcome == "Rollback"
-    assert "nothing to judge by" in sq.decide(empty, RULE, final=True).summary
+    assert sq.evaluate(empty, RULE, final=True).outcome == "Rollback"
+    assert "nothing to judge by" in sq.evaluate(empty, RULE, final=True).summary
 
 
 def test_truncation_promotes_weak_evidence_and_rolls_back_strong():
     mixed = [window(k, cells(2.0 if k % 2 else 0.5), cells(1.0)) for k in range(4)]
-    assert sq.decide(mixed, RULE).outcome == "Continue"
-    assert sq.decide(mixed, RULE, final=True).outcome == "Promote"
+    assert sq.evaluate(mixed, RULE).outcome == "Continue"
+    assert sq.evaluate(mixed, RULE, final=True).outcome == "Promote"
     leaning = [window(k, cells(2.0), cells(1.0)) for k in range(4)]
-    assert sq.decide(leaning, RULE).outcome == "Continue"
-    assert sq.decide(leaning, RULE, final=True).outcome == "Rollback"
+    assert sq.evaluate(leaning, RULE).outcome == "Continue"
+    assert sq.evaluate(leaning, RULE, final=True).outcome == "Rollback"
 
 
 def test_truncation_weighs_few_observations_by_what_they_could_reach():
@@ -85,12 +85,12 @@ def test_truncation_weighs_few_observations_by_what_they_could_reach():
     # slower: +0.7, under the share of the rollback bound (1.19), yet all the evidence there is.
     starved = [window(0, cells(15.0), cells(1.0))]
     starved += [window(k, cells(15.0, n=RULE.min_samples - 1), cells(1.0)) for k in range(1, 12)]
-    result = sq.decide(starved, RULE, final=True)
+    result = sq.evaluate(starved, RULE, final=True)
     assert result.observations == 1 and result.llr < RULE.truncation_share * RULE.upper
     assert result.outcome == "Rollback", result.summary
     # One slower sub-window and one no slower is no evidence either way: Promote.
     split = [window(0, cells(15.0), cells(1.0)), window(1, cells(1.0), cells(1.0))]
-    assert sq.decide(split, RULE, final=True).outcome == "Promote"
+    assert sq.evaluate(split, RULE, final=True).outcome == "Promote"
 
 
 def test_a_starved_canary_rolls_back_at_the_limit():
@@ -100,15 +100,15 @@ def test_a_starved_canary_rolls_back_at_the_limit():
     starved = [window(0, cells(15.0, n=6), cells(1.0)), window(1, cells(15.0, n=6), cells(1.0)),
                window(2, cells(0.5, n=6), cells(1.0))]  # fmt: skip
     starved += [window(k, {}, cells(1.0)) for k in range(3, 6)]
-    assert sq.decide(starved, RULE, final=True).outcome == "Promote"  # without pod counts, as before
-    result = sq.decide(starved, RULE, final=True, pods=(1, 1))
+    assert sq.evaluate(starved, RULE, final=True).outcome == "Promote"  # without pod counts, as before
+    result = sq.evaluate(starved, RULE, final=True, pods=(1, 1))
     assert result.outcome == "Rollback" and "starved" in result.summary, result.summary
-    assert sq.decide(starved, RULE, final=False, pods=(1, 1)).outcome == "Continue"  # only at the limit
+    assert sq.evaluate(starved, RULE, final=False, pods=(1, 1)).outcome == "Continue"  # only at the limit
     # The same counts over six baseline pods: 36 first tokens against 40 per pod, not starved.
-    assert sq.decide(starved, RULE, final=True, pods=(1, 6)).outcome == "Promote"
+    assert sq.evaluate(starved, RULE, final=True, pods=(1, 6)).outcome == "Promote"
     # A canary that keeps up, however slow its means, gives as many first tokens: not starved.
     keeping = [window(0, cells(15.0), cells(1.0)), window(1, cells(1.0), cells(1.0))]
-    assert sq.decide(keeping, RULE, final=True, pods=(1, 1)).outcome == "Promote"
+    assert sq.evaluate(keeping, RULE, final=True, pods=(1, 1)).outcome == "Promote"
     # Too few baseline first tokens to tell: the clause says nothing.
     few = [window(0, cells(15.0, n=1), cells(1.0, n=4)), window(1, {}, cells(1.0, n=4))]
     assert sq.starved(few, (1, 1), RULE) is None

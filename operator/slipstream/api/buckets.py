@@ -10,7 +10,7 @@ twin as from Prometheus in a cluster.
 
 from __future__ import annotations
 
-TTFT_SECONDS: tuple[float, ...] = (
+TTFT_BOUNDS_S: tuple[float, ...] = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
     200.0, 400.0,
 )

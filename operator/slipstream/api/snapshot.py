@@ -44,7 +44,7 @@ NO_MIX_SERIES = "NoQueueMixSeries"
 """The engines export no arrivals or size-class series (an engine without the patch's
 queue-mix metrics, or not read)."""
 UNKNOWN_SIZE_CLASS = "UnknownSizeClass"
-"""A ``size_class`` label value that is not one of ``engine.metrics.SIZE_CLASSES`` (an
+"""A ``size_class`` label value that is not one of ``api.buckets.SIZE_CLASSES`` (an
 engine with other classes): per-class figures cannot be compared, so none are used."""
 MIX_FALLBACKS = (NO_MIX_SERIES, UNKNOWN_SIZE_CLASS)
 
@@ -149,7 +149,7 @@ class TenantWindow:
 
 @dataclass(frozen=True, slots=True)
 class SizeClassWindow:
-    """One uncached-token size class of one tenant (``engine.metrics.SIZE_CLASSES``)."""
+    """One uncached-token size class of one tenant (``api.buckets.SIZE_CLASSES``)."""
 
     name: str
     """The ``size_class`` label value."""
@@ -186,7 +186,7 @@ class TenantMix:
     arrivals_per_s: float
     """Requests arrived per second over the window (``sglang:request_arrivals_total``)."""
     classes: tuple[SizeClassWindow, ...]
-    """One per ``engine.metrics.SIZE_CLASSES``, in that order."""
+    """One per ``api.buckets.SIZE_CLASSES``, in that order."""
 
     @property
     def queued(self) -> float:

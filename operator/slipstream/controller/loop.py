@@ -10,7 +10,7 @@ never delay another's loop, and there is no lock shared between loops. A step:
 3. read: what every ready engine pod runs and its KV pool (`/get_server_info`, all pods
    at once);
 4. analyse: the canary figures, when an analysis window has ended;
-5. decide: `rollout.machine.decide` (pure);
+5. decide: `rollout.machine.advance` (pure);
 6. act: the ConfigMap first (a pod starting now gets the new value), then each pod's
    `/set_internal_state`, then read back and decide once more to acknowledge what took;
 7. record: status (what the engines run, read back), conditions and Events.
@@ -428,7 +428,7 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
     rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
     blind = sequential.blind_s(windows)
     final = machine.analysis_final(state, pol, now, blind)
-    return analysis.from_sequential(sequential.decide(windows, rule, final, pods=(len(canaries), len(others))), blind)
+    return analysis.from_sequential(sequential.evaluate(windows, rule, final, pods=(len(canaries), len(others))), blind)
 
 
 async def sync_configmap(deps: Deps, sd: models.ServingDeployment, setting: models.EngineSetting) -> machine.Event | None:
@@ -499,7 +499,7 @@ async def observe_step(deps: Deps, sd: models.ServingDeployment, fleet: models.E
     """Stages 1-2 of a step (`observe`), and the mix it saw: (snapshot, recommendation, mix).
 
     ``voidable`` is the rollout in flight when a queue-mix jump would void its canary
-    (`machine.voidable`), else None. A jump voids it in this step (`machine.decide`), so
+    (`machine.voidable`), else None. A jump voids it in this step (`machine.advance`), so
     the tuner then judges the new mix as if the rollout were over (`tuning.as_voided`), and
     a harder cap goes out in this same step rather than a poll later. While such a canary
     runs, each step is also a look for the mix watch (steps come every rollout poll, sooner
@@ -553,7 +553,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
     verdict = None
     if state is not None and machine.analysis_due(state, pol, now):
         verdict = await analyse(deps, sd, state, read.pods, now)
-    decision = machine.decide(state, fleet, target, views, pol, now, verdict, memory.moved if memory.jumped else "")
+    decision = machine.advance(state, fleet, target, views, pol, now, verdict, memory.moved if memory.jumped else "")
     # A step that judged nothing leaves the mix watch alone; one on a jump that did not move
     # (it held, or it voided a canary and its move needs a canary of its own: the canary
     # pods went back instead) is retried at the next poll (tune.mixjump).
@@ -580,7 +580,7 @@ async def step(deps: Deps, sd: models.ServingDeployment, memory: Memory) -> Step
         # Timed at the read-back: the analysis clock starts when every canary reports the
         # candidate, and a promotion or rollback finishes (the cooldown's start) then too.
         now = deps.clock()
-        again = machine.decide(decision.state, decision.fleet, target, views, pol, now, verdict)
+        again = machine.advance(decision.state, decision.fleet, target, views, pol, now, verdict)
         if not again.apply:
             decision = again
             events += again.events

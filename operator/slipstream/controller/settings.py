@@ -6,6 +6,8 @@ import math
 import os
 from dataclasses import dataclass, fields
 
+from slipstream.sim import profiles
+
 
 @dataclass(frozen=True)
 class ControllerSettings:
@@ -163,7 +165,7 @@ class ControllerSettings:
     a regression (0.25: with a 2 s target, 0.2 s -> 0.37 s is noise, 0.4 s -> 0.9 s is not).
     Env: SLIPSTREAM_CANARY_NOISE_FLOOR."""
 
-    twin_profile: str = "kimi-k3-8xh200"
+    twin_profile: str = profiles.DEFAULT_PROFILE
     """The twin's cost profile the recommender runs candidates on (name or JSON file; see
     `slipstream bench --profile`). Env: SLIPSTREAM_TWIN_PROFILE."""
 

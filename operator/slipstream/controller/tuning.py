@@ -27,10 +27,7 @@ ENGINES_IN_SYNC = "EnginesInSync"
 ENGINE_SUPPORTED = "EngineSupported"
 """Whether every engine reports the patched release spec.engine.version names (modes that
 observe only): False holds Auto to recommending (`api.versions.problem`)."""
-OVERLOADED = "Overloaded"
-"""Whether the offered prefill work exceeds what the fleet serves (`tune.overload`; modes
-that observe only): True names the growing backlog and that more replicas are needed."""
-CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC, ENGINE_SUPPORTED, OVERLOADED)
+CONDITIONS = (METRICS_AVAILABLE, ROLLOUT_PROGRESSING, ENGINES_IN_SYNC, ENGINE_SUPPORTED, guardrails.OVERLOADED)
 
 PODS_UNREACHABLE = "PodsUnreachable"
 PODS_OFF_SETTING = "PodsOnOtherSetting"
@@ -87,7 +84,6 @@ class Recommendation:
         return max(ratios, key=lambda r: abs(math.log(r)), default=None)
 
 
-MODEL_MISMATCH = modelcheck.MODEL_MISMATCH
 MIXED = guardrails.GuardrailSettings().step_back_max_heterogeneity
 """Heterogeneity above which a window counts as mixed (status.mixedAt): the guardrails'
 near-uniform bound."""
@@ -131,7 +127,7 @@ def as_voided(sd: models.ServingDeployment, state: models.RolloutStatus, now: fl
     """``sd`` as the tuner must judge it on a step whose queue-mix jump voids the canary in
     flight (`machine.voidable`): the rollout over (rolled back now, so the cooldown runs
     from the void, as from any rollback), so the step decides on the new mix instead of
-    holding for a rollout that this same step ends (`machine.decide` voids it)."""
+    holding for a rollout that this same step ends (`machine.advance` voids it)."""
     rollout = machine.finished(state, "RolledBack", now)
     return sd.model_copy(update={"status": sd.status.model_copy(update={"rollout": rollout})})
 
@@ -211,7 +207,7 @@ def conditions(
                                    gen, now)  # fmt: skip
     if snap is not None:
         if snap.valid and recommendation is not None and recommendation.model_mismatch:
-            out = status.set_condition(out, METRICS_AVAILABLE, False, MODEL_MISMATCH, recommendation.model_mismatch,
+            out = status.set_condition(out, METRICS_AVAILABLE, False, modelcheck.MODEL_MISMATCH, recommendation.model_mismatch,
                                        gen, now)  # fmt: skip
         elif snap.valid:
             detail = snap.detail or f"{snap.requests:.0f} first tokens over {snap.window_s:.0f} s"
@@ -277,22 +273,22 @@ def overload_condition(sd: models.ServingDeployment, current: list[models.Condit
     loop's `tune.overload` verdict); removed outside the modes that observe; unchanged on a
     step that read nothing."""
     if not observes(sd):
-        return [c for c in current if c.type != OVERLOADED]
+        return [c for c in current if c.type != guardrails.OVERLOADED]
     if snap is None:
         return current
     if snap.overload:
-        return status.set_condition(current, OVERLOADED, True, OVERLOADED, snap.overload, gen, now)
-    return status.set_condition(current, OVERLOADED, False, "BacklogNotGrowing", "the waiting queue is not growing "
+        return status.set_condition(current, guardrails.OVERLOADED, True, guardrails.OVERLOADED, snap.overload, gen, now)
+    return status.set_condition(current, guardrails.OVERLOADED, False, "BacklogNotGrowing", "the waiting queue is not growing "
                                 "window after window at the fleet's capacity (tune/overload.py)", gen, now)  # fmt: skip
 
 
 def overload_events(before: Sequence[models.Condition], after: Sequence[models.Condition]) -> list[machine.Event]:
     """A Warning `Overloaded` when the condition turns True (once: not while it stays True)."""
-    was = next((c for c in before if c.type == OVERLOADED), None)
-    now = next((c for c in after if c.type == OVERLOADED), None)
+    was = next((c for c in before if c.type == guardrails.OVERLOADED), None)
+    now = next((c for c in after if c.type == guardrails.OVERLOADED), None)
     if now is None or now.status != "True" or (was is not None and was.status == "True"):
         return []
-    return [machine.Event("Warning", OVERLOADED, now.message)]
+    return [machine.Event("Warning", guardrails.OVERLOADED, now.message)]
 
 
 # -- status --------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from slipstream.sim import profiles
 from slipstream.sim import spec as spec_mod
 from slipstream.sim.workload import Request, Workload, build
 
@@ -58,7 +59,7 @@ TENANTS = ("chat", "code")
 """The demo's tenants: both send in every phase of ``DEMO``."""
 
 ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
-PROFILE = "kimi-k3-8xh200"
+PROFILE = profiles.DEFAULT_PROFILE
 
 GIANT_EVERY_S = 80.0
 """Twin seconds between giants per replica (a giant every 40 s across two): one runs

@@ -6,8 +6,6 @@ its queries from these; the operator renders the engine flags that make them app
 
 from __future__ import annotations
 
-from slipstream.api import buckets
-
 TTFT_SECONDS = "sglang:time_to_first_token_seconds"
 """Histogram: time to first token, per request (tenant label from the custom-labels header)."""
 UNCACHED_PROMPT_TOKENS = "sglang:uncached_prompt_tokens_histogram"
@@ -72,8 +70,5 @@ SIZE_CLASS_LABEL = "size_class"
 CACHE_LABEL = "cache"
 CACHE_PARTS = ("cached", "uncached")
 
-# The size classes are the snapshot's vocabulary too (the tuner reads them), so they live in
-# api.buckets beside the histogram bounds they are made of.
-SIZE_CLASSES = buckets.SIZE_CLASSES
-SIZE_CLASS_NAMES = buckets.SIZE_CLASS_NAMES
-size_class = buckets.size_class
+# The size classes (``SIZE_CLASS_LABEL``'s values) are the snapshot's vocabulary too (the
+# tuner reads them), so they live in api.buckets beside the histogram bounds they are made of.

@@ -19,9 +19,8 @@ from pathlib import Path
 from slipstream.api import versions
 from slipstream.engine import args as engine_args
 from slipstream.engine import metrics as engine_metrics
-from slipstream.sim import admission
+from slipstream.sim import admission, profiles
 
-DEFAULT_PROFILE = "kimi-k3-8xh200"
 SCHEDULE_POLICIES = versions.orders(versions.NEWEST)
 """Admission orders the twin models, the newest release's (at start and at run time)."""
 SIM_VERSION_ENV = "SLIPSTREAM_SIM_SGLANG_VERSION"
@@ -32,7 +31,6 @@ def policies_of(version: str) -> tuple[str, ...]:
     """The orders an engine of ``version`` runs: its patch's, or the newest release's for a
     release with no patch (the simulator still models the patched scheduler)."""
     return versions.PATCHED.get(versions.release(version), SCHEDULE_POLICIES)
-MODES = admission.MODES
 DEFAULT_MAX_PARTIAL_PREFILLS = 8
 """The patch's ``--max-partial-prefills`` default (INTERFACES B)."""
 NAMED_NOT_IGNORED = ("--model-path", "--served-model-name")
@@ -56,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--page-size", type=int, default=1, help="KV page size (default %(default)s)")
     eng.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="T",
                      help="most prefill tokens one request takes per pass; 0 = off (stock)")
-    eng.add_argument("--long-prefill-mode", default="ceiling", help=" | ".join(MODES))
+    eng.add_argument("--long-prefill-mode", default="ceiling", help=" | ".join(admission.MODES))
     eng.add_argument("--long-prefill-reflex-hold-seconds", type=float,
                      default=admission.DEFAULT_REFLEX_HOLD_S, metavar="H",
                      help="reflex mode: passes stay capped H engine seconds after a short "
@@ -82,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     eng.add_argument("--admin-api-key", default=None,
                      help="discouraged (visible in the process list): use the file or the env")
     own = p.add_argument_group("simulator flags")
-    own.add_argument("--profile", default=DEFAULT_PROFILE,
+    own.add_argument("--profile", default=profiles.DEFAULT_PROFILE,
                      help="twin cost profile, built-in name or JSON file (default %(default)s)")
     own.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                      help="twin seconds per wall second (default %(default)s)")
@@ -154,8 +152,8 @@ def hold_error(value: object) -> str | None:
 
 
 def mode_error(value: object) -> str | None:
-    if value not in MODES:
-        return f"long_prefill_mode must be one of {list(MODES)}, got {value!r}"
+    if value not in admission.MODES:
+        return f"long_prefill_mode must be one of {list(admission.MODES)}, got {value!r}"
     return None
 
 

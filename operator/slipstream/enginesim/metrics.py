@@ -13,18 +13,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from slipstream.api import buckets
 from slipstream.engine import metrics as names
 from slipstream.sim import admission
 
-TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400,
                600, 1200, 1800, 2400)
-PROMPT_TOKEN_BUCKETS = (
-    100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000,
-    12500, 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000,
-    100000, 200000, 300000, 400000, 600000, 800000, 1000000, 1100000,
-)
-MODES = admission.MODES
 MAX_PARTIAL_PREFILLS = "sglang:max_partial_prefills"
 """Gauge (patch): the partials cap in force (--max-partial-prefills, settable in place)."""
 RELEASE_LAG_SECONDS = "slipstream_enginesim_release_lag_seconds"
@@ -48,7 +42,7 @@ class EngineMetrics:
         self.sched_labels = {**self.base, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         r = self.registry
         self.ttft = Histogram(names.TTFT_SECONDS, "Histogram of time to first token in seconds.",
-                              streaming, buckets=TTFT_BUCKETS, registry=r)
+                              streaming, buckets=buckets.TTFT_BOUNDS_S, registry=r)
         self.release_lag = Histogram(RELEASE_LAG_SECONDS, "Twin seconds the simulator released a first token or "
                                      "a completion after it was due.", self.base, buckets=LAG_BUCKETS,
                                      registry=r).labels(**self.base)  # fmt: skip
@@ -57,13 +51,13 @@ class EngineMetrics:
                              buckets=E2E_BUCKETS, registry=r)
         self.prompt_hist = Histogram("sglang:prompt_tokens_histogram",
                                      "Histogram of prompt token length.", req,
-                                     buckets=PROMPT_TOKEN_BUCKETS, registry=r)
+                                     buckets=buckets.PROMPT_TOKENS, registry=r)
         self.uncached_hist = Histogram(names.UNCACHED_PROMPT_TOKENS,
                                        "Histogram of uncached (compute) prompt token length.", req,
-                                       buckets=PROMPT_TOKEN_BUCKETS, registry=r)
+                                       buckets=buckets.PROMPT_TOKENS, registry=r)
         self.generation_hist = Histogram(names.GENERATION_TOKENS,
                                          "Histogram of generation token length.", req,
-                                         buckets=PROMPT_TOKEN_BUCKETS, registry=r)
+                                         buckets=buckets.PROMPT_TOKENS, registry=r)
         self.prompt_total = Counter(names.PROMPT_TOKENS_TOTAL, "Number of prefill tokens processed.",
                                     streaming, registry=r)
         self.generation_total = Counter("sglang:generation_tokens_total",
@@ -113,7 +107,7 @@ class EngineMetrics:
                                   by_class, registry=r)
         self.ttft_by_class = Histogram(names.TTFT_BY_SIZE_CLASS_SECONDS,
                                        "Histogram of time to first token by uncached-token size class.",
-                                       by_class, buckets=TTFT_BUCKETS, registry=r)
+                                       by_class, buckets=buckets.TTFT_BOUNDS_S, registry=r)
         self.class_tokens = Counter(names.PROMPT_TOKENS_BY_SIZE_CLASS_TOTAL,
                                     "Prompt tokens at first token by size class and cache (cached/uncached).",
                                     [*by_class, names.CACHE_LABEL], registry=r)
@@ -141,7 +135,7 @@ class EngineMetrics:
         req = {**self.base, **labels}
         # SGLang's own families (the TTFT histogram) are left as upstream makes them, at
         # their first observation: the simulator must not hide what a real engine shows.
-        for name in names.SIZE_CLASS_NAMES:
+        for name in buckets.SIZE_CLASS_NAMES:
             cls = {**req, names.SIZE_CLASS_LABEL: name}
             self.ttft_by_class.labels(**cls)
             for cache in names.CACHE_PARTS:
@@ -158,7 +152,7 @@ class EngineMetrics:
         tokens = dict(reqs)
         for labels, uncached in waiting:
             key = tuple(sorted({**self.base, **labels,
-                                names.SIZE_CLASS_LABEL: names.size_class(uncached)}.items()))
+                                names.SIZE_CLASS_LABEL: buckets.size_class(uncached)}.items()))
             reqs[key] = reqs.get(key, 0) + 1
             tokens[key] = tokens.get(key, 0) + uncached
         self._queue_keys.update(reqs)
@@ -173,7 +167,7 @@ class EngineMetrics:
         if prompt_tokens is None:
             return
         uncached = prompt_tokens - cached_tokens
-        cls = {**self.base, **labels, names.SIZE_CLASS_LABEL: names.size_class(uncached)}
+        cls = {**self.base, **labels, names.SIZE_CLASS_LABEL: buckets.size_class(uncached)}
         self.ttft_by_class.labels(**cls).observe(ttft_s)
         self.class_tokens.labels(**cls, cache="uncached").inc(uncached)
         self.class_tokens.labels(**cls, cache="cached").inc(cached_tokens)
@@ -206,7 +200,7 @@ class EngineMetrics:
         self.partials.labels(**s).set(partials)
         self.threshold.labels(**s).set(threshold)
         self.max_partials.labels(**s).set(max_partials)
-        for m in MODES:
+        for m in admission.MODES:
             self.mode.labels(**s, mode=m).set(1 if m == mode else 0)
         self._policies.add(policy)
         for p in self._policies:

@@ -15,7 +15,7 @@ from typing import Any
 BEGIN = "<!-- permissions:{mode}:begin (scripts/permission-table.py writes this table) -->"
 END = "<!-- permissions:{mode}:end -->"
 
-MODES: Mapping[str, tuple[str, ...]] = {
+INSTALLS: Mapping[str, tuple[str, ...]] = {
     # The values each table is rendered with: a cluster-wide install with one namespace
     # in rbac.secretNamespaces and one name in rbac.secretNames (so their rules show), and a
     # namespaced one.

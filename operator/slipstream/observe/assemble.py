@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
+from slipstream.api import buckets
 from slipstream.api import snapshot as snap
 from slipstream.engine import metrics
 from slipstream.observe import parse, queries
@@ -247,7 +248,7 @@ def queue_mix(rows: Mapping[str, MixRows], window_s: float) -> tuple[tuple[snap.
         for t, r in sorted(rows.items()) for cls, parts in sorted(r.items())
         for part, v in sorted(parts.items()) if not (math.isfinite(v) and v >= 0)
     ]
-    unknown = sorted({cls for r in rows.values() for cls in r if cls and cls not in metrics.SIZE_CLASS_NAMES})
+    unknown = sorted({cls for r in rows.values() for cls in r if cls and cls not in buckets.SIZE_CLASS_NAMES})
     if unknown:
         return (), snap.UNKNOWN_SIZE_CLASS, garbled
     mixes = []
@@ -261,7 +262,7 @@ def queue_mix(rows: Mapping[str, MixRows], window_s: float) -> tuple[tuple[snap.
                 queued=r.get(name, {}).get("queued", 0.0),
                 queued_tokens=r.get(name, {}).get("queued_tokens", 0.0),
             )
-            for name in metrics.SIZE_CLASS_NAMES
+            for name in buckets.SIZE_CLASS_NAMES
         )
         arrivals = r.get("", {}).get("arrivals", 0.0)
         if arrivals > 0 or any(v > 0 for c in classes for v in c.values):

@@ -17,7 +17,7 @@ Rules:
   demo). The controller sets each tenant's floor to a fraction of its p99 TTFT target. A
   tenant whose baseline p99 is 0 regresses only above its floor.
 
-`sequential.decide` is the rule that compares same-size requests over sub-windows and may
+`sequential.evaluate` is the rule that compares same-size requests over sub-windows and may
 answer Continue (`from_sequential` makes its verdict); the machine then keeps analysing up
 to its limit, where the rule must decide.
 """
@@ -78,7 +78,7 @@ class Verdict:
     tenants: tuple[TenantComparison, ...] = ()
     undecided: bool = False
     """The sequential rule's Continue: keep analysing (``passed`` is False, and it is no
-    failure either); only `sequential.decide` gives one, and never once it is final."""
+    failure either); only `sequential.evaluate` gives one, and never once it is final."""
     blind_s: float = 0.0
     """Seconds of the analysis Prometheus had no samples for (`sequential.blind_s`): the
     machine moves the analysis limit out by as much (`machine.analysis_final`)."""

@@ -1,6 +1,6 @@
 """The rollout state machine: canary -> analysis -> promote | roll back, as one pure function.
 
-`decide(state, fleet, target, pods, policy, now, analysis)` looks at what every engine pod
+`advance(state, fleet, target, pods, policy, now, analysis)` looks at what every engine pod
 reports it runs and returns an explicit `RolloutDecision` (the VPA updater's style): which pods to
 set to which setting through their admin API, what the ConfigMap (the setting new pods start
 with) must hold, the setting the fleet runs, the rollout state to persist in the CR status,
@@ -277,7 +277,7 @@ def voidable(state: models.RolloutStatus | None, chunked_prefill_size: int) -> b
 
 
 def analysis_due(state: models.RolloutStatus, policy: RolloutPolicy, now: float) -> bool:
-    """Whether the caller must fetch canary and baseline figures before calling `decide`."""
+    """Whether the caller must fetch canary and baseline figures before calling `advance`."""
     started = seconds(state.started_at)
     return state.phase == "Analysis" and started is not None and now - started >= policy.analysis_window_s
 
@@ -293,7 +293,7 @@ def analysis_final(state: models.RolloutStatus, policy: RolloutPolicy, now: floa
     return state.phase == "Analysis" and started is not None and now - started >= limit
 
 
-def decide(
+def advance(
     state: models.RolloutStatus | None,
     fleet: EngineSetting,
     target: RolloutTarget | None,

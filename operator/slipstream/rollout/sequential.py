@@ -195,7 +195,7 @@ def pooled_ratio(window: SubWindow, min_samples: int) -> tuple[float, int]:
     return (math.exp(num / den), cells) if den > 0 else (math.nan, 0)
 
 
-def decide(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = False,
+def evaluate(windows: Sequence[SubWindow], rule: SequentialRule, final: bool = False,
            pods: tuple[int, int] | None = None) -> SequentialResult:  # fmt: skip
     """Run the test over the sub-windows in order (see the module docstring); ``pods``:
     (canary pods, baseline pods), for the starved rule at the limit."""

@@ -117,6 +117,11 @@ class Profile:
         return json.dumps(asdict(self), indent=2) + "\n"
 
 
+DEFAULT_PROFILE = "kimi-k3-8xh200"
+"""The profile the twin and the engine simulator run when none is named: the one model/GPU
+pair calibrated end to end (the operator's ``twin_profile``, the CLI's and the simulator's
+``--profile``, the demo's engines)."""
+
 OPTIONAL_FIELDS = frozenset(f.name for f in fields(Profile)) - {
     "name", "description", "source", "flops_per_token", "peak_flops", "attn_flops_per_pair",
     "attn_flops_per_s", "weight_bytes", "kv_bytes_per_token", "mem_bandwidth", "overhead_s",

@@ -44,8 +44,7 @@ time is passed in). Modules, in the order a decision flows:
   cooldown) and the status (``lastDecision.time`` starts the cooldown, ``rollout.phase``
   not Idle holds, ``leftSettings`` feeds the dwell), so the tuner keeps no memory of its
   own; ``summary(decision, fleet) -> (EngineSetting, move, reason, heterogeneity)`` is
-  what ``controller.tuning.Recommendation`` carries. ``DEFAULT_PROFILE`` is the twin profile to use when none is
-  configured. ``engine_config(spec, pools)`` is the twin's engine: the spec's C and page
+  what ``controller.tuning.Recommendation`` carries. ``engine_config(spec, pools)`` is the twin's engine: the spec's C and page
   size, and the KV pool of ``twin_pool(snapshot.kv_pools)`` (the smallest pool the pods
   report, else the profile's, with a note saying why).
 - ``observed.snapshot_of(deployment, first_tokens, now_s, window_s)``: the snapshot the

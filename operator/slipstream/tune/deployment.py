@@ -36,9 +36,6 @@ MAX_LEFT = 8
 """Most entries ``status.leftSettings`` keeps (the CRD's maxItems): a dwell of a few
 cooldowns never needs more than the last few steps."""
 
-DEFAULT_PROFILE = "kimi-k3-8xh200"
-"""The twin profile when the operator is not told which model/GPU pair the engines are."""
-
 
 def setting_of(es: models.EngineSetting) -> Setting:
     return Setting(es.threshold, es.mode, es.schedule_policy)

@@ -311,6 +311,9 @@ def gate(snapshot: WorkloadSnapshot, state: TunerState, settings: GuardrailSetti
 
 
 OVERLOADED = "Overloaded"
+"""The Hold's reason while the fleet is overloaded (`tune.overload`), and the condition
+type, its reason and the Warning Event's (`controller.tuning`): True names the growing
+backlog and that more replicas are needed (modes that observe only too)."""
 
 
 def shields(to: Setting, current: Setting) -> bool:

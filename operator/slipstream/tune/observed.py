@@ -51,7 +51,7 @@ def snapshot_of(deployment: str, first_tokens: Iterable[FirstToken], now_s: floa
         tenants.append(TenantWindow(
             name,
             len(fts) / window_s,
-            histogram_of([ft.first_token_s - ft.arrival_s for ft in fts], buckets.TTFT_SECONDS),
+            histogram_of([ft.first_token_s - ft.arrival_s for ft in fts], buckets.TTFT_BOUNDS_S),
             histogram_of([float(ft.uncached_tokens) for ft in fts], buckets.PROMPT_TOKENS),
             1.0 - sum(ft.uncached_tokens for ft in fts) / prompt if prompt > 0 else 0.0,
             histogram_of([float(ft.output_tokens) for ft in fts], buckets.PROMPT_TOKENS)

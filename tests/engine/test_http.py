@@ -95,7 +95,7 @@ def test_the_operator_admin_client_round_trip(client):
     )
     r = c.post("/set_internal_state", json={"server_args": state})
     assert r.status_code == 200
-    assert admin.setting_of(c.get("/get_server_info").json()) == models.EngineSetting(
+    assert admin.reported_setting(c.get("/get_server_info").json()) == models.EngineSetting(
         threshold=2048, mode="ceiling", schedule_policy="fcfs"
     )
 
@@ -126,7 +126,7 @@ def test_server_info_reports_the_kv_pool_the_operator_tunes_with():
     info = TestClient(http_server.app).get("/get_server_info").json()
     assert admin.kv_pool_of(info) == (40_000, "")
     pool, _ = admin.kv_pool_of(info)
-    pods = tuning.kv_pools((), [machine.Pod("p", admin.setting_of(info), kv_pool_tokens=pool)])
+    pods = tuning.kv_pools((), [machine.Pod("p", admin.reported_setting(info), kv_pool_tokens=pool)])
     spec = models.ServingDeploymentSpec.model_validate(
         {"engine": {"image": "i", "model": "m", "chunkedPrefillSize": 8192, "pageSize": 16},
          "tuning": {"mode": "Fixed", "threshold": 0}}

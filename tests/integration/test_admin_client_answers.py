@@ -61,7 +61,7 @@ def test_bad_answers_raise_one_clear_error(status: int, body: bytes, error: type
     async def check(stub: Stub, client: admin.AdminClient) -> None:
         stub.status, stub.body = status, body
         with pytest.raises(error) as raised:
-            admin.setting_of(await client.get_server_info())
+            admin.reported_setting(await client.get_server_info())
         assert words in str(raised.value)
         assert len(str(raised.value)) < 1000
 
@@ -84,7 +84,7 @@ def test_fuzzed_answers_raise_only_the_clients_errors(status: int, body: bytes) 
                      lambda: client.set_internal_state({"long_prefill_token_threshold": 2048})):
             try:
                 answer = await call()
-                admin.setting_of(answer)
+                admin.reported_setting(answer)
             except (admin.AdminError, admin.BadAnswer):
                 pass
 

@@ -195,7 +195,7 @@ def test_the_operators_admin_client_drives_the_simulator() -> None:
         with pytest.raises(admin_client.AdminError) as refused:
             await client.set_internal_state({"long_prefill_token_threshold": 1000})
         assert refused.value.status == 400 and "multiple of the page size 64" in refused.value.body
-        assert admin_client.setting_of(await client.get_server_info()) == wanted
+        assert admin_client.reported_setting(await client.get_server_info()) == wanted
 
     asyncio.run(with_sim(check, "--page-size", "64"))
 

@@ -45,7 +45,7 @@ async def with_engine(check: Any, refuse: bool = False) -> Any:
 def test_apply_sets_the_triple_and_reads_it_back() -> None:
     async def check(url: str, seen: list[str | None]) -> None:
         client = admin.AdminClient(url, "k3y")
-        before = admin.setting_of(await client.get_server_info())
+        before = admin.reported_setting(await client.get_server_info())
         assert before == models.EngineSetting(threshold=4096)
         after = await client.apply(models.EngineSetting(threshold=2048, mode="floor", schedule_policy="srpt"))
         assert after == models.EngineSetting(threshold=2048, mode="floor", schedule_policy="srpt")

@@ -16,10 +16,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "slipstream"
 
 KNOWN = frozenset({
-    "API_VERSION", "CAPPED_LABEL", "ENGINE", "KIND", "NAME_LABEL", "TENANTS", "WINDOW_S",
+    "CAPPED_LABEL", "ENGINE", "NAME_LABEL", "TENANTS", "WINDOW_S",
     "add_parser", "analyse", "bounded", "chat", "compare", "concurrency", "engine_config", "engine_setting",
     "figures", "first_tokens", "from_dict", "histograms", "main", "merge", "parse", "percentile", "plan",
-    "record", "replay", "run", "selector", "setting_of", "split", "table", "targets", "tuner_settings",
+    "record", "replay", "run", "selector", "split", "table", "targets", "tuner_settings",
     "voidable",
 })  # fmt: skip
 

@@ -214,7 +214,7 @@ def hpas_of(kube: kube_.Kube, namespace: str, name: str) -> list[str]:
     right to list them (a chart older than this operator) none are known: another writer
     is then told apart by its coming back (`replicas`), as before."""
     try:
-        found = kube.items(autoscalers.API_VERSION, autoscalers.KIND, namespace)
+        found = kube.items(autoscalers.HPA_API_VERSION, autoscalers.HPA_KIND, namespace)
     except kube_.ApiError as error:
         if error.status not in (403, 404):
             raise

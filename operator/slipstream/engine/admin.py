@@ -49,7 +49,7 @@ def internal_state(setting: models.EngineSetting) -> dict[str, Any]:
     }
 
 
-def setting_of(server_info: dict[str, Any]) -> models.EngineSetting:
+def reported_setting(server_info: dict[str, Any]) -> models.EngineSetting:
     """The tuned setting an engine reports in /get_server_info; BadAnswer if unusable.
 
     Every SGLang server info names long_prefill_token_threshold (null or 0: off): an answer
@@ -121,7 +121,7 @@ class AdminClient:
     async def apply(self, setting: models.EngineSetting) -> models.EngineSetting:
         """Set the tuned triple in place and return what the engine then reports."""
         await self.set_internal_state(internal_state(setting))
-        return setting_of(await self.get_server_info())
+        return reported_setting(await self.get_server_info())
 
     async def _request(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         url = self.base_url.rstrip("/") + path

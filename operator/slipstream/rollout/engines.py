@@ -39,7 +39,7 @@ async def read_one(name: str, client: admin.AdminClient) -> machine.Pod:
     try:
         info = await client.get_server_info()
         pool, problem = admin.kv_pool_of(info)
-        return machine.Pod(name, admin.setting_of(info), version=admin.version_of(info),
+        return machine.Pod(name, admin.reported_setting(info), version=admin.version_of(info),
                            kv_pool_tokens=pool, kv_pool_problem=problem)
     except Exception as error:  # every failure is data for the machine
         return machine.Pod(name, None, f"reading its setting failed: {failure(error)}")

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-API_VERSION = "autoscaling/v2"
-KIND = "HorizontalPodAutoscaler"
+HPA_API_VERSION = "autoscaling/v2"
+HPA_KIND = "HorizontalPodAutoscaler"
 REASON = "Autoscaler"
 """The `ReplicasManagedElsewhere` condition's reason when an HPA holds the replicas."""
 
@@ -38,7 +38,7 @@ def targeting(hpas: Iterable[dict[str, Any]], deployment: str) -> list[str]:
 
 
 def named(names: Iterable[str]) -> str:
-    return ", ".join(f"{KIND} {n}" for n in names)
+    return ", ".join(f"{HPA_KIND} {n}" for n in names)
 
 
 def message(names: list[str], replicas: int | None, spec_replicas: int) -> str:

@@ -469,38 +469,22 @@ def run(args: argparse.Namespace) -> int:
     return 0 if figures["ok"] else 1
 
 
+FLAGS: tuple[tuple[str, type, Any, str, str | None], ...] = (
+    ("--hours", float, 12.0, "twin hours of diurnal traffic", None),
+    ("--seed", int, 1, "traffic and fault seed", None),
+    ("--time-scale", float, 16.0, "twin seconds per wall second", "S"),
+    ("--phase-s", float, 1800.0, "twin seconds per traffic phase", None),
+    ("--fault-gap-s", float, 1800.0, "least twin seconds between two faults' starts", None),
+    ("--warmup-s", float, 600.0, "twin seconds before the first fault", None),
+    ("--hold-s", float, 120.0, "twin seconds a Prometheus outage or a hanging admin endpoint lasts", None),
+    ("--start-hour", float, soak_plan.START_HOUR, "the twin clock's hour of the day at the start", None),
+)
+"""The soak's numeric flags: (flag, type, default, what it is, metavar)."""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "soak", help="the closed loop for hours of twin time with seeded faults, judged"
-    )
-    p.add_argument(
-        "--hours",
-        type=float,
-        default=12.0,
-        help="twin hours of diurnal traffic (default %(default)s)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=1, help="traffic and fault seed (default %(default)s)"
-    )
-    p.add_argument("--time-scale", type=float, default=16.0, metavar="S",
-                   help="twin seconds per wall second (default %(default)s)")  # fmt: skip
-    p.add_argument(
-        "--phase-s",
-        type=float,
-        default=1800.0,
-        help="twin seconds per traffic phase (default %(default)s)",
-    )
-    p.add_argument("--fault-gap-s", type=float, default=1800.0,
-                   help="least twin seconds between two faults' starts (default %(default)s)")  # fmt: skip
-    p.add_argument(
-        "--warmup-s",
-        type=float,
-        default=600.0,
-        help="twin seconds before the first fault (default %(default)s)",
-    )
-    p.add_argument("--hold-s", type=float, default=120.0,
-                   help="twin seconds a Prometheus outage or a hanging admin endpoint lasts (default %(default)s)")  # fmt: skip
-    p.add_argument("--start-hour", type=float, default=soak_plan.START_HOUR,
-                   help="the twin clock's hour of the day at the start (default %(default)s)")  # fmt: skip
+    p = sub.add_parser("soak", help="the closed loop for hours of twin time with seeded faults, judged")
+    for flag, kind, default, what, metavar in FLAGS:
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=f"{what} (default %(default)s)")
     p.add_argument("--json", help="write the figures and checks to this file")
     p.set_defaults(func=run)

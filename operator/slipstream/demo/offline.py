@@ -247,7 +247,7 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
             rollout_until = now if skipped else now + lset.analysis_s
             if log and skipped:
                 log(f"{now:7.0f} [{phase}] {skipped}")
-            canarying = None if skipped or not voidable(decision) else state
+            canarying = None if skipped or not voids_canary(decision) else state
             # The cooldown runs from the promotion (tune.deployment.last_step_at), as the operator's.
             state = state.stepped(decision.to, rollout_until)
             jobs = run_engines(per_engine, schedules, profile, cfg)
@@ -271,7 +271,7 @@ def closed_loop(workload: Workload, spans: Sequence[phases.Phase], offset_s: flo
     return Run(results_of(jobs, workload), moves, schedules)
 
 
-def voidable(move: guardrails.Move) -> bool:
+def voids_canary(move: guardrails.Move) -> bool:
     """Whether a queue-mix jump voids this move's canary (``rollout.machine.voidable``)."""
     status = models.RolloutStatus(phase="Canary", candidate=deployment.engine_setting(move.to),
                                   baseline=deployment.engine_setting(move.from_))  # fmt: skip

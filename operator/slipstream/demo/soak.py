@@ -59,7 +59,7 @@ SHOWN = {"Overloaded", "TuningStepFailed", "ModelMismatch", "StalePodCorrected",
 """Events printed as they come, besides the moves and the canaries' ends."""
 
 
-def engine_setting(url: str, timeout_s: float = 2.0) -> tuple[int, str, str]:
+def engine_gauges(url: str, timeout_s: float = 2.0) -> tuple[int, str, str]:
     """(threshold, mode, order) an engine reports on its /metrics (the patch's gauges)."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -160,7 +160,7 @@ class Samplers(Background):
         engines = {}
         for url in self.urls():
             try:
-                engines[url] = engine_setting(url)
+                engines[url] = engine_gauges(url)
             except (OSError, ValueError):
                 self.errors += 1
         self.fleet.append(FleetSample(self.twin_now(), status_setting(status), str(rollout.get("phase") or "Idle"),

@@ -395,11 +395,11 @@ class GappedCells(RecordedCells):
         super().__init__(canary_mean_s)
         self.gap = gap
 
-    async def sub_windows(self, *args: Any) -> list[sequential.SubWindow]:
-        windows = await super().sub_windows(*args)
-        start = args[4]
+    async def sub_windows(self, namespace: str, deployment: str, canaries: list[str], baseline: list[str],
+                          start_s: float, end_s: float, sub_s: float) -> list[sequential.SubWindow]:  # fmt: skip
+        windows = await super().sub_windows(namespace, deployment, canaries, baseline, start_s, end_s, sub_s)
         return [sequential.SubWindow(w.start_s, w.end_s, {}, {}, scraped=False)
-                if self.gap[0] <= w.start_s - start < self.gap[1] else w for w in windows]  # fmt: skip
+                if self.gap[0] <= w.start_s - start_s < self.gap[1] else w for w in windows]  # fmt: skip
 
 
 def test_a_scrape_gap_in_the_analysis_holds_the_truncated_decision_until_its_length_is_made_up() -> None:

@@ -47,9 +47,8 @@ This rule compares like with like and lets evidence accumulate:
 7. Blind. A sub-window without a single series on either side (`SubWindow.scraped`) is a
    scrape gap, not a quiet spell, and the analysis limit moves out by its length
    (`blind_s`; `machine.analysis_final` caps the move at one more limit): a truncated
-   Promote must not be decided on the few sub-windows a Prometheus outage left. The soak
-   found it: a 60 s outage inside a 120 s analysis left two sub-windows, and the rule
-   promoted on them at the limit.
+   Promote must not be decided on the few sub-windows a Prometheus outage left (a 60 s
+   outage inside a 120 s analysis of 10 s sub-windows leaves about half of them).
 
 At the defaults one sub-window adds at most 0.7 against a rollback bound of 2.98, so no
 burst shorter than five sub-windows (one giant prompt blocking the canary for a while) can

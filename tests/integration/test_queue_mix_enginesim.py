@@ -159,3 +159,19 @@ def test_sub_window_cells_of_a_pod_subset_count_its_first_tokens(prom):
     assert cells and all(0 < h.mean_s < 10 for h in cells)
     # equal sides are never slower: the rule never rolls back on them
     assert sequential.evaluate(windows, sequential.SequentialRule(min_samples=1), final=True).outcome == "Promote"
+
+
+def test_the_size_class_series_is_found_for_the_pods_that_export_it(prom):
+    """What tells a scrape gap over a whole analysis from engines without the histogram:
+    the real Prometheus finds the simulator's size-class series for its pod, and none for a
+    pod name it never scraped (or another deployment)."""
+    server, _ = prom
+    latency = stages.ObserveLatency(Observer(server.url, SETTINGS), min_samples=1)
+
+    def exports(deployment: str, pods: list[str]) -> bool:
+        return asyncio.run(latency.exports_size_classes("team-c", deployment, pods, time.time(), 600.0))
+
+    assert wait_for(lambda: exports("mix", ["sim-q"]), bool, deadline_s=20, what="the size-class series")
+    assert exports("mix", ["sim-q", "sim-none"])
+    assert not exports("mix", ["sim-none"])
+    assert not exports("other", ["sim-q"])

@@ -3,7 +3,6 @@ scaled), conditions, one Warning per new problem, the status patch, and the cana
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -12,7 +11,7 @@ import pytest
 from slipstream.api import models, snapshot
 from slipstream.controller import loop, tuning
 from slipstream.controller import settings as settings_
-from slipstream.rollout import machine, sequential
+from slipstream.rollout import analysis, machine, sequential
 
 S = models.EngineSetting
 
@@ -405,24 +404,27 @@ class GappedCells(RecordedCells):
 def test_a_scrape_gap_in_the_analysis_holds_the_truncated_decision_until_its_length_is_made_up() -> None:
     """A canary no better and no worse leans to Promote at the limit (truncated); with 20 of
     its 30 sub-windows blind it must not decide on the other 10 then, but 20 s later."""
-    import asyncio
-
     config = settings_.ControllerSettings(tuning_time_scale=0.1, canary_sub_window_seconds=10,
                                           engine_scrape_interval_seconds=0.5)  # fmt: skip
     source = GappedCells(math.sqrt(2.0), gap=(5.0, 25.0))  # scores 0.5 each: the statistic stays at 0
+    at_limit = analysed(source, config, 30)
+    assert at_limit.outcome == "Continue" and at_limit.blind_s == 20.0
+    assert "20 s of the analysis had no samples" in at_limit.summary
+    later = analysed(source, config, 50)
+    assert later.outcome == "Promote" and "Promote (truncated)" in later.summary
+    assert analysed(RecordedCells(math.sqrt(2.0)), config, 30).outcome == "Promote"
+
+
+def analysed(source: object, config: settings_.ControllerSettings, after_s: float) -> analysis.Verdict:
+    """The verdict `after_s` seconds into an analysis of canary kimi-0 against kimi-1 (a
+    300 s analysis window at time scale 0.1: a 30 s limit), read from ``source``."""
+    import asyncio
+
     deps = loop.Deps(kube=None, config=config, keys=None, latency=lambda sd: source)  # type: ignore[arg-type]
     sd = make({"mode": "Auto", "intervalSeconds": 60, "rollout": {"analysisWindowSeconds": 300}})
     t0 = 1_800_000_000.0
     state = models.RolloutStatus(phase="Analysis", canary_pods=["kimi-0"], started_at=machine.stamp(t0))
-    pods = {"kimi-0": "http://a", "kimi-1": "http://b"}
-    at_limit = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 30))
-    assert at_limit.outcome == "Continue" and at_limit.blind_s == 20.0
-    assert "20 s of the analysis had no samples" in at_limit.summary
-    later = asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 50))
-    assert later.outcome == "Promote" and "Promote (truncated)" in later.summary
-    ungapped = RecordedCells(math.sqrt(2.0))
-    deps = dataclasses.replace(deps, latency=lambda sd: ungapped)
-    assert asyncio.run(loop.analyse(deps, sd, state, pods, t0 + 30)).outcome == "Promote"
+    return asyncio.run(loop.analyse(deps, sd, state, {"kimi-0": "http://a", "kimi-1": "http://b"}, t0 + after_s))
 
 
 @pytest.mark.parametrize(("scale", "scrape_s", "expected_s"), [(1.0, 5.0, 10.0), (1.0, 15.0, 30.0), (0.125, 1.0, 2.0),
@@ -437,12 +439,21 @@ def test_canary_sub_windows_hold_two_scrapes_at_least(scale: float, scrape_s: fl
 
 
 class NoSizeClassSeries:
-    """Engines without the size-class TTFT histogram: every sub-window is empty on both
-    sides, and one window's per-tenant p99 is all there is."""
+    """Engines without the size-class TTFT histogram: Prometheus answers no series for any
+    sub-window (unscraped, as `stages.size_class_cells` marks them), the pods never had one
+    (``exported``: False), and one window's per-tenant p99 is all there is. With
+    ``exported`` True it is a scrape gap over the whole analysis instead."""
 
-    def __init__(self, canary_p99_s: float) -> None:
+    def __init__(self, canary_p99_s: float, exported: bool = False) -> None:
         self.canary_p99_s = canary_p99_s
+        self.exported = exported
         self.p99_asked: list[list[str]] = []
+        self.export_asked: list[tuple[list[str], float]] = []
+
+    async def exports_size_classes(self, namespace: str, deployment: str, pods: list[str], end_s: float,
+                                   lookback_s: float) -> bool:  # fmt: skip
+        self.export_asked.append((list(pods), lookback_s))
+        return self.exported
 
     async def tenant_p99(self, namespace: str, deployment: str, pods: list[str], start_s: float,
                          end_s: float) -> dict[str, float]:  # fmt: skip
@@ -452,7 +463,8 @@ class NoSizeClassSeries:
     async def sub_windows(self, namespace: str, deployment: str, canaries: list[str], baseline: list[str],
                           start_s: float, end_s: float, sub_s: float) -> list[sequential.SubWindow]:  # fmt: skip
         n = int((end_s - start_s) // sub_s)
-        return [sequential.SubWindow(start_s + k * sub_s, start_s + (k + 1) * sub_s, {}, {}) for k in range(n)]
+        return [sequential.SubWindow(start_s + k * sub_s, start_s + (k + 1) * sub_s, {}, {}, scraped=False)
+                for k in range(n)]  # fmt: skip
 
 
 @pytest.mark.parametrize(("canary_p99_s", "outcome"), [(2.2, "Promote"), (9.0, "Rollback")])
@@ -473,6 +485,22 @@ def test_engines_without_size_class_series_are_judged_by_one_windows_p99(canary_
         assert verdict.outcome == outcome, verdict.summary
         assert "the engines export no sglang:ttft_by_size_class_seconds" in verdict.summary
     assert source.p99_asked[:2] == [["kimi-0"], ["kimi-1"]]
+    assert source.export_asked[0] == (["kimi-0", "kimi-1"], loop.EXPORT_LOOKBACK_S)
+
+
+def test_an_analysis_prometheus_missed_entirely_is_not_judged_by_one_windows_p99() -> None:
+    """Every sub-window blind, yet the pods did export the size-class series within the
+    hour: a scrape gap over the whole analysis. The one-window p99 would judge on what the
+    gap left of the window (a promotion on missing data, however good the canary looks), so
+    the rule holds, past the limit by the blind time, and then rolls back: nothing to judge by."""
+    config = settings_.ControllerSettings(tuning_time_scale=0.1, engine_scrape_interval_seconds=0.5)
+    source = NoSizeClassSeries(1.0, exported=True)  # a canary twice as fast: compare would promote
+    at_limit = analysed(source, config, 30)
+    assert at_limit.outcome == "Continue" and at_limit.blind_s == pytest.approx(30.0), at_limit.summary
+    past = analysed(source, config, 60)
+    assert past.outcome == "Rollback" and "nothing to judge by" in past.summary
+    assert source.p99_asked == []
+    assert analysed(NoSizeClassSeries(1.0, exported=False), config, 30).outcome == "Promote"
 
 
 def test_the_canary_decides_when_its_analysis_window_ends_by_default() -> None:

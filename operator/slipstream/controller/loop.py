@@ -402,6 +402,12 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
     return dataclasses.replace(verdict, summary=verdict.summary + fallback) if fallback else verdict
 
 
+EXPORT_LOOKBACK_S = 3600.0
+"""How far back (wall seconds) `analyse_sequential` looks for the pods' size-class series
+when every sub-window came back empty: any sample in that hour means the engines export
+it, so the empty analysis is a scrape gap, not an engine without the patch's histogram."""
+
+
 def sub_window_s(config: settings_.ControllerSettings) -> float:
     """The canary's sub-window in wall seconds: the configured one (scaled as spec durations
     are), never under two scrapes of the engines (else ``increase`` has one sample and no
@@ -414,7 +420,12 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
                              now: float) -> analysis.Verdict | None:  # fmt: skip
     """The sequential rule over the sub-windows since the analysis started; it must decide
     once the analysis reaches its limit (`machine.analysis_final`). None when no sub-window
-    has a size-class series on either side: the engines do not export the histogram."""
+    has a size-class cell on either side and the engines do not export the histogram (none
+    of the pods had the series in the last `EXPORT_LOOKBACK_S`): then the one-window p99
+    decides. When every sub-window is blind but the pods did export it, that is a gap in
+    Prometheus' samples, and the rule holds (the limit moves out by the blind time, and at
+    the limit nothing to judge by rolls back): the one-window p99 of a gapped window would
+    judge on what the gap left."""
     pol = tuning.policy(sd, deps.config)
     sub_s = sub_window_s(deps.config)
     started = machine.seconds(state.started_at) or now - pol.analysis_window_s
@@ -424,7 +435,15 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
     except Exception as error:
         return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
     if windows and not any(w.canary or w.baseline for w in windows):
-        return None
+        if any(w.scraped for w in windows):
+            return None
+        try:  # every sub-window missed: a scrape gap, or engines without the histogram?
+            exported = await source.exports_size_classes(sd.metadata.namespace, sd.metadata.name,
+                                                         [*canaries, *others], now, EXPORT_LOOKBACK_S)  # fmt: skip
+        except Exception as error:
+            return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+        if not exported:
+            return None
     rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)
     blind = sequential.blind_s(windows)
     final = machine.analysis_final(state, pol, now, blind)

@@ -333,6 +333,16 @@ class ObserveLatency:
                                        start_s, end_s, sub_window_s)  # fmt: skip
 
 
+    def _exports(self, namespace: str, deployment: str, pods: Sequence[str], end_s: float, lookback_s: float) -> bool:
+        promql = queries.size_class_exported(namespace, deployment, pods, lookback_s)
+        return any(math.isfinite(s.value) and s.value > 0 for s in self.observer.client.query(promql, end_s))
+
+    async def exports_size_classes(
+        self, namespace: str, deployment: str, pods: Sequence[str], end_s: float, lookback_s: float,
+    ) -> bool:
+        return await asyncio.to_thread(self._exports, namespace, deployment, pods, end_s, lookback_s)
+
+
 def size_class_cells(samples: Sequence[parse.Sample], ends: Sequence[float], sub_s: float,
                      tenant_label: str = queries.TENANT_LABEL) -> list[sequential.SubWindow]:  # fmt: skip
     """`queries.size_class_windows`' answer as sub-windows. A series with no tenant, a size

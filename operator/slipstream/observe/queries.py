@@ -228,6 +228,15 @@ def pod_matchers(namespace: str, deployment: str, pods: Sequence[str]) -> list[s
     ]
 
 
+def size_class_exported(namespace: str, deployment: str, pods: Sequence[str], lookback_s: float) -> str:
+    """How many size-class TTFT series the pods had in the last ``lookback_s``: whether the
+    engines export ``sglang:ttft_by_size_class_seconds`` at all, so that an analysis whose
+    every sub-window Prometheus missed can tell a scrape gap (they do) from engines without
+    the histogram (they never did)."""
+    sel = selector(f"{metrics.TTFT_BY_SIZE_CLASS_SECONDS}_count", pod_matchers(namespace, deployment, pods))
+    return f"count(last_over_time({sel}[{window(lookback_s)}]))"
+
+
 def size_class_windows(
     namespace: str, deployment: str, sides: Mapping[str, Sequence[str]], offsets_s: Sequence[float],
     sub_window_s: float, tenant_label: str = TENANT_LABEL,

@@ -51,6 +51,14 @@ class PodLatency(Protocol):
         `start_s` to `end_s`, oldest first (the sequential rule's input)."""
         ...
 
+    async def exports_size_classes(
+        self, namespace: str, deployment: str, pods: Sequence[str], end_s: float, lookback_s: float,
+    ) -> bool:
+        """Whether any of `pods` had a size-class TTFT series in the `lookback_s` before
+        `end_s`: a gap in Prometheus' samples, not engines without the histogram, when
+        every sub-window came back empty. Raises on a failed read."""
+        ...
+
 
 @dataclass(frozen=True)
 class TenantComparison:

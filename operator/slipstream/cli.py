@@ -30,6 +30,7 @@ from slipstream.localkube import supervisor
 from slipstream.rollout import sequential
 from slipstream.sim import (
     engine,
+    fleet,
     metrics,
     policies,
     profiles,
@@ -175,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png", help="write TTFT CDFs per policy")
     bench.add_argument("--speed", action="store_true",
                        help="print how many times faster than real time each policy simulates")
+    bench.add_argument("--engines", type=int, default=1, metavar="N",
+                       help="a fleet of N engines, each with its own prefix cache, sent N times the "
+                       "traffic (each engine at the fitted load); default 1")
+    bench.add_argument("--routing", default=fleet.DEFAULT_ROUTER, choices=tuple(fleet.ROUTERS),
+                       help="how the fleet's router spreads requests (with --engines > 1; "
+                       "default %(default)s)")
     bench.set_defaults(func=cmd_bench)
 
     cc = sub.add_parser("canary-check", help="false-rollback and detection rates of the canary rule "
@@ -416,6 +423,26 @@ def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: boo
     return result, tuner
 
 
+def _fleet_parts(loaded: Loaded, args: argparse.Namespace) -> list[Workload] | None:
+    """``--engines N``: the workload at N times its rate, split by ``--routing``; None for one engine."""
+    n = getattr(args, "engines", 1)
+    if n < 1:
+        raise CliError(f"--engines must be at least 1, got {n}")
+    if n == 1:
+        return None
+    return fleet.route(loaded.workload.scaled(n), n, args.routing, loaded.profile, loaded.config)
+
+
+def _run_fleet(loaded: Loaded, parts: list[Workload], policy_name: str, args: argparse.Namespace
+               ) -> tuple[engine.SimResult, list[float], auto.TwinAuto | None]:  # fmt: skip
+    """One policy on every engine of the fleet (a fresh policy, and tuner, per engine): the
+    pooled result, each engine's cache-hit ratio, and engine 0's tuner (whose moves print)."""
+    made = [make_policy(policy_name, loaded, args) for _ in parts]
+    runs = fleet.simulate_fleet(parts, lambda k: made[k][0], loaded.profile, loaded.config)
+    whole = loaded.workload.scaled(len(parts))
+    return fleet.merged(whole, runs), fleet.hit_ratios(runs), made[0][1]
+
+
 def _tuner_json(tuner: auto.TwinAuto) -> dict[str, object]:
     """auto's changes for ``--json``: when, from, to and why (policy names)."""
     memo = tuner.memo
@@ -494,9 +521,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results: dict[str, engine.SimResult] = {}
     walls: dict[str, tuple[float, float]] = {}
     tuners: dict[str, auto.TwinAuto] = {}
+    hits: dict[str, list[float]] = {}
+    parts = _fleet_parts(loaded, args)
     for name in names:
         start, cpu_start = time.perf_counter(), time.process_time()
-        results[name], tuner = _run(loaded, name, args, bar=bar)
+        if parts is None:
+            results[name], tuner = _run(loaded, name, args, bar=bar)
+            hits[name] = fleet.hit_ratios([results[name]])
+        else:
+            results[name], hits[name], tuner = _run_fleet(loaded, parts, name, args)
         walls[name] = (time.perf_counter() - start, time.process_time() - cpu_start)
         if tuner is not None:
             tuners[name] = tuner
@@ -517,6 +550,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             out["load"] = loaded.load
         if args.speed:
             out["speed"] = _speed_rows(loaded.workload, walls)
+        sizes = [n] if parts is None else [len(p.requests) for p in parts]
+        out["fleet"] = {"engines": len(sizes), "routing": args.routing if parts is not None else None,
+                        "requests": sizes, "cache_hit_ratio": hits}
         print(json.dumps(out, indent=1))
         return 0
     print(f"workload {loaded.workload.name}: {n} requests, {len(loaded.workload.tenants)} tenant(s), "
@@ -524,6 +560,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
           f"profile {loaded.profile.name}, C = {loaded.config.chunked_prefill_size}")
     print(report.comparison_table(summaries))
     print(report.column_legend())
+    if parts is None:
+        print("\ncache-hit ratio (prompt tokens served from the prefix cache), one engine:")
+    else:
+        print(f"\nfleet: {len(parts)} engines, routing {args.routing}, {len(parts)}x the traffic "
+              f"(requests per engine {', '.join(str(len(p.requests)) for p in parts)}); cache-hit ratio by engine:")
+    for name, ratios in hits.items():
+        print(f"  {name:24s} " + "  ".join(f"engine-{k} {r:6.1%}" for k, r in enumerate(ratios)))
     for name, summary in summaries.items():
         print()
         print(report.policy_table(name, summary))

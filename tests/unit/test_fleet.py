@@ -8,7 +8,7 @@ import math
 import pytest
 
 from slipstream import cli
-from slipstream.sim import fleet, policies, profiles
+from slipstream.sim import fleet, policies, profiles, spec
 from slipstream.sim.workload import Request, Workload, build
 
 PROFILE = profiles.load(profiles.DEFAULT_PROFILE)
@@ -71,6 +71,26 @@ def test_prefix_routing_keeps_a_conversation_where_its_history_is_and_hits_more(
     # round robin sends turn k of a conversation to another engine than turn k-1 whenever
     # the interleaving flips it; prefix affinity finds every turn's history warm
     assert hits("prefix") > hits("round-robin") + 0.2
+
+
+def test_a_specs_sessions_hit_where_their_earlier_turns_ran():
+    """A spec's multi-turn sessions carry no warm share: on two engines their hits follow
+    the routing, and prefix affinity finds the history that round robin scatters."""
+    text = ("name: s\nseed: 9\nduration_s: 400\ntenants:\n  - name: agent\n    rate_per_s: 0.15\n"
+            "    prompt_tokens: {dist: lognormal, median: 2000, sigma: 0.5}\n"
+            "    output_tokens: {dist: constant, value: 100}\n"
+            "    sessions: {turns: {dist: uniform, min: 4, max: 10}, think_s: {dist: uniform, min: 3, max: 20}}\n")
+    w = spec.parse(text, "s.yaml").workload
+
+    def hit(router: str) -> float:
+        runs = fleet.simulate_fleet(fleet.route(w, 2, router, PROFILE, CONFIG),
+                                    lambda k: policies.parse("stock", CONFIG), PROFILE, CONFIG)  # fmt: skip
+        jobs = fleet.merged(w, runs).jobs
+        return 1.0 - sum(j.uncached for j in jobs) / sum(j.req.prompt_tokens for j in jobs)
+
+    one = fleet.simulate_fleet([w], lambda k: policies.parse("stock", CONFIG), PROFILE, CONFIG)
+    assert hit("prefix") == pytest.approx(fleet.hit_ratios(one)[0], abs=0.02), "as if on one engine"
+    assert hit("prefix") > hit("round-robin") + 0.15 and hit("prefix") > hit("random") + 0.15
 
 
 def test_least_loaded_steers_around_an_engine_busy_with_a_giant() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,6 +63,62 @@ def test_cache_hit_shows_up_as_cached_tokens_in_the_twin():
 def test_bad_specs_name_the_field(text, message):
     with pytest.raises(spec.SpecError, match=message):
         spec.parse(text, "bad.yaml")
+
+
+SESSIONS = """
+name: s
+seed: 4
+duration_s: 300
+tenants:
+  - name: agent
+    rate_per_s: 0.1
+    prompt_tokens: {dist: constant, value: 1000}
+    output_tokens: {dist: constant, value: 50}
+    shared_prefix_tokens: 500
+    sessions: {turns: {dist: constant, value: 4}, think_s: {dist: constant, value: 10}}
+"""
+
+
+def test_a_sessions_turns_extend_its_history_and_nothing_is_warm_on_arrival():
+    reqs = spec.parse(SESSIONS, "s.yaml").workload.requests
+    sessions: dict[str, list] = {}
+    for r in reqs:
+        sessions.setdefault(r.rid.rsplit("-t", 1)[0], []).append(r)
+    assert len(sessions) >= 10 and all(r.warm_blocks == 0 for r in reqs)
+    for turns in sessions.values():
+        turns.sort(key=lambda r: r.arrival_s)
+        assert [r.rid.rsplit("-t", 1)[1] for r in turns] == [str(k) for k in range(len(turns))]
+        assert all(b.arrival_s - a.arrival_s == pytest.approx(10.0) for a, b in itertools.pairwise(turns))
+        for a, b in itertools.pairwise(turns):
+            assert b.blocks[:len(a.blocks)] == a.blocks, "turn k starts with turn k-1's blocks"
+            assert b.prompt_tokens == a.prompt_tokens + 50 + 1000, "then its output and the new tokens"
+        assert turns[0].block_sizes[0] == 500
+    firsts = {t[0].blocks[0] for t in sessions.values()}
+    assert len(firsts) == 1, "the tenant's system prompt leads every session"
+    # one engine runs every turn: each later turn finds its history in the cache
+    result = engine.simulate(spec.parse(SESSIONS, "s.yaml").workload, policies.parse("stock", policies.EngineConfig()),
+                             profiles.load("kimi-k3-8xh200"), policies.EngineConfig())  # fmt: skip
+    later = [j for j in result.jobs if not j.req.rid.endswith("-t0")]
+    assert later and all(j.cached >= j.req.prompt_tokens - 1050 for j in later)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ("    cache_hit: 0.5\n", "'cache_hit' cannot be used with 'sessions'"),
+    ("    giant: {rate_per_hour: 5, prompt_tokens: {dist: constant, value: 100000}}\n", "'giant' cannot be used"),
+])
+def test_sessions_refuse_a_warm_share_and_giants_by_name(extra, message):
+    with pytest.raises(spec.SpecError, match=message):
+        spec.parse(SESSIONS + extra, "s.yaml")
+
+
+def test_sessions_name_a_bad_field_and_count_their_turns_in_the_request_bound():
+    with pytest.raises(spec.SpecError, match="unknown field"):
+        spec.parse(SESSIONS.replace("think_s:", "pause_s:"), "s.yaml")
+    with pytest.raises(spec.SpecError, match="'turns' .*|dist: lognormal"):
+        spec.parse(SESSIONS.replace("turns: {dist: constant, value: 4}", "turns: 4"), "s.yaml")
+    huge = SESSIONS.replace("duration_s: 300", "duration_s: 2000000").replace("rate_per_s: 0.1", "rate_per_s: 0.5")
+    with pytest.raises(spec.SpecError, match="about 4e\\+06 requests"):  # 0.5 x 4 turns x 2M s
+        spec.parse(huge, "s.yaml")
 
 
 def test_builtin_scenarios_exist():

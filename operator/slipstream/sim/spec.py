@@ -19,10 +19,19 @@ or both::
         cache_hit: 0.4               # share of each prompt cached when it arrives
         shared_prefix_tokens: 1500   # one system prompt shared by the tenant's requests
         giant: {rate_per_hour: 12, prompt_tokens: {dist: uniform, min: 200000, max: 600000}}
+      - name: agent                  # multi-turn sessions: rate_per_s starts sessions
+        rate_per_s: 0.2
+        prompt_tokens: {dist: lognormal, median: 2000, sigma: 0.8}  # each turn's new tokens
+        output_tokens: {dist: constant, value: 200}
+        sessions: {turns: {dist: uniform, min: 2, max: 12}, think_s: {dist: constant, value: 20}}
 
 ``cached_tokens``/``cache_hit`` become a block placed in the prefix cache when the
 request arrives (``Request.warm_blocks``), so the hit survives only if the cache
-keeps it. Errors name the file, the line and the field (``spec.yaml:12: requests[3]
+keeps it, wherever the request lands. A tenant with ``sessions`` states where hits come
+from instead: turn k's prompt is turn k-1's prompt (its blocks), turn k-1's output and
+the turn's new ``prompt_tokens``, so it hits only on an engine that ran the earlier turns
+(``sim.fleet``'s routers decide which); ``sessions`` excludes ``cache_hit`` and ``giant``,
+and ``turns`` is at most 10,000. Errors name the file, the line and the field (``spec.yaml:12: requests[3]
 (cold): field 'arrival_s' must be a finite number``); numbers must be finite (``.nan`` and
 ``.inf`` are refused) and request ids unique. ``1e12`` (no dot) is a number, as in YAML 1.2.
 
@@ -32,7 +41,8 @@ bound, before anything is generated):
 - ``duration_s`` and every ``arrival_s``: <= 10,000,000 s; ``arrival_s`` >= 0 (only the
   built-in seed-003 starts streams before 0);
 - requests in all: <= 2,000,000, counting explicit ones plus the tenants' expected
-  ``(rate_per_s + giant.rate_per_hour / 3600) x duration_s``;
+  ``(rate_per_s + giant.rate_per_hour / 3600) x duration_s`` (with ``sessions``,
+  ``rate_per_s`` times the mean of ``turns``);
 - ``prompt_tokens``, ``cached_tokens``, ``shared_prefix_tokens`` and the prompt
   distributions' ``value``/``median``/``min``/``max``: <= 100,000,000 tokens; the CLI also
   refuses a prompt longer than the KV pool in use, naming its id;
@@ -239,7 +249,8 @@ def _check_expected_requests(doc: dict[str, Any], tenants: list[Any], origin: st
             continue  # _generate names it
         where = f"{origin}: tenants[{idx}] ({tenant.get('name')})"
         # a negative rate is refused by _generate; it must not offset another tenant's here
-        per_s += max(0.0, _num(tenant, "rate_per_s", where, float, 0.0, bounds.MAX_RATE_PER_S))
+        per_s += max(0.0, _num(tenant, "rate_per_s", where, float, 0.0, bounds.MAX_RATE_PER_S)) * expected_turns(
+            tenant, where)
         giant = tenant.get("giant")
         if isinstance(giant, dict):
             per_s += max(0.0, _num(giant, "rate_per_hour", f"{where}: giant", float, 0.0,
@@ -346,6 +357,38 @@ def _dist(obj: Any, where: str) -> dict[str, Any]:
 
 def _draw(d: dict[str, Any], where: str, rng: random.Random, bound: float) -> int:
     """One length from ``d``, every parameter at most ``bound`` (tokens), as is the draw."""
+    value = _value(d, where, rng, bound)
+    lo = _num(d, "min", where, float, 1, bound)
+    hi = _num(d, "max", where, float, bound, bound)
+    return int(max(lo, min(hi, max(1.0, round(value)))))
+
+
+def _seconds(d: dict[str, Any], where: str, rng: random.Random) -> float:
+    """One duration from ``d`` in seconds (>= 0, within its min and max)."""
+    value = _value(d, where, rng, bounds.MAX_SPAN_S)
+    lo = float(_num(d, "min", where, float, 0.0, bounds.MAX_SPAN_S))
+    hi = float(_num(d, "max", where, float, bounds.MAX_SPAN_S, bounds.MAX_SPAN_S))
+    return max(0.0, lo, min(hi, value))
+
+
+def _mean(d: dict[str, Any], where: str, bound: float) -> float:
+    """The mean of ``d`` (lognormal: its median x exp(sigma^2 / 2)), within its max."""
+
+    def num(key: str, default: float, limit: float = bound) -> float:
+        return float(_num(d, key, where, float, default, limit))
+
+    if d["dist"] == "constant":
+        mean = num("value", 1.0)
+    elif d["dist"] == "uniform":
+        mean = (num("min", 1.0) + num("max", 1.0)) / 2
+    else:
+        sigma = num("sigma", 0.0, bounds.MAX_SIGMA)
+        mean = num("median", 1.0) * math.exp(sigma * sigma / 2)
+    return min(num("max", bound), mean)
+
+
+def _value(d: dict[str, Any], where: str, rng: random.Random, bound: float) -> float:
+    """One raw draw from ``d`` (before its min and max clamp)."""
     kind = d["dist"]
     if kind == "constant":
         value = _num(d, "value", where, float, None, bound)
@@ -362,9 +405,7 @@ def _draw(d: dict[str, Any], where: str, rng: random.Random, bound: float) -> in
         if median is None or median <= 0 or sigma is None or sigma < 0:
             raise _fail(where, d, "median", "fields 'median' > 0 and 'sigma' >= 0 are required for lognormal")
         value = rng.lognormvariate(math.log(median), sigma)
-    lo = _num(d, "min", where, float, 1, bound)
-    hi = _num(d, "max", where, float, bound, bound)
-    return int(max(lo, min(hi, max(1.0, round(value)))))
+    return float(value)
 
 
 def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
@@ -374,8 +415,10 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
     name = tenant["name"]
     where = f"{where} ({name})"
     known = {"name", "rate_per_s", "prompt_tokens", "output_tokens", "cache_hit",
-             "shared_prefix_tokens", "giant"}
+             "shared_prefix_tokens", "giant", "sessions"}
     _no_unknown(tenant, known, where)
+    if tenant.get("sessions") is not None:
+        return _sessions(tenant, where, rng, duration, base)
     rate = _num(tenant, "rate_per_s", where, float, 0.0, bounds.MAX_RATE_PER_S)
     if rate < 0:
         raise _fail(where, tenant, "rate_per_s", "field 'rate_per_s' must be >= 0")
@@ -413,4 +456,73 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
             out.append(req)
             n += 1
             t += rng.expovariate(lam)
+    return out
+
+
+MAX_TURNS = 10_000
+"""Most turns a session may have (``sessions.turns``)."""
+
+
+def _session_shape(tenant: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tenant's ``sessions`` mapping checked: its turns and think-time distributions."""
+    sess = tenant["sessions"]
+    if not isinstance(sess, dict):
+        raise _fail(where, tenant, "sessions", "field 'sessions' must be a mapping with 'turns' and 'think_s'")
+    _no_unknown(sess, {"turns", "think_s"}, f"{where}: sessions")
+    if "cache_hit" in tenant:
+        raise _fail(where, tenant, "cache_hit", "field 'cache_hit' cannot be used with 'sessions': a "
+                    "session's hits come from its earlier turns (remove cache_hit)")
+    turns = _dist(sess.get("turns"), f"{where}: sessions: turns")
+    think = _dist(sess.get("think_s", {"dist": "constant", "value": 0}), f"{where}: sessions: think_s")
+    return turns, think
+
+
+def expected_turns(tenant: dict[str, Any], where: str) -> float:
+    """Mean turns per session of a tenant with ``sessions`` (1 without): what the request
+    bound multiplies a session rate by."""
+    if not isinstance(tenant.get("sessions"), dict) or not isinstance(tenant["sessions"].get("turns"), dict):
+        return 1.0
+    turns = tenant["sessions"]["turns"]
+    if turns.get("dist") not in ("lognormal", "uniform", "constant"):
+        return 1.0  # _dist names it when the tenant is generated
+    return max(1.0, _mean(turns, f"{where}: sessions: turns", MAX_TURNS))
+
+
+def _sessions(tenant: dict[str, Any], where: str, rng: random.Random, duration: float,
+              base: int) -> list[Request]:  # fmt: skip
+    """Multi-turn sessions: sessions start as a Poisson process at ``rate_per_s``; each has
+    ``turns`` turns, ``think_s`` apart (arrival to arrival; turns past ``duration_s`` are
+    not sent). Turn k's prompt is turn k-1's prompt, then turn k-1's output and the new
+    ``prompt_tokens`` (one new block): its leading blocks are turn k-1's, so it hits only
+    where the cache still holds them, on the engine that ran the earlier turns. Nothing is
+    warm on arrival. The tenant's ``shared_prefix_tokens`` lead every session."""
+    name = tenant["name"]
+    rate = _num(tenant, "rate_per_s", where, float, 0.0, bounds.MAX_RATE_PER_S)
+    if rate < 0:
+        raise _fail(where, tenant, "rate_per_s", "field 'rate_per_s' (sessions started per second) must be >= 0")
+    if tenant.get("giant") is not None:
+        raise _fail(where, tenant, "giant", "field 'giant' cannot be used with 'sessions': put the giants "
+                    "in a tenant of their own")
+    turns_d, think_d = _session_shape(tenant, where)
+    prompt_d = _dist(tenant.get("prompt_tokens"), f"{where}: prompt_tokens")
+    out_d = _dist(tenant.get("output_tokens", {"dist": "constant", "value": 1}), f"{where}: output_tokens")
+    shared_tokens = _num(tenant, "shared_prefix_tokens", where, int, 0, bounds.MAX_PROMPT_TOKENS)
+    next_block, out = base + 1, []
+    start, session = rng.expovariate(rate) if rate > 0 else math.inf, 0
+    while start < duration:
+        turns = _draw(turns_d, f"{where}: sessions: turns", rng, MAX_TURNS)
+        blocks, sizes = ([base], [shared_tokens]) if shared_tokens > 0 else ([], [])
+        at, carried = start, 0
+        for k in range(turns):
+            if at >= duration:
+                break
+            new = carried + _draw(prompt_d, f"{where}: prompt_tokens", rng, bounds.MAX_PROMPT_TOKENS)
+            output = _draw(out_d, f"{where}: output_tokens", rng, bounds.MAX_OUTPUT_TOKENS)
+            blocks, sizes = [*blocks, next_block], [*sizes, new]
+            next_block += 1
+            out.append(Request(f"{name}-s{session}-t{k}", name, at, sum(sizes), output, tuple(blocks), tuple(sizes)))
+            carried = output
+            at += _seconds(think_d, f"{where}: sessions: think_s", rng)
+        session += 1
+        start += rng.expovariate(rate)
     return out

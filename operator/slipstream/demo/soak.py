@@ -297,11 +297,11 @@ class Killer(Background):
         """Wait for a canary (or the deadline), kill, start again; False when stopped."""
         inj = self.injector
         while not self._stop.is_set():
-            latest = inj.samplers.fleet[-1] if inj.samplers.fleet else None
-            late = inj.twin_now() >= self.deadline_s
-            mid = latest is not None and latest.rollout_phase in MID_CANARY
-            if (mid or late) and inj.busy.acquire(timeout=0.2):
+            if self._due() and inj.busy.acquire(timeout=0.2):
                 try:
+                    latest = self._latest()  # read again: the lock may have taken a while
+                    if not self._due():
+                        continue
                     start = inj.twin_now()
                     phase = latest.rollout_phase if latest is not None else "?"
                     os.kill(inj.stack.operator.pid, signal.SIGKILL)
@@ -314,6 +314,16 @@ class Killer(Background):
                 return True
             self._stop.wait(0.2)
         return False
+
+    def _latest(self) -> Any:
+        fleet = self.injector.samplers.fleet
+        return fleet[-1] if fleet else None
+
+    def _due(self) -> bool:
+        """A kill may fire now: the last sample shows a canary in flight, or it is late."""
+        latest = self._latest()
+        mid = latest is not None and latest.rollout_phase in MID_CANARY
+        return mid or self.injector.twin_now() >= self.deadline_s
 
 
 def limits_for(time_scale: float) -> SoakLimits:

@@ -176,12 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png", help="write TTFT CDFs per policy")
     bench.add_argument("--speed", action="store_true",
                        help="print how many times faster than real time each policy simulates")
-    bench.add_argument("--engines", type=int, default=1, metavar="N",
-                       help="a fleet of N engines, each with its own prefix cache, sent N times the "
-                       "traffic (each engine at the fitted load); default 1")
-    bench.add_argument("--routing", default=fleet.DEFAULT_ROUTER, choices=tuple(fleet.ROUTERS),
-                       help="how the fleet's router spreads requests (with --engines > 1; "
-                       "default %(default)s)")
+    _add_fleet_args(bench)
     bench.set_defaults(func=cmd_bench)
 
     cc = sub.add_parser("canary-check", help="false-rollback and detection rates of the canary rule "
@@ -208,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a WorkloadSnapshot as JSON (else: observe a workload in the twin)")
     _add_workload_args(rec)
     _add_tuner_args(rec, loop=False)
+    _add_fleet_args(rec)
     rec.add_argument("--under", default="stock", metavar="POLICY",
                      help="workload mode: the policy the window is observed under (default stock)")
     rec.add_argument("--at", type=float, metavar="S",
@@ -423,6 +419,14 @@ def _run(loaded: Loaded, policy_name: str, args: argparse.Namespace, record: boo
     return result, tuner
 
 
+def _add_fleet_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engines", type=int, default=1, metavar="N",
+                   help="a fleet of N engines, each with its own prefix cache, sent N times the "
+                   "traffic (each engine at the fitted load); default 1")
+    p.add_argument("--routing", default=fleet.DEFAULT_ROUTER, choices=tuple(fleet.ROUTERS),
+                   help="how the fleet's router spreads requests (with --engines > 1; default %(default)s)")
+
+
 def _fleet_parts(loaded: Loaded, args: argparse.Namespace) -> list[Workload] | None:
     """``--engines N``: the workload at N times its rate, split by ``--routing``; None for one engine."""
     n = getattr(args, "engines", 1)
@@ -584,13 +588,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
+    routed: dict[str, object] | None = None
     if args.snapshot:
         snap, config, profile, current = _snapshot_file(args)
     else:
         loaded = load_workload(args)
         print(loaded.scale_note, file=sys.stderr)
         config, profile = loaded.config, loaded.profile
-        snap = observed.simulated(loaded.workload, args.under, profile, config, args.at, args.window or 300.0)
+        parts = _fleet_parts(loaded, args)
+        if parts is None:
+            snap = observed.simulated(loaded.workload, args.under, profile, config, args.at, args.window or 300.0)
+        else:
+            snap, hits = observed.simulated_fleet(parts, args.under, profile, config, args.at, args.window or 300.0)
+            print(f"fleet: {len(parts)} engines, routing {args.routing}, {len(parts)}x the traffic; cache-hit "
+                  f"ratio by engine under {args.under}: "
+                  + ", ".join(f"engine-{k} {r:.1%}" for k, r in enumerate(hits)), file=sys.stderr)  # fmt: skip
+            routed = {"engines": len(parts), "routing": args.routing, "cache_hit_ratio": hits}
         current = policies.parse(args.current or args.under, config)
     if args.dump_snapshot:
         Path(args.dump_snapshot).write_text(json.dumps(codec.to_dict(snap), indent=1) + "\n")
@@ -603,6 +616,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     if args.json:
         out = _ranking_json(rec)
+        if routed is not None:
+            out["fleet"] = routed
         if args.time:
             out["elapsed_s"] = elapsed
             out["cpu_s"] = cpu

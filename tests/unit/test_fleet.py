@@ -10,6 +10,7 @@ import pytest
 from slipstream import cli
 from slipstream.sim import fleet, policies, profiles, spec
 from slipstream.sim.workload import Request, Workload, build
+from slipstream.tune import observed
 
 PROFILE = profiles.load(profiles.DEFAULT_PROFILE)
 CONFIG = policies.EngineConfig(chunked_prefill_size=8192, page_size=1)
@@ -133,3 +134,25 @@ def test_bench_prints_each_engines_cache_hit_ratio(tmp_path, capsys) -> None:
     assert "cache-hit ratio (prompt tokens served from the prefix cache), one engine:" in text
     with pytest.raises(SystemExit):
         cli.main(["bench", "--workload", str(spec), "--policies", "stock", "--engines", "2", "--routing", "sticky"])
+
+
+def test_recommend_observes_a_routed_fleet_and_says_each_engines_hits(tmp_path, capsys) -> None:
+    """`recommend --engines 2` takes its window from both engines (the pods listed, so the
+    twin spreads the rates over them), as Prometheus sums a deployment's pods."""
+    spec_file = tmp_path / "sessions.yaml"
+    spec_file.write_text(
+        "name: s\nseed: 9\nduration_s: 400\ntenants:\n  - name: agent\n    rate_per_s: 0.15\n"
+        "    prompt_tokens: {dist: lognormal, median: 2000, sigma: 0.5}\n"
+        "    output_tokens: {dist: constant, value: 100}\n"
+        "    sessions: {turns: {dist: uniform, min: 4, max: 10}, think_s: {dist: uniform, min: 3, max: 20}}\n")
+    w = spec.load_file(spec_file).workload
+    parts = fleet.route(w.scaled(2), 2, "prefix", PROFILE, CONFIG)
+    snap, hits = observed.simulated_fleet(parts, "stock", PROFILE, CONFIG, None, 300.0)
+    assert len(snap.pods) == 2 and len(hits) == 2 and all(0.3 < h < 1 for h in hits)
+    alone = fleet.hit_ratios(fleet.simulate_fleet(parts, lambda k: policies.parse("stock", CONFIG), PROFILE, CONFIG))
+    assert hits == alone
+    assert cli.main(["recommend", "--workload", str(spec_file), "--engines", "2", "--routing", "prefix",
+                     "--json"]) == 0  # fmt: skip
+    got = capsys.readouterr()
+    assert json.loads(got.out)["fleet"]["routing"] == "prefix"
+    assert "cache-hit ratio by engine under stock: engine-0" in got.err

@@ -13,12 +13,13 @@ size class), for a caller that knows them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from slipstream.api import buckets
 from slipstream.api.snapshot import (
     NO_TRAFFIC,
+    PodSetting,
     SizeClassWindow,
     TenantMix,
     TenantWindow,
@@ -26,7 +27,7 @@ from slipstream.api.snapshot import (
     histogram_of,
     invalid,
 )
-from slipstream.sim import engine, policies
+from slipstream.sim import engine, fleet, policies
 from slipstream.sim.policies import FirstToken
 from slipstream.sim.profiles import Profile
 from slipstream.sim.workload import Workload
@@ -98,6 +99,27 @@ def with_queue_mix(snapshot: WorkloadSnapshot, first_tokens: Iterable[FirstToken
                   tuple(SizeClassWindow(name, *rows.get(t, {}).get(name, [0.0] * 5)) for name in buckets.SIZE_CLASS_NAMES))
         for t in sorted(set(rows) | set(came)))  # fmt: skip
     return replace(snapshot, queue_mix=mixes, mix_fallback=None)
+
+
+def simulated_fleet(parts: Sequence[Workload], under: str, profile: Profile, config: policies.EngineConfig,
+                    at_s: float | None, window_s: float) -> tuple[WorkloadSnapshot, list[float]]:  # fmt: skip
+    """The snapshot the operator would take of a fleet, one twin engine per part of a
+    routed workload (``sim.fleet.route``) running ``under``: every engine's first tokens
+    in one window (Prometheus sums the pods), the pods listed so the tuner spreads the rates
+    over them; and each engine's cache-hit ratio over its whole run."""
+    seen: list[FirstToken] = []
+
+    def watch(view: policies.RoundView) -> None:
+        seen.extend(view.first_tokens)
+
+    runs = [engine.simulate(part, policies.parse(under, config, controller=watch, interval_s=1.0), profile, config)
+            for part in parts]  # fmt: skip
+    at = at_s if at_s is not None else max((f.first_token_s for f in seen), default=0.0)
+    name = parts[0].name.rsplit("@", 1)[0] if parts else "fleet"
+    snap = snapshot_of(name, seen, at, window_s)
+    if snap.valid:
+        snap = replace(snap, pods=tuple(PodSetting(f"{name}-{k}", None, "", "") for k in range(len(parts))))
+    return snap, fleet.hit_ratios(runs)
 
 
 def simulated(workload: Workload, under: str, profile: Profile, config: policies.EngineConfig,

@@ -120,3 +120,23 @@ def test_a_recreated_deployment_leaves_the_replicas_to_their_holder() -> None:
     kube = FakeKube({("ServingDeployment", "kimi"): sd})
     assert handlers.recreate_deleted(kube, "Deployment", live_deployment()) is not None  # type: ignore[arg-type]
     assert "replicas" not in kube.applied[0]["spec"]
+
+
+def test_an_autoscaler_is_announced_once_whichever_handler_finds_it_first(monkeypatch) -> None:
+    """The reconcile and the drift watch both find the HPA, each on a body that may not show
+    the other's status write yet (CI, 2026-12-07: two AutoscalerFound for one HPA): the
+    second finder posts no Event. Taking the replicas back makes the next HPA news again."""
+    posted: list[str] = []
+    monkeypatch.setattr(handlers.kopf, "event", lambda body, type, reason, message: posted.append(reason))
+    ctx = handlers.Context.__new__(handlers.Context)
+    ctx.autoscaled = set()
+    sd = models.ServingDeployment.model_validate(sd_body())
+    assert ctx.autoscaler_news(sd.metadata.uid), "the drift watch finds it first and posts"
+    conditions = handlers.left_to_autoscaler({}, sd, [], ["kimi-hpa"], None, False,  # type: ignore[arg-type]
+                                             lambda: ctx.autoscaler_news(sd.metadata.uid))
+    assert posted == [], "the reconcile on a body without the condition yet: no second Event"
+    assert autoscalers.held_by(conditions, replicas.CONDITION), "its condition is still set"
+    ctx.autoscaled.discard(sd.metadata.uid)  # ReplicasTakenBack
+    handlers.left_to_autoscaler({}, sd, [], ["kimi-hpa"], None, False,  # type: ignore[arg-type]
+                                lambda: ctx.autoscaler_news(sd.metadata.uid))
+    assert posted == ["AutoscalerFound"]

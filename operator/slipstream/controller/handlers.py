@@ -17,7 +17,7 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -406,6 +406,17 @@ class Context:
     """The drift watch's last good judgement of each owned object (`judged`)."""
     peers: netpol.Peers | None = None
     """Who may reach the engines (`netpol`), from the settings; None: no NetworkPolicy."""
+    autoscaled: set[str] = field(default_factory=set)
+    """uids whose AutoscalerFound this process has posted since their replicas were last
+    taken back: the reconcile and the drift watch both find the HPA, each on a body that
+    may not show the other's status write yet, and one Event is what a user should see."""
+
+    def autoscaler_news(self, uid: str) -> bool:
+        """Whether an AutoscalerFound for `uid` is news (and now it is not)."""
+        if uid in self.autoscaled:
+            return False
+        self.autoscaled.add(uid)
+        return True
 
     @classmethod
     def build(cls, config: settings_.ControllerSettings, kube: kube_.Kube) -> Context:
@@ -516,8 +527,10 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
     record_changes(body, sd, outcome)
     conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
     if hpas:
-        conditions = left_to_autoscaler(body, sd, conditions, hpas, outcome.deployment, wants_back)
+        conditions = left_to_autoscaler(body, sd, conditions, hpas, outcome.deployment, wants_back,
+                                        lambda: ctx.autoscaler_news(sd.metadata.uid))  # fmt: skip
     if taken_back:
+        ctx.autoscaled.discard(sd.metadata.uid)
         conditions = [c for c in conditions if c.type != replicas.CONDITION]
         kopf.event(body, type="Normal", reason="ReplicasTakenBack",
                    message=f"spec.replicas changed: the operator sets the engine Deployment's replicas "
@@ -540,11 +553,12 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
 
 def left_to_autoscaler(
     body: kopf.Body, sd: models.ServingDeployment, conditions: list[models.Condition], hpas: list[str],
-    deployment: dict[str, Any] | None, wants_back: bool,
+    deployment: dict[str, Any] | None, wants_back: bool, news: Callable[[], bool] = lambda: True,
 ) -> list[models.Condition]:
     """The conditions with spec.replicas left to the HPAs `hpas` (one AutoscalerFound Event
-    when that is news); a change of spec.replicas meanwhile is not applied, and an Event
-    says why (both set: the autoscaler wins, docs/operator.md, "Autoscalers")."""
+    when that is news: not in the conditions, and ``news()``, which the drift watch may
+    have answered already); a change of spec.replicas meanwhile is not applied, and an
+    Event says why (both set: the autoscaler wins, docs/operator.md, "Autoscalers")."""
     if wants_back:
         kopf.event(body, type="Normal", reason="ReplicasLeftToAutoscaler",
                    message=autoscalers.held_message(hpas, sd.spec.replicas))  # fmt: skip
@@ -552,7 +566,8 @@ def left_to_autoscaler(
         return conditions
     have = ((deployment or {}).get("spec") or {}).get("replicas")
     message = autoscalers.message(hpas, have, sd.spec.replicas)
-    kopf.event(body, type="Normal", reason="AutoscalerFound", message=message)
+    if news():
+        kopf.event(body, type="Normal", reason="AutoscalerFound", message=message)
     return status.set_condition(conditions, replicas.CONDITION, True, autoscalers.REASON, message,
                                 sd.metadata.generation, utcnow())  # fmt: skip
 
@@ -576,6 +591,7 @@ async def refresh(ctx: Context, body: kopf.Body, patch: kopf.Patch, **_: Any) ->
     if sd.status.observed_generation is None:
         return  # not reconciled yet: reconcile writes the first status
     if (back := await asyncio.to_thread(autoscaler_gone, ctx, sd)) is not None:
+        ctx.autoscaled.discard(sd.metadata.uid)
         record_changes(body, sd, back)
         kopf.event(body, type="Normal", reason="ReplicasTakenBack",
                    message=f"no HorizontalPodAutoscaler targets the engine Deployment any more: the operator "
@@ -675,9 +691,11 @@ async def reverted(ctx: Context, kind: str, body: kopf.Body, event: str | None, 
         return
     ctx.judged.record(found.settled, found.owner)
     if found.contest is not None:
-        kind_of_event = "Normal" if found.contest.reason == autoscalers.REASON else "Warning"
-        kopf.event(cast(kopf.Body, found.owner), type=kind_of_event, reason=found.contest.event,
-                   message=found.contest.message)  # fmt: skip
+        hpa = found.contest.reason == autoscalers.REASON
+        uid = str((found.owner.get("metadata") or {}).get("uid") or "")
+        if not hpa or ctx.autoscaler_news(uid):
+            kopf.event(cast(kopf.Body, found.owner), type="Normal" if hpa else "Warning", reason=found.contest.event,
+                       message=found.contest.message)  # fmt: skip
     if found.paths:
         paths = found.paths
         OBJECT_CHANGES.labels(kind, "reverted").inc()

@@ -634,6 +634,7 @@ async def tuning_loop(ctx: Context, body: kopf.Body, uid: str, stopped: kopf.Dae
                 logger.info("stepping early: %s", memory.jumped)
     finally:
         ctx.wakes.pop(uid, None)
+        ctx.autoscaled.discard(uid)  # its status keeps the condition: a resumed one is not news
         meta = body.get("metadata", {})
         with contextlib.suppress(KeyError):  # never stepped
             LAST_STEP.remove(meta.get("namespace"), meta.get("name"))

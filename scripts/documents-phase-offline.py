@@ -26,7 +26,7 @@ from slipstream.sim.workload import build
 
 def documents_spec(rate_per_s: float):
     def spec(duration_s: float, replicas: int, seed: int) -> dict[str, object]:
-        return {"name": "documents", "profile": phases.PROFILE, "engine": phases.ENGINE, "seed": seed,
+        return {"name": "documents", "profile": phases.PROFILE, "engine": phases.DEMO_ENGINE, "seed": seed,
                 "duration_s": duration_s,
                 "tenants": [{"name": "docs", "rate_per_s": rate_per_s * replicas,
                              "prompt_tokens": {"dist": "lognormal", "median": 16000, "sigma": 0.15,

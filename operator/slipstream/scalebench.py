@@ -57,7 +57,7 @@ from slipstream.localkube import stack as stack_mod
 API = "/apis/serving.slipstream.dev/v1alpha1/servingdeployments"
 NAMESPACES = 10
 """Deployments are spread over this many namespaces (scale-0 ... scale-9)."""
-TENANTS = (("chat", 10.0, 0.35, 1500.0), ("batch", 5.0, 2.5, 24000.0))
+TENANT_STREAMS = (("chat", 10.0, 0.35, 1500.0), ("batch", 5.0, 2.5, 24000.0))
 """(tenant, requests/s, mean TTFT s, mean uncached prompt tokens): a mixed fleet, so the
 tuner has a heterogeneous mix to recommend for."""
 
@@ -222,7 +222,7 @@ class FleetExporter:
             out.append(f"# TYPE {metric} {kind}")
         for i, (ns, sd) in enumerate(self.deployments):
             pod = f'namespace="{ns}",servingdeployment="{sd}",pod="{sd}-0"'
-            for tenant, rate, ttft, tokens in TENANTS:
+            for tenant, rate, ttft, tokens in TENANT_STREAMS:
                 labels = f'{pod},tenant="{tenant}"'
                 count = int(rate * (1 + 0.1 * (i % 5)) * elapsed_s)
                 for metric, bounds, which in histos:

@@ -60,7 +60,7 @@ def test_the_figure_draws_the_capped_share_per_window_beside_the_setting(tmp_pat
     results = [loop.Result("chat", f"r{i}", float(i), 0.5, True) for i in range(0, 180, 5)]
     fig = plot.figure(samples, results, spans(), {}, passes())
     lines = {ln.get_label(): ln for ax in fig.axes for ln in ax.get_lines()}
-    (capped,) = [ln for label, ln in lines.items() if label.startswith(plot.CAPPED_LABEL)]
+    (capped,) = [ln for label, ln in lines.items() if label.startswith(plot.CAPPED_LEGEND)]
     xs, ys = list(capped.get_xdata()), list(capped.get_ydata())
     assert xs == [0.0, 60.0, 120.0, 180.0]
     assert ys[:2] == [pytest.approx(0.1), pytest.approx(0.75)] and math.isnan(ys[2])  # a gap: no pass ran
@@ -69,7 +69,7 @@ def test_the_figure_draws_the_capped_share_per_window_beside_the_setting(tmp_pat
     title = fig._suptitle.get_text()
     assert "follows" not in title and "share of prefill passes" in title
     legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert any(t.startswith(plot.CAPPED_LABEL) for t in legend)
+    assert any(t.startswith(plot.CAPPED_LEGEND) for t in legend)
     out = plot.timeline(samples, results, spans(), tmp_path / "t.png", {}, passes())
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -77,7 +77,7 @@ def test_the_figure_draws_the_capped_share_per_window_beside_the_setting(tmp_pat
 def test_without_pass_counters_the_figure_has_no_capped_line():
     samples = [loop.StatusSample(0.0, 0, 1, "ceiling", "fcfs", None, "Idle", {})]
     fig = plot.figure(samples, [loop.Result("chat", "r", 1.0, 0.5, True)], spans())
-    assert not [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_label().startswith(plot.CAPPED_LABEL)]
+    assert not [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_label().startswith(plot.CAPPED_LEGEND)]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "slipstream"
 
 KNOWN = frozenset({
-    "CAPPED_LABEL", "ENGINE", "NAME_LABEL", "TENANTS", "WINDOW_S",
+    "NAME_LABEL",
     "add_parser", "analyse", "bounded", "chat", "compare", "concurrency", "engine_config",
     "figures", "first_tokens", "from_dict", "histograms", "main", "merge", "parse", "percentile", "plan",
     "record", "replay", "run", "selector", "split", "table", "targets", "tuner_settings",

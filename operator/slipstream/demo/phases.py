@@ -58,7 +58,7 @@ DEMO = (DOCUMENTS, HETEROGENEOUS, DOCUMENTS)
 TENANTS = ("chat", "code")
 """The demo's tenants: both send in every phase of ``DEMO``."""
 
-ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
+DEMO_ENGINE = {"chunked_prefill_size": 8192, "page_size": 1, "cache_tokens": 3_000_000}
 PROFILE = profiles.DEFAULT_PROFILE
 
 GIANT_EVERY_S = 80.0
@@ -98,7 +98,7 @@ def uniform_spec(duration_s: float, replicas: int, seed: int) -> dict[str, objec
     return {
         "name": UNIFORM,
         "profile": PROFILE,
-        "engine": ENGINE,
+        "engine": DEMO_ENGINE,
         "seed": seed,
         "duration_s": duration_s,
         "tenants": [
@@ -116,7 +116,7 @@ SHORT_OUTPUT = {"dist": "lognormal", "median": 20, "sigma": 0.5, "min": 1, "max"
 
 
 def _spec(name: str, duration_s: float, seed: int, **rest: object) -> dict[str, object]:
-    return {"name": name, "profile": PROFILE, "engine": ENGINE, "seed": seed, "duration_s": duration_s, **rest}
+    return {"name": name, "profile": PROFILE, "engine": DEMO_ENGINE, "seed": seed, "duration_s": duration_s, **rest}
 
 
 def documents_spec(duration_s: float, replicas: int, seed: int) -> dict[str, object]:
@@ -146,7 +146,7 @@ def heterogeneous_spec(duration_s: float, replicas: int, seed: int) -> dict[str,
     return {
         "name": HETEROGENEOUS,
         "profile": PROFILE,
-        "engine": ENGINE,
+        "engine": DEMO_ENGINE,
         "seed": seed,
         "duration_s": duration_s,
         "requests": giants,

@@ -3,7 +3,7 @@ engines capped (top), and per-tenant p99 TTFT by size class (bottom).
 
 The setting alone can look still: in reflex mode (the demo's default) the tuned
 concurrency C // T stays at 2 while each engine caps only the passes in which a short
-request waits (or did within the hold). The share of passes capped, per ``WINDOW_S``
+request waits (or did within the hold). The share of passes capped, per ``ROLLING_S``
 window, is what moves: high among giants, low in the documents phases.
 
 A window's p99 over all requests is a giant prompt's own prefill (13-17 s on these
@@ -21,20 +21,20 @@ from typing import Any
 
 from slipstream.demo import loop, phases
 
-WINDOW_S = 60.0
+ROLLING_S = 60.0
 """Twin seconds of arrivals per TTFT point (a sliding p99 needs enough requests)."""
 
 SHORT_TOKENS = 32_000
 """Prompts under this are the short size class; the giants start at 150K (phases.GIANT_TOKENS)."""
 
 
-CAPPED_LABEL = "share of prefill passes capped"
+CAPPED_LEGEND = "share of prefill passes capped"
 TITLE = ("Slipstream demo: the tuned setting and the share of prefill passes the engines capped (top), "
          "p99 TTFT per tenant (bottom)")  # fmt: skip
 
 
 def capped_windows(passes: Sequence[loop.PassCount], end_s: float,
-                   window_s: float = WINDOW_S) -> list[tuple[float, float | None]]:
+                   window_s: float = ROLLING_S) -> list[tuple[float, float | None]]:
     """(window start, share of passes capped in it, None when none ran) for the windows
     (0, w], (w, 2w], ... of sample times up to ``end_s`` (``loop.capped_share``)."""
     out = []
@@ -106,10 +106,10 @@ def _top(top: Any, samples: Sequence[loop.StatusSample], capped: Sequence[tuple[
             right.plot([t for t, _ in het], [h for _, h in het], color="tab:gray", alpha=0.6, label="heterogeneity")
         if capped:
             # One step per window, NaN (a gap) where no pass ran; the last window drawn to its end.
-            xs = [t for t, _ in capped] + [capped[-1][0] + WINDOW_S]
+            xs = [t for t, _ in capped] + [capped[-1][0] + ROLLING_S]
             ys = [math.nan if v is None else v for _, v in capped]
             right.step(xs, [*ys, ys[-1]], where="post", color="tab:red",
-                       label=f"{CAPPED_LABEL} ({WINDOW_S:.0f} s windows)")  # fmt: skip
+                       label=f"{CAPPED_LEGEND} ({ROLLING_S:.0f} s windows)")  # fmt: skip
         right.set_ylim(0, 1.05)
         right.set_ylabel("share (0-1)")
         more, names = right.get_legend_handles_labels()
@@ -127,17 +127,17 @@ def _bottom(bottom: Any, results: Sequence[loop.Result], end: float, sizes: Mapp
         mine = [r for r in short if r.tenant == tenant]
         t = 0.0
         while t < end:
-            p99 = loop.tenant_p99(mine, t, t + WINDOW_S).get(tenant)
+            p99 = loop.tenant_p99(mine, t, t + ROLLING_S).get(tenant)
             if p99 is not None:
-                xs.append(t + WINDOW_S / 2)
+                xs.append(t + ROLLING_S / 2)
                 ys.append(p99)
-            t += WINDOW_S / 2
+            t += ROLLING_S / 2
         bottom.plot(xs, ys, marker=".", label=f"{tenant} (< {SHORT_TOKENS // 1000}K tokens)")
     giants = [r for r in results if r.ok and sizes.get(r.rid, 0) >= SHORT_TOKENS]
     if giants:
         bottom.scatter([r.arrival_s for r in giants], [r.ttft_s for r in giants], marker="x", color="k",
                        label="giant prompts (each its own TTFT)")  # fmt: skip
     bottom.set_yscale("log")
-    bottom.set_ylabel(f"p99 TTFT, s ({WINDOW_S:.0f} s windows)")
+    bottom.set_ylabel(f"p99 TTFT, s ({ROLLING_S:.0f} s windows)")
     bottom.set_xlabel("twin time, s")
     bottom.legend(loc="upper left")

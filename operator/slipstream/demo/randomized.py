@@ -81,7 +81,7 @@ class Draw:
 
 
 def engine_config() -> EngineConfig:
-    return EngineConfig(**phases.ENGINE)
+    return EngineConfig(**phases.DEMO_ENGINE)
 
 
 def cost_model() -> CostModel:
@@ -299,7 +299,7 @@ def phase_spec(kind: str, seed: int, tenants: tuple[str, ...], duration_s: float
     draw = Draw(random.Random(f"slipstream-random-phase-{seed}"), tenants, duration_s, load, cost_model())
     streams, requests = rated(KINDS[kind](draw), draw)
     return {"name": kind, "load": load, "duration_s": duration_s, "seed": seed, "profile": phases.PROFILE,
-            "engine": dict(phases.ENGINE), "tenants": streams, **({"requests": requests} if requests else {})}
+            "engine": dict(phases.DEMO_ENGINE), "tenants": streams, **({"requests": requests} if requests else {})}
 
 
 def phase_specs(seed: int) -> list[PhaseSpec]:

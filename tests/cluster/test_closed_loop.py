@@ -233,7 +233,7 @@ def tail(results: list[loop.Result], spans: list[phases.Phase], bound_s: float) 
     lines = []
     for tenant in sorted({r.tenant for r in results}):
         mine = [r for r in results if r.ok and r.tenant == tenant]
-        allowed = len(mine) - math.ceil(0.99 * len(mine))  # above the p99's rank (loop.percentile)
+        allowed = len(mine) - math.ceil(0.99 * len(mine))  # above the p99's rank (sim.metrics.nearest_rank)
         slow = [r for r in mine if r.ttft_s > bound_s]
         counts = ", ".join(f"{p.name} {sum(p.holds(r.arrival_s) for r in slow)}" for p in spans)
         shown = " ".join(f"{r.arrival_s:.0f}:{r.ttft_s:.1f}" for r in sorted(slow, key=lambda r: r.arrival_s))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -108,3 +110,12 @@ def test_itl_p99_and_longest_gaps_count_the_stall_of_a_retraction():
     assert metrics.itl_p99(result) == pytest.approx(percentile(gaps, 99), rel=1e-9)
     longest = {j.rid: j.max_itl_s for j in result.jobs}
     assert max(longest.values()) == pytest.approx(max(gaps))
+
+
+def test_nearest_rank_reads_a_measured_value_and_skips_nan() -> None:
+    """The live and demo p99s are read at a rank (a latency that was measured), not
+    interpolated between two as ``percentile`` does."""
+    values = [float(v) for v in range(1, 101)]
+    assert metrics.nearest_rank(values, 99) == 99.0 and metrics.percentile(values, 99) == pytest.approx(99.01)
+    assert metrics.nearest_rank([*values, math.nan], 50) == 50.0
+    assert math.isnan(metrics.nearest_rank([], 99)) and math.isnan(metrics.nearest_rank([math.nan], 99))

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "slipstream"
 KNOWN = frozenset({
     "NAME_LABEL",
     "add_parser", "analyse", "bounded", "chat", "compare", "concurrency", "engine_config",
-    "figures", "first_tokens", "from_dict", "histograms", "main", "merge", "parse", "percentile", "plan",
+    "figures", "first_tokens", "from_dict", "histograms", "main", "merge", "parse", "plan",
     "record", "replay", "run", "selector", "split", "table", "targets", "tuner_settings",
 })  # fmt: skip
 

@@ -34,6 +34,7 @@ import yaml
 
 from slipstream.engine import metrics as engine_metrics
 from slipstream.localkube import apiread, podrunner
+from slipstream.sim.metrics import nearest_rank
 from slipstream.sim.workload import Request
 
 ENGINE_IMAGE = "ghcr.io/slipstream-dev/engine-sim:local"
@@ -428,22 +429,13 @@ class LoadRun:
         return self.results
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    ordered = sorted(v for v in values if not math.isnan(v))
-    if not ordered:
-        return math.nan
-    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[k]
-
-
 def tenant_p99(results: Sequence[Result], start_s: float, end_s: float) -> dict[str, float]:
     """p99 TTFT per tenant of the requests arriving in [start_s, end_s) (failed ones excluded)."""
     by_tenant: dict[str, list[float]] = {}
     for r in results:
         if r.ok and start_s <= r.arrival_s < end_s:
             by_tenant.setdefault(r.tenant, []).append(r.ttft_s)
-    return {t: percentile(v, 99) for t, v in sorted(by_tenant.items())}
+    return {t: nearest_rank(v, 99) for t, v in sorted(by_tenant.items())}
 
 
 def wait_for(check: Callable[[], Any], deadline_s: float, what: str, poll_s: float = 0.5) -> Any:

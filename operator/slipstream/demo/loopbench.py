@@ -69,6 +69,7 @@ from slipstream.enginesim import metrics as sim_metrics
 from slipstream.localkube import podrunner
 from slipstream.sim import policies, traces
 from slipstream.sim.admission import MODES
+from slipstream.sim.metrics import nearest_rank
 from slipstream.sim.workload import Workload, build
 
 NAMESPACE_PREFIX = "loopbench"
@@ -229,7 +230,7 @@ def best_static(workload: Workload, spans: Sequence[phases.Phase], count: int = 
 
 
 def p99(values: Sequence[float]) -> float:
-    return loop.percentile(list(values), 99)
+    return nearest_rank(list(values), 99)
 
 
 def histogram_p99(text: str, name: str) -> tuple[float, float]:

@@ -34,6 +34,7 @@ import aiohttp
 from slipstream.engine import metrics as engine_metrics
 from slipstream.enginesim import shapes
 from slipstream.sim import traces
+from slipstream.sim.metrics import nearest_rank
 from slipstream.sim.workload import Request
 
 Targets = Sequence[str] | Callable[[], Sequence[str]]
@@ -76,15 +77,6 @@ def body_of(req: Request, model: str, prompt: str) -> dict[str, Any]:
     }
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
-    return ordered[k]
-
-
 def summary_line(outcomes: Sequence[Outcome], elapsed_s: float, in_flight: int) -> str:
     tenants: dict[str, list[float]] = {}
     failed = 0
@@ -93,7 +85,7 @@ def summary_line(outcomes: Sequence[Outcome], elapsed_s: float, in_flight: int) 
             tenants.setdefault(o.tenant, []).append(o.ttft_s)
         else:
             failed += 1
-    parts = [f"{name or '-'}: n={len(v)} p50={percentile(v, 50):.2f}s p99={percentile(v, 99):.2f}s"
+    parts = [f"{name or '-'}: n={len(v)} p50={nearest_rank(v, 50):.2f}s p99={nearest_rank(v, 99):.2f}s"
              for name, v in sorted(tenants.items())]
     return (f"[{elapsed_s:7.1f}s] TTFT (twin s) " + (" | ".join(parts) or "no answers yet")
             + f"  (in flight {in_flight}, failed {failed})")
@@ -277,7 +269,7 @@ def main(args: Any) -> int:
         print(json.dumps({
             "sent": len(outcomes),
             "failed": sum(1 for o in outcomes if not o.ok),
-            "tenants": {t: {"n": len(v), "ttft_p50_s": percentile(v, 50), "ttft_p99_s": percentile(v, 99)}
+            "tenants": {t: {"n": len(v), "ttft_p50_s": nearest_rank(v, 50), "ttft_p99_s": nearest_rank(v, 99)}
                         for t, v in sorted(by_tenant.items())},
         }, indent=1))
     if not any(o.ok for o in outcomes):

@@ -11,7 +11,7 @@ memory-bound floor (at most one weights read is saved so; tests/unit/test_engine
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import compress
 from typing import Any
 
@@ -27,6 +27,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     lo = math.floor(pos)
     hi = min(lo + 1, len(data) - 1)
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def nearest_rank(values: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of the values that are not NaN; NaN for none.
+    The rank a p99 of measured latencies is read at, live and in the demo's figures
+    (``percentile`` interpolates instead, as numpy does)."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return math.nan
+    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[k]
 
 
 def weighted_percentile(values: Sequence[float], weights: Sequence[int], q: float) -> float:

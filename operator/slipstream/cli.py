@@ -360,7 +360,7 @@ def _fit_rate(workload: Workload, profile: profiles.Profile, config: policies.En
     return workload.scaled(fit.scale), fit.fit.busy, how, load
 
 
-def tuner_settings(args: argparse.Namespace, config: policies.EngineConfig,
+def tuner_settings_of(args: argparse.Namespace, config: policies.EngineConfig,
                    interval_s: float | None = None, cooldown_s: float | None = None) -> TunerSettings:
     """The tuner's settings from the command line (the spec's fields, as flags)."""
     try:
@@ -385,7 +385,7 @@ def make_policy(name: str, loaded: Loaded, args: argparse.Namespace
         raise CliError("--interval must be > 0 simulated seconds")
     # The operator's loop: its window (one interval), timer, mix polls and analysis window.
     window = args.window if args.window is not None else args.interval
-    settings = tuner_settings(args, loaded.config, args.interval, args.cooldown)
+    settings = tuner_settings_of(args, loaded.config, args.interval, args.cooldown)
     try:
         tuner = auto.TwinAuto(settings, loaded.profile, loaded.config, policies.Setting(0, "ceiling", "fcfs"),
                               window, deployment=loaded.workload.name, interval_s=args.interval,
@@ -609,7 +609,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         Path(args.dump_snapshot).write_text(json.dumps(codec.to_dict(snap), indent=1) + "\n")
     if not snap.valid:
         raise CliError(f"snapshot of {snap.deployment} is not usable: {snap.invalid} ({snap.detail})")
-    settings = tuner_settings(args, config)
+    settings = tuner_settings_of(args, config)
     start, cpu_start = time.perf_counter(), time.process_time()
     rec = recommend.recommend(snap, auto.start_setting(current), settings.spec, profile, config,
                               settings.recommender)

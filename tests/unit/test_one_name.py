@@ -19,7 +19,7 @@ KNOWN = frozenset({
     "NAME_LABEL",
     "add_parser", "analyse", "bounded", "chat", "compare", "concurrency", "engine_config",
     "figures", "first_tokens", "from_dict", "histograms", "main", "merge", "parse", "plan",
-    "record", "replay", "run", "selector", "split", "table", "targets", "tuner_settings",
+    "replay", "run", "split", "table", "targets",
 })  # fmt: skip
 
 

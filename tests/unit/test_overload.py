@@ -62,10 +62,10 @@ def window(backlog: float, at: float = 1.0, served: float = 1_200_000.0) -> snap
 def test_readings_come_from_the_queue_mix_series_one_per_interval() -> None:
     r = overload.reading(window(400e3, at=60.0))
     assert (r.backlog_tokens, r.served_tokens_per_s) == (400e3, 20_000.0)
-    kept = overload.record((), r, 54.0)
-    assert overload.record(kept, overload.reading(window(500e3, at=65.0)), 54.0) == kept, "a rollout poll's step"
+    kept = overload.remember((), r, 54.0)
+    assert overload.remember(kept, overload.reading(window(500e3, at=65.0)), 54.0) == kept, "a rollout poll's step"
     for i in range(2, 8):
-        kept = overload.record(kept, overload.reading(window(100e3 * i, at=60.0 * i)), 54.0)
+        kept = overload.remember(kept, overload.reading(window(100e3 * i, at=60.0 * i)), 54.0)
     assert len(kept) == overload.KEEP and kept[-1].at == 420.0
 
 

@@ -329,7 +329,7 @@ async def observe(deps: Deps, sd: models.ServingDeployment, fleet: models.Engine
     if deps.tokens is not None:
         await deps.tokens(sd)
     snap = await read_pooled(deps, sd, now, jumped, since)
-    snap = dataclasses.replace(snap, overload=overload.overloaded(overload.record(backlog, overload.reading(snap),
+    snap = dataclasses.replace(snap, overload=overload.overloaded(overload.remember(backlog, overload.reading(snap),
                                                                                   backlog_gap_s(sd, deps.config))))
     if not snap.valid:
         return snap, None
@@ -489,7 +489,7 @@ async def read_fleet(deps: Deps, sd: models.ServingDeployment, memory: Memory) -
     """Every Ready engine pod's setting and KV pool (`/get_server_info`, all at once); a pod
     whose last change was refused shows that refusal until a change takes."""
     config = deps.config
-    items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.selector(sd))
+    items = await asyncio.to_thread(deps.kube.pods, sd.metadata.namespace, objects.label_selector(sd))
     pods = ready_pods(items)
     try:
         key: str | None = await asyncio.to_thread(deps.keys.key, sd)
@@ -539,12 +539,12 @@ async def observe_step(deps: Deps, sd: models.ServingDeployment, fleet: models.E
                                                  memory.since(voided, now), memory.backlog)  # fmt: skip
             mix = mixjump.mix_of(snap) or mix
     if snap is not None:
-        memory.backlog = overload.record(memory.backlog, overload.reading(snap), backlog_gap_s(sd, deps.config))
+        memory.backlog = overload.remember(memory.backlog, overload.reading(snap), backlog_gap_s(sd, deps.config))
     return snap, recommendation, mix
 
 
 def backlog_gap_s(sd: models.ServingDeployment, config: settings_.ControllerSettings) -> float:
-    """The least time between two backlog readings (`tune.overload.record`): an interval, less
+    """The least time between two backlog readings (`tune.overload.remember`): an interval, less
     a step's jitter; the steps of a rollout (every few seconds) are not windows of their own."""
     return 0.9 * tuning.interval(sd, config)
 

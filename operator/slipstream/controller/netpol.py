@@ -76,7 +76,7 @@ def network_policy(sd: models.ServingDeployment, peers: Peers) -> dict[str, Any]
         "kind": "NetworkPolicy",
         "metadata": objects.metadata(sd, sd.metadata.name),
         "spec": {
-            "podSelector": {"matchLabels": objects.selector(sd)},
+            "podSelector": {"matchLabels": objects.label_selector(sd)},
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [operator], "ports": port},

@@ -25,7 +25,7 @@ def labels(sd: models.ServingDeployment) -> dict[str, str]:
     }
 
 
-def selector(sd: models.ServingDeployment) -> dict[str, str]:
+def label_selector(sd: models.ServingDeployment) -> dict[str, str]:
     return {NAME_LABEL: sd.metadata.name}
 
 
@@ -220,7 +220,7 @@ def deployment(sd: models.ServingDeployment) -> dict[str, Any]:
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
             "replicas": sd.spec.replicas,
-            "selector": {"matchLabels": selector(sd)},
+            "selector": {"matchLabels": label_selector(sd)},
             # GPUs are scarce: replace pods one at a time instead of surging extra ones.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
@@ -240,7 +240,7 @@ def service(sd: models.ServingDeployment) -> dict[str, Any]:
         "kind": "Service",
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
-            "selector": selector(sd),
+            "selector": label_selector(sd),
             "ports": [{"name": "http", "port": sd.spec.engine.port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -273,7 +273,7 @@ def monitor(sd: models.ServingDeployment, kind: str, interval_s: float = 5.0) ->
         "kind": kind,
         "metadata": metadata(sd, sd.metadata.name),
         "spec": {
-            "selector": {"matchLabels": selector(sd)},
+            "selector": {"matchLabels": label_selector(sd)},
             MONITOR_KINDS[kind]: [endpoint],
         },
     }

@@ -8,7 +8,7 @@ stops ranking by them and takes the setting with the most prefill throughput
 (``guardrails.throughput_setting``), and the controller says so (condition ``Overloaded``,
 one Event when it turns true).
 
-The rule, on one ``Reading`` per control interval (``record`` keeps them at least
+The rule, on one ``Reading`` per control interval (``remember`` keeps them at least
 ``min_gap_s`` apart: steps during a rollout come every few seconds, and a jump's early
 step is not a window of its own):
 
@@ -63,7 +63,7 @@ def reading(snapshot: WorkloadSnapshot) -> Reading:
     return Reading(snapshot.taken_at, backlog if ok else None, served if ok else None)
 
 
-def record(readings: Sequence[Reading], new: Reading, min_gap_s: float) -> tuple[Reading, ...]:
+def remember(readings: Sequence[Reading], new: Reading, min_gap_s: float) -> tuple[Reading, ...]:
     """The last ``KEEP`` readings with ``new`` appended, unless it comes less than
     ``min_gap_s`` after the last one (then the history stays as it was)."""
     if readings and new.at - readings[-1].at < min_gap_s:

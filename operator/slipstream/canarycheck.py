@@ -70,7 +70,7 @@ def slowed(profile: Profile, factor: float) -> Profile:
     )
 
 
-def split(workload: Workload, pods: int, seed: int) -> list[Workload]:
+def split_pods(workload: Workload, pods: int, seed: int) -> list[Workload]:
     """The Service's random split of the fleet's requests over ``pods`` pods."""
     rng = random.Random(seed)
     shares: list[list] = [[] for _ in range(pods)]
@@ -83,7 +83,7 @@ FirstTokens = list[tuple[float, sequential.Cell, float]]
 """(first-token time, cell, TTFT) of one side's requests, by time."""
 
 
-def first_tokens(results: Sequence[engine.SimResult]) -> FirstTokens:
+def first_tokens_of(results: Sequence[engine.SimResult]) -> FirstTokens:
     out = []
     for result in results:
         for job in result.jobs:
@@ -94,7 +94,7 @@ def first_tokens(results: Sequence[engine.SimResult]) -> FirstTokens:
     return sorted(out)
 
 
-def histograms(tokens: FirstTokens, start_s: float, end_s: float) -> dict[sequential.Cell, sequential.CellHistogram]:
+def cells_of(tokens: FirstTokens, start_s: float, end_s: float) -> dict[sequential.Cell, sequential.CellHistogram]:
     """The ``_count`` and ``_sum`` increase of each cell over [start_s, end_s)."""
     count: dict[sequential.Cell, int] = defaultdict(int)
     total: dict[sequential.Cell, float] = defaultdict(float)
@@ -105,14 +105,14 @@ def histograms(tokens: FirstTokens, start_s: float, end_s: float) -> dict[sequen
     return {c: sequential.CellHistogram(count[c], total[c]) for c in count}
 
 
-def analyse(canary: FirstTokens, baseline: FirstTokens, start_s: float, check: Check,
+def judge_pair(canary: FirstTokens, baseline: FirstTokens, start_s: float, check: Check,
             rule: sequential.SequentialRule) -> tuple[sequential.SequentialResult, float]:  # fmt: skip
     """The rule's outcome as the machine reaches it, and when (seconds after the start)."""
     n = max(1, math.ceil(check.limit_s / check.sub_window_s))
     windows = []
     for k in range(n):
         a, b = start_s + k * check.sub_window_s, start_s + (k + 1) * check.sub_window_s
-        windows.append(sequential.SubWindow(a, b, histograms(canary, a, b), histograms(baseline, a, b)))
+        windows.append(sequential.SubWindow(a, b, cells_of(canary, a, b), cells_of(baseline, a, b)))
     first = max(1, math.ceil(check.analysis_window_s / check.sub_window_s))
     for k in range(first, n + 1):
         result = sequential.evaluate(windows[:k], rule, final=k == n, pods=(1, check.pods - 1))
@@ -140,13 +140,13 @@ def run(workload: Workload, profile: Profile, config: policies.EngineConfig, che
         outcomes["candidate"] = []
         kinds.append(("candidate", profile, check.candidate))
     for k in range(check.pairs):
-        shares = split(workload, check.pods, seed=k + 1)
+        shares = split_pods(workload, check.pods, seed=k + 1)
         start = workload.requests[0].arrival_s + check.warmup_s + (room * ((k * 0.618034) % 1.0))
         base_runs = [engine.simulate(w, policies.parse(check.policy, config), profile, config) for w in shares[1:]]
-        baseline = first_tokens(base_runs)
+        baseline = first_tokens_of(base_runs)
         for kind, canary_profile, canary_policy in kinds:
             run_ = engine.simulate(shares[0], policies.parse(canary_policy, config), canary_profile, config)
-            result, at = analyse(first_tokens([run_]), baseline, start, check, rule)
+            result, at = judge_pair(first_tokens_of([run_]), baseline, start, check, rule)
             outcomes[kind].append({"seed": k + 1, "start_s": round(start, 1), "outcome": result.outcome,
                                    "decided_after_s": at, "observations": result.observations,
                                    "slower": result.slower, "llr": round(result.llr, 3)})

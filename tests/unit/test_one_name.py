@@ -17,9 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "slipstream"
 
 KNOWN = frozenset({
     "NAME_LABEL",
-    "add_parser", "analyse", "bounded", "chat", "compare", "concurrency", "engine_config",
-    "figures", "first_tokens", "from_dict", "histograms", "main", "merge", "parse", "plan",
-    "replay", "run", "split", "table", "targets",
+    "add_parser", "bounded", "chat", "compare", "concurrency", "engine_config",
+    "figures", "from_dict", "main", "merge", "parse", "plan",
+    "replay", "run", "table", "targets",
 })  # fmt: skip
 
 

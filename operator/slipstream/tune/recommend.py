@@ -334,10 +334,10 @@ def replay(workload: Workload, setting: Setting, profile: Profile, config: Engin
            spec: TuningSpec) -> tuple[Prediction, engine.SimResult]:
     """``predict``, and the run itself (its requests, for ``window_p99``)."""
     result = engine.simulate(workload, policies.parse(policy_name(setting), config), profile, config)
-    return figures(result, setting, spec), result
+    return prediction_of(result, setting, spec), result
 
 
-def figures(result: engine.SimResult, setting: Setting, spec: TuningSpec) -> Prediction:
+def prediction_of(result: engine.SimResult, setting: Setting, spec: TuningSpec) -> Prediction:
     """A twin run's figures (``Prediction``)."""
     by_tenant: dict[str, list[engine.Job]] = {}
     for job in result.jobs:

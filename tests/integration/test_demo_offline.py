@@ -37,7 +37,7 @@ def test_demo_comparison_prints_auto_off_and_the_best_static_settings(plan, caps
 
     workload, spans = plan
     live = offline.static(workload, "floor:4096/srpt").results  # stands in for the live run
-    driver.compare(workload, spans, live)
+    driver.print_comparison(workload, spans, live)
     lines = capsys.readouterr().out.splitlines()
     ranked = offline.ranked_static(workload, spans)
     assert any(line.split()[:1] == [ranked[0][0]] and "(best static)" in line for line in lines), lines

@@ -157,7 +157,7 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     plot.timeline(watcher.samples, results, spans, out, {r.rid: r.prompt_tokens for r in workload.requests},
                   watcher.passes)  # fmt: skip
     print(f"wrote {out}")
-    compare(workload, spans, results)
+    print_comparison(workload, spans, results)
     print("\nTo watch the same by hand: `slipstream cluster up`, `export KUBECONFIG=...` as it prints,")
     print("then `make demo` (it reuses that cluster), and in another terminal:")
     for command in (
@@ -172,7 +172,7 @@ def _demo(target: loop.Target, args: argparse.Namespace) -> int:
     return 0
 
 
-def compare(workload: Any, spans: list[phases.Phase], live: list[loop.Result]) -> None:
+def print_comparison(workload: Any, spans: list[phases.Phase], live: list[loop.Result]) -> None:
     """Auto beside Off and the best constants in hindsight: the twin on the same generated
     traffic for the constants (every setting within the demo's bounds in any mode,
     ``offline.CONSTANTS``, each run once; running the live stack once per setting would take

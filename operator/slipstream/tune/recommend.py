@@ -389,13 +389,13 @@ def recommend(snapshot: WorkloadSnapshot, current: Setting, spec: TuningSpec, pr
     runs.update({s: predict(workload, s, profile, cfg, spec)
                  for s in (BASELINE, *enumerate_candidates(stepped(spec, current, settings), settings.orders,
                                                            settings.modes)) if s not in runs})
-    screened = bounded(tuple(runs.values()), settings)
+    screened = marked_long_bound(tuple(runs.values()), settings)
     confirmed = screened
     if settings.confirm_requests:
         longer = synthesize(snapshot, settings.confirm_requests, settings.seed + 1, burst, max_span_s=math.inf)
         longer = longer.scaled(model.rate_factor) if model.rate_factor != 1.0 else longer
         lcfg = twin_config(base, spec, longer)
-        confirmed = bounded(tuple(predict(longer, s, profile, lcfg, spec)
+        confirmed = marked_long_bound(tuple(predict(longer, s, profile, lcfg, spec)
                                   for s in shortlist(screened, current, settings, spec.chunked_prefill_size)),
                             settings)
     point, feasible = choose(confirmed, settings, spec.chunked_prefill_size)
@@ -568,7 +568,7 @@ def long_bound(baseline_long_slowdown: float, settings: RecommenderSettings) -> 
     return max(settings.long_prompt_slowdown_max, settings.long_prompt_slowdown_factor * baseline_long_slowdown)
 
 
-def bounded(preds: tuple[Prediction, ...], settings: RecommenderSettings) -> tuple[Prediction, ...]:
+def marked_long_bound(preds: tuple[Prediction, ...], settings: RecommenderSettings) -> tuple[Prediction, ...]:
     """The predictions marked against the long-prompt bound of their own run of off/fcfs."""
     base = next(p for p in preds if p.setting == BASELINE)
     bound = long_bound(base.long_prompt_slowdown_p99, settings)

@@ -236,7 +236,7 @@ def skip_canary(target: RolloutTarget, state: models.RolloutStatus, fleet: Engin
         return ""
     if state.result == "RolledBack" and state.candidate == candidate:
         return ""
-    rule = "(risk rule: docs/operator.md, \"When the canary is skipped\")"
+    rule = "(risk rule: docs/tuning.md, \"When the canary is skipped\")"
     if candidate in target.proven and target.gain >= SKIP_GAIN:
         return (f"canary skipped: every pod of this deployment ran {show(candidate)} before, left by a promotion "
                 f"and not rolled back since, and the predicted gain {target.gain:.0%} is at least {SKIP_GAIN:.0%} "

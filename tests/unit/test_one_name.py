@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "slipstream"
 
 KNOWN = frozenset({
     "NAME_LABEL",
-    "add_parser", "chat", "concurrency", "engine_config",
+    "add_parser", "chat", "engine_config",
     "from_dict", "main", "merge", "parse", "plan",
     "replay", "run", "table", "targets",
 })  # fmt: skip

@@ -179,7 +179,7 @@ def test_a_status_setting_no_engine_would_start_with_never_reaches_the_configmap
 
 @pytest.mark.parametrize(("c", "t", "n"), [(8192, 4096, 2), (16384, 4096, 4), (8192, 0, 1), (8192, 8192, 1)])
 def test_concurrency(c: int, t: int, n: int) -> None:
-    assert engine_args.concurrency(c, t) == n
+    assert models.prefills_at_once(c, t) == n
 
 
 def test_condition_transition_time_moves_only_with_its_status() -> None:

@@ -570,6 +570,12 @@ class ServingDeploymentSpec(Model):
     prometheus: Prometheus = _section(Prometheus, "Where the engines' metrics are read.")
 
 
+def prefills_at_once(chunked_prefill_size: int, threshold: int) -> int:
+    """Partial prefills an engine runs at once: C // T, and 1 when the cap is off (T 0):
+    the status' and printer column's concurrency, and the tuner's."""
+    return max(1, chunked_prefill_size // threshold) if threshold > 0 else 1
+
+
 class EngineSetting(Model):
     """The tuned triple: admission order, mode and T."""
 

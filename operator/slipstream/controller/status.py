@@ -8,7 +8,6 @@ from typing import Any, Literal
 import pydantic
 
 from slipstream.api import models
-from slipstream.engine import args as engine_args
 
 RECONCILED = "Reconciled"
 READY = "Ready"
@@ -135,7 +134,7 @@ def no_setting() -> dict[str, Any]:
 def setting_patch(sd: models.ServingDeployment, setting: models.EngineSetting) -> dict[str, Any]:
     return {
         "threshold": setting.threshold,
-        "concurrency": engine_args.concurrency(sd.spec.engine.chunked_prefill_size, setting.threshold),
+        "concurrency": models.prefills_at_once(sd.spec.engine.chunked_prefill_size, setting.threshold),
         "mode": setting.mode,
         "schedulePolicy": setting.schedule_policy,
     }

@@ -16,7 +16,6 @@ from typing import Any, Literal
 from slipstream.api import models, snapshot, versions
 from slipstream.controller import objects, status
 from slipstream.controller import settings as settings_
-from slipstream.engine import args as engine_args
 from slipstream.rollout import machine
 from slipstream.tune import deployment as tune_deployment
 from slipstream.tune import guardrails, modelcheck
@@ -323,7 +322,7 @@ def status_patch(
     fleet = decision.fleet
     out: dict[str, Any] = {
         "threshold": fleet.threshold,
-        "concurrency": engine_args.concurrency(sd.spec.engine.chunked_prefill_size, fleet.threshold),
+        "concurrency": models.prefills_at_once(sd.spec.engine.chunked_prefill_size, fleet.threshold),
         "mode": fleet.mode,
         "schedulePolicy": fleet.schedule_policy,
         "rollout": decision.state.to_k8s(),

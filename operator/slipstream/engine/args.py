@@ -91,11 +91,6 @@ def hicache_args(hicache: models.HiCache) -> list[str]:
     return args
 
 
-def concurrency(chunked_prefill_size: int, threshold: int) -> int:
-    """Partial prefills the engine runs at once: C // T, and 1 when the cap is off."""
-    return max(1, chunked_prefill_size // threshold) if threshold > 0 else 1
-
-
 def admin_key_secret_name(deployment: str) -> str:
     """The Secret the operator generates and owns when spec.engine.adminApiKeySecretRef is unset."""
     return f"{deployment}-admin-key"

@@ -57,7 +57,6 @@ from typing import Literal
 
 from slipstream.api import models
 from slipstream.api.models import EngineSetting
-from slipstream.engine import args as engine_args
 from slipstream.rollout import analysis as analysis_
 
 Action = Literal[
@@ -173,7 +172,7 @@ def finished(state: models.RolloutStatus, result: Literal["Promoted", "RolledBac
 
 def describe_change(before: EngineSetting, after: EngineSetting, c: int) -> str:
     """`4096 -> 2048 (concurrency 2 -> 4, order srpt)`: what an Event says first."""
-    conc = engine_args.concurrency
+    conc = models.prefills_at_once
     if before.schedule_policy != after.schedule_policy:
         order = f"order {before.schedule_policy} -> {after.schedule_policy}"
     else:
@@ -241,7 +240,7 @@ def skip_canary(target: RolloutTarget, state: models.RolloutStatus, fleet: Engin
         return (f"canary skipped: every pod of this deployment ran {show(candidate)} before, left by a promotion "
                 f"and not rolled back since, and the predicted gain {target.gain:.0%} is at least {SKIP_GAIN:.0%} "
                 f"{rule}")  # fmt: skip
-    conc = engine_args.concurrency
+    conc = models.prefills_at_once
     before, after = conc(chunked_prefill_size, fleet.threshold), conc(chunked_prefill_size, candidate.threshold)
     if after > before:
         return (f"canary skipped: {show(candidate)} caps each prefill harder than the fleet's {show(fleet)} "
@@ -271,7 +270,7 @@ def voidable(state: models.RolloutStatus | None, chunked_prefill_size: int) -> b
     calm rule's to answer once it is promoted (`tune.guardrails`)."""
     if state is None or state.phase not in ("Canary", "Analysis") or state.candidate is None:
         return False
-    conc = engine_args.concurrency
+    conc = models.prefills_at_once
     baseline = state.baseline or state.candidate
     return conc(chunked_prefill_size, state.candidate.threshold) <= conc(chunked_prefill_size, baseline.threshold)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from slipstream.api import versions
+from slipstream.api import models, versions
 from slipstream.api.models import ServingDeploymentSpec
 from slipstream.sim.admission import MODES
 from slipstream.sim.policies import ORDERS, QUEUE_ORDERS, Setting, twin_order
@@ -120,7 +120,7 @@ def twin_orders(version: str, wanted: Sequence[str] | None = None) -> tuple[str,
 
 def concurrency(setting: Setting, chunked_prefill_size: int) -> int:
     """Long prefills that share a round: C // T, 1 when T is 0 (off), as status shows it."""
-    return max(1, chunked_prefill_size // setting.threshold) if setting.threshold else 1
+    return models.prefills_at_once(chunked_prefill_size, setting.threshold)
 
 
 PREFERRED_ORDERS = ("srpt", "fcfs", "lpm", "spf", "hrrn")

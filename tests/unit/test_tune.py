@@ -759,3 +759,14 @@ def test_a_gain_that_does_not_hold_on_an_independent_resample_holds():
     # Nothing to resample when the best is the current setting.
     at_best = recommend.recommend(heterogeneous(under=rec.best.setting), rec.best.setting, SPEC, PROFILE)
     assert at_best.best.setting != rec.best.setting or math.isnan(at_best.resample_gain)
+
+
+def test_the_bridge_to_the_api_setting_validates_what_it_carries() -> None:
+    """The twin's setting and the API's are two types (issue 42): the bridge between them
+    checks the API's literals, so a mode or order the CRD does not know never becomes an
+    EngineSetting the rollout would send, and a round trip changes nothing."""
+
+    for s in (Setting(0, "ceiling", "fcfs"), Setting(4096, "reflex", "srpt"), Setting(2048, "floor", "spf")):
+        assert deployment.setting_of(deployment.engine_setting(s)) == s
+    with pytest.raises(ValueError, match="mode"):
+        deployment.engine_setting(Setting(4096, "bogus", "fcfs"))

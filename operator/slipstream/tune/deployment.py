@@ -42,8 +42,10 @@ def setting_of(es: models.EngineSetting) -> Setting:
 
 
 def engine_setting(setting: Setting) -> models.EngineSetting:
-    return models.EngineSetting(threshold=setting.threshold, mode=setting.mode,  # type: ignore[arg-type]
-                                schedule_policy=engine_order(setting.order))  # type: ignore[arg-type]
+    """The twin's setting as the API's: validated, so a mode or order the CRD does not
+    know raises here instead of reaching an engine."""
+    return models.EngineSetting.model_validate(
+        {"threshold": setting.threshold, "mode": setting.mode, "schedule_policy": engine_order(setting.order)})
 
 
 def tuner_settings(spec: models.ServingDeploymentSpec, time_scale: float = 1.0) -> TunerSettings:

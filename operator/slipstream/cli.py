@@ -589,6 +589,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_recommend(args: argparse.Namespace) -> int:
     routed: dict[str, object] | None = None
+    if args.snapshot and args.engines != 1:
+        raise CliError("--engines routes a workload over a fleet in the twin; a --snapshot is already "
+                       "the fleet's window (its pods listed): drop --engines, or give a workload instead")
     if args.snapshot:
         snap, config, profile, current = _snapshot_file(args)
     else:

@@ -156,3 +156,12 @@ def test_recommend_observes_a_routed_fleet_and_says_each_engines_hits(tmp_path, 
     got = capsys.readouterr()
     assert json.loads(got.out)["fleet"]["routing"] == "prefix"
     assert "cache-hit ratio by engine under stock: engine-0" in got.err
+
+
+def test_recommend_refuses_a_fleet_size_on_a_snapshot(tmp_path, capsys) -> None:
+    snap = tmp_path / "snap.json"
+    snap.write_text("{}")
+    assert cli.main(["recommend", "--snapshot", str(snap), "--engines", "2"]) == 2
+    assert "--engines routes a workload over a fleet" in capsys.readouterr().err
+    assert cli.main(["bench", "--workload", "builtin:multi-tenant", "--engines", "0"]) == 2
+    assert "--engines must be at least 1, got 0" in capsys.readouterr().err

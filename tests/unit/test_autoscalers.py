@@ -129,14 +129,27 @@ def test_an_autoscaler_is_announced_once_whichever_handler_finds_it_first(monkey
     posted: list[str] = []
     monkeypatch.setattr(handlers.kopf, "event", lambda body, type, reason, message: posted.append(reason))
     ctx = handlers.Context.__new__(handlers.Context)
-    ctx.autoscaled = set()
+    ctx.contested = {}
     sd = models.ServingDeployment.model_validate(sd_body())
-    assert ctx.autoscaler_news(sd.metadata.uid), "the drift watch finds it first and posts"
+    assert ctx.contest_news(sd.metadata.uid, handlers.Contest.autoscaler("found")), "the drift watch posts first"
     conditions = handlers.left_to_autoscaler({}, sd, [], ["kimi-hpa"], None, False,  # type: ignore[arg-type]
-                                             lambda: ctx.autoscaler_news(sd.metadata.uid))
+                                             lambda c: ctx.contest_news(sd.metadata.uid, c))
     assert posted == [], "the reconcile on a body without the condition yet: no second Event"
     assert autoscalers.held_by(conditions, replicas.CONDITION), "its condition is still set"
-    ctx.autoscaled.discard(sd.metadata.uid)  # ReplicasTakenBack
+    ctx.contested.pop(sd.metadata.uid)  # ReplicasTakenBack
     handlers.left_to_autoscaler({}, sd, [], ["kimi-hpa"], None, False,  # type: ignore[arg-type]
-                                lambda: ctx.autoscaler_news(sd.metadata.uid))
+                                lambda c: ctx.contest_news(sd.metadata.uid, c))
     assert posted == ["AutoscalerFound"]
+
+
+def test_replicas_this_process_handed_over_are_not_reverted_on_a_body_that_predates_it() -> None:
+    """Another writer: once this process has handed spec.replicas over (and said so), a
+    drift event judged on an owner whose status does not show the condition yet (a
+    reconcile's patch from an older body overwrote it) reverts nothing and contests
+    nothing again: the field is not fought, and the Warning is not posted twice."""
+    dep = scaled_by_hpa()
+    kube = FakeKube({("ServingDeployment", "kimi"): sd_body(), ("Deployment", "kimi"): dep})
+    found = handlers.revert_drift(kube, "Deployment", dep, replicas.Reverts(), 0.0,  # type: ignore[arg-type]
+                                  held=lambda uid: uid == "sd-uid")
+    assert found is not None and found.contest is None
+    assert found.paths == [] and kube.applied == [], "the handed-over replicas were reverted"

@@ -224,7 +224,7 @@ def hpas_of(kube: kube_.Kube, namespace: str, name: str) -> list[str]:
 
 
 def desired_of(
-    kube: kube_.Kube, kind: str, meta: dict[str, Any]
+    kube: kube_.Kube, kind: str, meta: dict[str, Any], held: Callable[[str], bool] = lambda uid: False,
 ) -> tuple[dict[str, Any], models.ServingDeployment, dict[str, Any]] | None:
     """Blocking. The owner of an owned Deployment or Service (by the metadata `meta` an
     event carried) as read now, its model, and the object its spec renders; None when
@@ -245,7 +245,7 @@ def desired_of(
     desired = objects.deployment(sd) if kind == "Deployment" else objects.service(sd)
     if desired["metadata"]["name"] != meta["name"]:
         return None
-    if kind == "Deployment" and replicas.contested(sd):  # left to another writer
+    if kind == "Deployment" and (replicas.contested(sd) or held(sd.metadata.uid)):  # left to another writer
         desired = replicas.without_replicas(desired)
     return found, sd, desired
 
@@ -270,7 +270,8 @@ def recreate_deleted(kube: kube_.Kube, kind: str, live: dict[str, Any]) -> dict[
 
 
 def revert_drift(
-    kube: kube_.Kube, kind: str, live: dict[str, Any], reverts: replicas.Reverts | None = None, now: float = 0.0
+    kube: kube_.Kube, kind: str, live: dict[str, Any], reverts: replicas.Reverts | None = None, now: float = 0.0,
+    held: Callable[[str], bool] = lambda uid: False,
 ) -> Judgement | None:
     """Blocking. When a person or another controller changed fields the operator owns in
     `live` (a Deployment or Service), apply them back. Returns the judgement, or None when
@@ -278,7 +279,7 @@ def revert_drift(
     meta = live.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
-    judged = desired_of(kube, kind, meta)
+    judged = desired_of(kube, kind, meta, held)
     if judged is None:
         return None
     found, sd, desired = judged
@@ -291,7 +292,8 @@ def revert_drift(
         have = (current.get("spec") or {}).get("replicas")
         who = replicas.writers(current, kube_.FIELD_MANAGER)
         # Contested: desired_of left spec.replicas out, and there is nothing to count.
-        if not replicas.contested(sd) and reverts is not None and who and have != desired["spec"].get("replicas"):
+        contested = replicas.contested(sd) or held(sd.metadata.uid)
+        if not contested and reverts is not None and who and have != desired["spec"].get("replicas"):
             key = f"{meta['namespace']}/{meta['name']}"
             generation = int(current["metadata"].get("generation") or 0)
             if hpas := hpas_of(kube, meta["namespace"], meta["name"]):  # an autoscaler: never fought
@@ -406,16 +408,18 @@ class Context:
     """The drift watch's last good judgement of each owned object (`judged`)."""
     peers: netpol.Peers | None = None
     """Who may reach the engines (`netpol`), from the settings; None: no NetworkPolicy."""
-    autoscaled: set[str] = field(default_factory=set)
-    """uids whose AutoscalerFound this process has posted since their replicas were last
-    taken back: the reconcile and the drift watch both find the HPA, each on a body that
-    may not show the other's status write yet, and one Event is what a user should see."""
+    contested: dict[str, Contest] = field(default_factory=dict)
+    """uid -> the hand-over of spec.replicas this process has announced (AutoscalerFound or
+    ReplicasContested), until the replicas are taken back. The reconcile and the drift
+    watch both judge the replicas, each on a body that may not show the other's status
+    write yet (or a reconcile's patch from an older body overwrote it): without this the
+    field was fought again and the Event posted twice (CI, 2026-12-07)."""
 
-    def autoscaler_news(self, uid: str) -> bool:
-        """Whether an AutoscalerFound for `uid` is news (and now it is not)."""
-        if uid in self.autoscaled:
+    def contest_news(self, uid: str, contest: Contest) -> bool:
+        """Whether announcing `contest` for `uid` is news (and now it is not)."""
+        if uid in self.contested:
             return False
-        self.autoscaled.add(uid)
+        self.contested[uid] = contest
         return True
 
     @classmethod
@@ -519,18 +523,24 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
     # A user's change of spec.replicas takes the field back from another writer, but not
     # from an autoscaler that targets the Deployment (`autoscalers`): that one keeps it.
     hpas = await asyncio.to_thread(hpas_of, ctx.kube, sd.metadata.namespace, sd.metadata.name)
-    wants_back = replicas.contested(sd) and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
+    held = ctx.contested.get(sd.metadata.uid)
+    contested = replicas.contested(sd) or held is not None
+    wants_back = contested and any(tuple(d[1]) in {("spec",), ("spec", "replicas")} for d in diff)
     taken_back = wants_back and not hpas
-    keep = not hpas and (taken_back or not replicas.contested(sd))
+    keep = not hpas and (taken_back or not contested)
     outcome = await asyncio.to_thread(apply_objects, ctx.kube, ctx.keys, sd, keep,
                                       ctx.config.engine_scrape_interval_seconds, ctx.peers)
     record_changes(body, sd, outcome)
     conditions = status.after_reconcile(sd, outcome.problem, outcome.deployment, utcnow())
+    if held is not None and not taken_back and not replicas.contested(sd):
+        # announced, but this body predates the status write: keep the condition in the patch
+        conditions = status.set_condition(conditions, replicas.CONDITION, True, held.reason, held.message,
+                                          sd.metadata.generation, utcnow())  # fmt: skip
     if hpas:
         conditions = left_to_autoscaler(body, sd, conditions, hpas, outcome.deployment, wants_back,
-                                        lambda: ctx.autoscaler_news(sd.metadata.uid))  # fmt: skip
+                                        lambda c: ctx.contest_news(sd.metadata.uid, c))  # fmt: skip
     if taken_back:
-        ctx.autoscaled.discard(sd.metadata.uid)
+        ctx.contested.pop(sd.metadata.uid, None)
         conditions = [c for c in conditions if c.type != replicas.CONDITION]
         kopf.event(body, type="Normal", reason="ReplicasTakenBack",
                    message=f"spec.replicas changed: the operator sets the engine Deployment's replicas "
@@ -553,11 +563,11 @@ async def reconcile(ctx: Context, body: kopf.Body, patch: kopf.Patch, logger: ko
 
 def left_to_autoscaler(
     body: kopf.Body, sd: models.ServingDeployment, conditions: list[models.Condition], hpas: list[str],
-    deployment: dict[str, Any] | None, wants_back: bool, news: Callable[[], bool] = lambda: True,
+    deployment: dict[str, Any] | None, wants_back: bool, news: Callable[[Contest], bool] = lambda c: True,
 ) -> list[models.Condition]:
     """The conditions with spec.replicas left to the HPAs `hpas` (one AutoscalerFound Event
-    when that is news: not in the conditions, and ``news()``, which the drift watch may
-    have answered already); a change of spec.replicas meanwhile is not applied, and an
+    when that is news: not in the conditions, and ``news(contest)``, which the drift watch
+    may have answered already); a change of spec.replicas meanwhile is not applied, and an
     Event says why (both set: the autoscaler wins, docs/operator.md, "Autoscalers")."""
     if wants_back:
         kopf.event(body, type="Normal", reason="ReplicasLeftToAutoscaler",
@@ -566,7 +576,7 @@ def left_to_autoscaler(
         return conditions
     have = ((deployment or {}).get("spec") or {}).get("replicas")
     message = autoscalers.message(hpas, have, sd.spec.replicas)
-    if news():
+    if news(Contest.autoscaler(message)):
         kopf.event(body, type="Normal", reason="AutoscalerFound", message=message)
     return status.set_condition(conditions, replicas.CONDITION, True, autoscalers.REASON, message,
                                 sd.metadata.generation, utcnow())  # fmt: skip
@@ -591,7 +601,7 @@ async def refresh(ctx: Context, body: kopf.Body, patch: kopf.Patch, **_: Any) ->
     if sd.status.observed_generation is None:
         return  # not reconciled yet: reconcile writes the first status
     if (back := await asyncio.to_thread(autoscaler_gone, ctx, sd)) is not None:
-        ctx.autoscaled.discard(sd.metadata.uid)
+        ctx.contested.pop(sd.metadata.uid, None)
         record_changes(body, sd, back)
         kopf.event(body, type="Normal", reason="ReplicasTakenBack",
                    message=f"no HorizontalPodAutoscaler targets the engine Deployment any more: the operator "
@@ -634,7 +644,7 @@ async def tuning_loop(ctx: Context, body: kopf.Body, uid: str, stopped: kopf.Dae
                 logger.info("stepping early: %s", memory.jumped)
     finally:
         ctx.wakes.pop(uid, None)
-        ctx.autoscaled.discard(uid)  # its status keeps the condition: a resumed one is not news
+        ctx.contested.pop(uid, None)  # its status keeps the condition: a resumed one is not news
         meta = body.get("metadata", {})
         with contextlib.suppress(KeyError):  # never stepped
             LAST_STEP.remove(meta.get("namespace"), meta.get("name"))
@@ -682,7 +692,8 @@ async def reverted(ctx: Context, kind: str, body: kopf.Body, event: str | None, 
     ctx.judged.forget(live)  # until this judgement ends well
     DRIFT_EVENTS_JUDGED.labels(kind).inc()
     try:
-        found = await asyncio.to_thread(revert_drift, ctx.kube, kind, live, ctx.reverts, time.monotonic())
+        found = await asyncio.to_thread(revert_drift, ctx.kube, kind, live, ctx.reverts, time.monotonic(),
+                                        lambda uid: uid in ctx.contested)  # fmt: skip
         if found is not None and found.contest is not None:
             await asyncio.to_thread(contest_replicas, ctx.kube, found.owner, found.contest)
     except kube_.ApiError as error:  # the next event retries; never a crash loop
@@ -692,10 +703,10 @@ async def reverted(ctx: Context, kind: str, body: kopf.Body, event: str | None, 
         return
     ctx.judged.record(found.settled, found.owner)
     if found.contest is not None:
-        hpa = found.contest.reason == autoscalers.REASON
         uid = str((found.owner.get("metadata") or {}).get("uid") or "")
-        if not hpa or ctx.autoscaler_news(uid):
-            kopf.event(cast(kopf.Body, found.owner), type="Normal" if hpa else "Warning", reason=found.contest.event,
+        if ctx.contest_news(uid, found.contest):
+            kind_of_event = "Normal" if found.contest.reason == autoscalers.REASON else "Warning"
+            kopf.event(cast(kopf.Body, found.owner), type=kind_of_event, reason=found.contest.event,
                        message=found.contest.message)  # fmt: skip
     if found.paths:
         paths = found.paths

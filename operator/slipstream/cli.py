@@ -429,7 +429,7 @@ def _add_fleet_args(p: argparse.ArgumentParser) -> None:
 
 def _fleet_parts(loaded: Loaded, args: argparse.Namespace) -> list[Workload] | None:
     """``--engines N``: the workload at N times its rate, split by ``--routing``; None for one engine."""
-    n = getattr(args, "engines", 1)
+    n = args.engines
     if n < 1:
         raise CliError(f"--engines must be at least 1, got {n}")
     if n == 1:

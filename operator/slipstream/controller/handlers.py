@@ -412,8 +412,8 @@ class Context:
     """uid -> the hand-over of spec.replicas this process has announced (AutoscalerFound or
     ReplicasContested), until the replicas are taken back. The reconcile and the drift
     watch both judge the replicas, each on a body that may not show the other's status
-    write yet (or a reconcile's patch from an older body overwrote it): without this the
-    field was fought again and the Event posted twice (CI, 2026-12-07)."""
+    write yet (or whose patch from an older body overwrote it): this record, not the body,
+    decides that the field is left alone and that the Event is posted once."""
 
     def contest_news(self, uid: str, contest: Contest) -> bool:
         """Whether announcing `contest` for `uid` is news (and now it is not)."""

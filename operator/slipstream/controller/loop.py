@@ -394,7 +394,7 @@ async def analyse(deps: Deps, sd: models.ServingDeployment, state: models.Rollou
             started = machine.seconds(state.started_at) or now - window
             baseline = await source.tenant_p99(ns, name, canaries, started - window, started)
     except Exception as error:
-        return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+        return analysis.failed_read(error)
     objective = sd.spec.tuning.objective
     targets = {t.name: t.ttft_p99_seconds for t in objective.tenants}
     floors = {t: deps.config.canary_noise_floor * targets.get(t, objective.ttft_p99_seconds) for t in canary}
@@ -433,7 +433,7 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
         windows = await source.sub_windows(sd.metadata.namespace, sd.metadata.name, canaries, others,
                                            started, now, sub_s)  # fmt: skip
     except Exception as error:
-        return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+        return analysis.failed_read(error)
     if windows and not any(w.canary or w.baseline for w in windows):
         if any(w.scraped for w in windows):
             return None
@@ -441,7 +441,7 @@ async def analyse_sequential(deps: Deps, sd: models.ServingDeployment, state: mo
             exported = await source.exports_size_classes(sd.metadata.namespace, sd.metadata.name,
                                                          [*canaries, *others], now, EXPORT_LOOKBACK_S)  # fmt: skip
         except Exception as error:
-            return analysis.failed_read(f"{type(error).__name__}: {str(error)[:200]}")
+            return analysis.failed_read(error)
         if not exported:
             return None
     rule = sequential.SequentialRule(tolerance_percent=sd.spec.tuning.rollout.max_regression_percent)

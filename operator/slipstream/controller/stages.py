@@ -332,7 +332,6 @@ class ObserveLatency:
         return await asyncio.to_thread(self._sub_windows, namespace, deployment, canaries, baseline,
                                        start_s, end_s, sub_window_s)  # fmt: skip
 
-
     def _exports(self, namespace: str, deployment: str, pods: Sequence[str], end_s: float, lookback_s: float) -> bool:
         promql = queries.size_class_exported(namespace, deployment, pods, lookback_s)
         return any(math.isfinite(s.value) and s.value > 0 for s in self.observer.client.query(promql, end_s))

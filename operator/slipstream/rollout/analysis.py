@@ -137,6 +137,9 @@ def from_sequential(result: sequential.SequentialResult, blind_s: float = 0.0) -
     return Verdict(result.outcome == "Promote", summary, undecided=result.outcome == "Continue", blind_s=blind_s)
 
 
-def failed_read(error: str) -> Verdict:
-    """The verdict when the figures could not be read."""
+def failed_read(error: str | Exception) -> Verdict:
+    """The verdict when the figures could not be read (an exception: its type and the
+    first 200 characters of its message)."""
+    if isinstance(error, Exception):
+        error = f"{type(error).__name__}: {str(error)[:200]}"
     return Verdict(False, f"the canary figures could not be read: {error}")

@@ -27,6 +27,8 @@ MAX_RATE_PER_S = 100_000.0
 """Highest Poisson rate of one tenant, requests per second."""
 MAX_GIANT_RATE_PER_HOUR = 360_000.0
 """Highest rate of a tenant's giant prompts, per hour (100 a second)."""
+MAX_TURNS = 10_000
+"""Most turns a session of a spec's tenant may have (``sessions.turns``)."""
 MAX_SIGMA = 10.0
 """Largest lognormal sigma (e^10 ~ 22,000x the median at one sigma)."""
 MAX_SEED = 2**63 - 1

@@ -154,21 +154,10 @@ def route(workload: Workload, n: int, router: str, profile: Profile, config: Eng
 
 
 def simulate_fleet(parts: Sequence[Workload], policy: Callable[[int], Policy], profile: Profile,
-                   config: EngineConfig, progress: Callable[[int], None] | None = None
-                   ) -> list[engine.SimResult]:  # fmt: skip
+                   config: EngineConfig) -> list[engine.SimResult]:  # fmt: skip
     """Each engine's run: part k under ``policy(k)`` (a fresh policy per engine, so a
-    tuner's memory is its engine's own). ``progress`` gets the requests done fleet-wide."""
-    out: list[engine.SimResult] = []
-    done = 0
-    for k, part in enumerate(parts):
-        base = done
-
-        def each(m: int, base: int = base) -> None:
-            if progress is not None:
-                progress(base + m)
-        out.append(engine.simulate(part, policy(k), profile, config, progress=each))
-        done += len(part.requests)
-    return out
+    tuner's memory is its engine's own)."""
+    return [engine.simulate(part, policy(k), profile, config) for k, part in enumerate(parts)]
 
 
 def merged(workload: Workload, results: Sequence[engine.SimResult]) -> engine.SimResult:

@@ -459,10 +459,6 @@ def _generate(tenant: Any, where: str, rng: random.Random, duration: float,
     return out
 
 
-MAX_TURNS = 10_000
-"""Most turns a session may have (``sessions.turns``)."""
-
-
 def _session_shape(tenant: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The tenant's ``sessions`` mapping checked: its turns and think-time distributions."""
     sess = tenant["sessions"]
@@ -485,7 +481,7 @@ def expected_turns(tenant: dict[str, Any], where: str) -> float:
     turns = tenant["sessions"]["turns"]
     if turns.get("dist") not in ("lognormal", "uniform", "constant"):
         return 1.0  # _dist names it when the tenant is generated
-    return max(1.0, _mean(turns, f"{where}: sessions: turns", MAX_TURNS))
+    return max(1.0, _mean(turns, f"{where}: sessions: turns", bounds.MAX_TURNS))
 
 
 def _sessions(tenant: dict[str, Any], where: str, rng: random.Random, duration: float,
@@ -510,7 +506,7 @@ def _sessions(tenant: dict[str, Any], where: str, rng: random.Random, duration: 
     next_block, out = base + 1, []
     start, session = rng.expovariate(rate) if rate > 0 else math.inf, 0
     while start < duration:
-        turns = _draw(turns_d, f"{where}: sessions: turns", rng, MAX_TURNS)
+        turns = _draw(turns_d, f"{where}: sessions: turns", rng, bounds.MAX_TURNS)
         blocks, sizes = ([base], [shared_tokens]) if shared_tokens > 0 else ([], [])
         at, carried = start, 0
         for k in range(turns):

@@ -105,8 +105,8 @@ def simulated_fleet(parts: Sequence[Workload], under: str, profile: Profile, con
                     at_s: float | None, window_s: float) -> tuple[WorkloadSnapshot, list[float]]:  # fmt: skip
     """The snapshot the operator would take of a fleet, one twin engine per part of a
     routed workload (``sim.fleet.route``) running ``under``: every engine's first tokens
-    in one window (Prometheus sums the pods), the pods listed so the tuner spreads the rates
-    over them; and each engine's cache-hit ratio over its whole run."""
+    in one window (Prometheus sums the pods), the pods listed (more than one) so the tuner
+    spreads the rates over them; and each engine's cache-hit ratio over its whole run."""
     seen: list[FirstToken] = []
 
     def watch(view: policies.RoundView) -> None:
@@ -115,9 +115,9 @@ def simulated_fleet(parts: Sequence[Workload], under: str, profile: Profile, con
     runs = [engine.simulate(part, policies.parse(under, config, controller=watch, interval_s=1.0), profile, config)
             for part in parts]  # fmt: skip
     at = at_s if at_s is not None else max((f.first_token_s for f in seen), default=0.0)
-    name = parts[0].name.rsplit("@", 1)[0] if parts else "fleet"
+    name = parts[0].name if len(parts) == 1 else parts[0].name.rsplit("@", 1)[0] if parts else "fleet"
     snap = snapshot_of(name, seen, at, window_s)
-    if snap.valid:
+    if snap.valid and len(parts) > 1:
         snap = replace(snap, pods=tuple(PodSetting(f"{name}-{k}", None, "", "") for k in range(len(parts))))
     return snap, fleet.hit_ratios(runs)
 
@@ -126,12 +126,6 @@ def simulated(workload: Workload, under: str, profile: Profile, config: policies
               at_s: float | None, window_s: float) -> WorkloadSnapshot:
     """The snapshot the operator would take of one twin engine running ``workload`` under
     the policy ``under``: the window ending at ``at_s`` (None: at the last first token).
-    What ``slipstream recommend`` decides on when it is given a workload, not a snapshot."""
-    seen: list[FirstToken] = []
-
-    def watch(view: policies.RoundView) -> None:
-        seen.extend(view.first_tokens)
-
-    engine.simulate(workload, policies.parse(under, config, controller=watch, interval_s=1.0), profile, config)
-    at = at_s if at_s is not None else max((f.first_token_s for f in seen), default=0.0)
-    return snapshot_of(workload.name, seen, at, window_s)
+    What ``slipstream recommend`` decides on when it is given a workload, not a snapshot:
+    the fleet of one (``simulated_fleet``), no pods listed."""
+    return simulated_fleet([workload], under, profile, config, at_s, window_s)[0]
